@@ -1,0 +1,48 @@
+"""Every knob of mmserve in one place: one dataclass per subsystem.
+
+CLI flags map 1:1 onto these fields; each dataclass validates itself in
+``__post_init__`` so a bad value fails where it is set, with a message that says
+what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings. ``model=None`` means the default model."""
+
+    model: str | None = None
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    max_model_len: int | None = None  # None: the model's own context length (capped at 8192)
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_mb
+    kv_cache_memory_mb: int = 512
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 256
+    enable_prefix_caching: bool = True
+    batch_invariant: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
+            )
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -1,0 +1,36 @@
+"""What the engine hands back: one ``RequestOutput`` delta per step per request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probability of one generated token and the top alternatives (OpenAI shape)."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)  # (id, text, logprob)
+
+
+@dataclass
+class RequestOutput:
+    """A streaming delta for one request; ``text``/``token_ids`` hold everything so far."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    num_prompt_tokens: int
+    num_cached_tokens: int = 0
+    new_logprobs: list[TokenLogprob] | None = None
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    num_draft_tokens: int = 0  # drafted by speculation so far
+    num_accepted_tokens: int = 0  # of those, accepted by verification
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
