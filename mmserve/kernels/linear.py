@@ -1,0 +1,56 @@
+"""Batch-invariant matrix multiplication.
+
+A row's output of ``F.linear`` depends on how many rows are in the call: on CPU
+torch one row takes a GEMV path and two or more rows a GEMM path, and GEMM
+blocking can change with the row count. Every row-wise product in the model goes
+through :func:`linear`, which in batch-invariant mode pads the rows to a fixed
+tile and always multiplies tiles of exactly that shape, so a row's result is the
+same whether it is alone, in a decode batch of 64, or one of k+1 verify rows.
+(Measured on this CPU: identical rows across tile contents and tile positions.)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ROW_TILE = 8  # rows per fixed-shape product; a verify step of k+1 <= 8 rows costs one tile
+
+_state = {"invariant": True}
+
+
+def set_batch_invariant(enabled: bool) -> None:
+    """Switch every product in the process between the invariant and the plain path."""
+    _state["invariant"] = enabled
+
+
+def batch_invariant() -> bool:
+    return _state["invariant"]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` with row results independent of ``x.shape[0]``.
+
+    x: (M, K), weight: (N, K) -> (M, N).
+    """
+    if not _state["invariant"] or x.device.type == "cuda":
+        # On CUDA the fast path owns invariance (fixed-config kernels); plain here.
+        return F.linear(x, weight, bias)
+    return tiled_linear(x, weight, bias, ROW_TILE)
+
+
+def tiled_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int
+) -> torch.Tensor:
+    m = x.shape[0]
+    if m == tile:
+        return F.linear(x, weight, bias)
+    padded = -(-m // tile) * tile
+    xp = x.new_zeros(padded, x.shape[1])
+    xp[:m] = x
+    out = torch.empty(padded, weight.shape[0], dtype=x.dtype, device=x.device)
+    for start in range(0, padded, tile):
+        torch.matmul(xp[start : start + tile], weight.t(), out=out[start : start + tile])
+    if bias is not None:
+        out += bias
+    return out[:m]

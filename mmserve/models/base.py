@@ -1,0 +1,73 @@
+"""The interface every model family implements for the engine.
+
+Token ids (or embeddings) in, hidden states out; the engine owns the KV cache and
+passes each layer its view. Models never see HF cache objects.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+from mmserve.kernels.attention import AttentionMetadata
+from mmserve.kernels.linear import linear
+
+
+class CausalLM(nn.Module, ABC):
+    """A decoder-only LM over a flat token batch.
+
+    Invariant: a token's hidden state depends only on its own sequence's tokens
+    (or embedding spans) at positions up to its own — never on the batch.
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    embed_tokens: nn.Embedding
+
+    @classmethod
+    @abstractmethod
+    def from_hf_config(cls, config: dict) -> CausalLM:
+        """Build with empty weights from an HF ``config.json`` dict."""
+
+    @abstractmethod
+    def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load weights named as in HF transformers (fusing q/k/v and gate/up)."""
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(N,) ids -> (N, H) input embeddings; embedding spans live in this same space."""
+        return self.embed_tokens(input_ids)
+
+    @abstractmethod
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                meta: AttentionMetadata, kv_cache: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """-> (N, H) final hidden states. ``kv_cache``: (layers, 2, blocks, bs, Hkv, D)."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(M, H) -> (M, V) float32 logits."""
+        return linear(hidden, self.lm_head_weight()).float()
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight
+
+
+def load_into(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy tensors into parameters by name; every parameter must be covered."""
+    params = dict(module.named_parameters())
+    missing = [name for name in params if name not in tensors]
+    unexpected = [name for name in tensors if name not in params]
+    if missing or unexpected:
+        raise ValueError(f"weight mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, p in params.items():
+        t = tensors[name]
+        if t.shape != p.shape:
+            raise ValueError(f"{name}: checkpoint shape {tuple(t.shape)} != {tuple(p.shape)}")
+        owner_name, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        # replace (not copy into) the parameter: models are built on the meta device
+        setattr(owner, leaf, nn.Parameter(t.to(p.dtype).contiguous(), requires_grad=False))

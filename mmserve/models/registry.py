@@ -1,0 +1,47 @@
+"""config.json ``model_type`` -> model family, and building a model from a directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mmserve.models.base import CausalLM
+
+
+def family(config: dict) -> type[CausalLM]:
+    """The model class for an HF config dict; a clear error for unsupported types."""
+    from mmserve.models.gemma3 import MODEL_TYPES as GEMMA_TYPES
+    from mmserve.models.gemma3 import Gemma3ForCausalLM
+    from mmserve.models.llama import MODEL_TYPES as LLAMA_TYPES
+    from mmserve.models.llama import LlamaForCausalLM
+
+    kind = config.get("model_type")
+    if kind in LLAMA_TYPES:
+        return LlamaForCausalLM
+    if kind in GEMMA_TYPES:
+        return Gemma3ForCausalLM
+    raise ValueError(
+        f"unsupported model_type {kind!r}; supported: {', '.join(LLAMA_TYPES + GEMMA_TYPES)}")
+
+
+def text_config(config: dict) -> dict:
+    """Multimodal Gemma 3 configs nest the LM under ``text_config``."""
+    if config.get("model_type") == "gemma3" and "text_config" in config:
+        return {**config["text_config"], "model_type": "gemma3_text"}
+    return config
+
+
+def build_model(config: dict, state_dict: dict[str, torch.Tensor],
+                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> CausalLM:
+    config = text_config(config)
+    model = family(config).from_hf_config(config)
+    model.load_hf_state_dict(state_dict)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> CausalLM:
+    from mmserve.models.weights import load_config, load_state_dict
+
+    return build_model(load_config(model_dir), load_state_dict(model_dir), dtype, device)
