@@ -1,0 +1,234 @@
+"""Token sampling: logits ``(B, V)`` in, one token id per row out, batch invariant.
+
+Contract
+- A row's result never depends on the other rows of the batch. All tensor work is
+  row-wise (ops along the vocabulary dim, elementwise ops with per-row parameters),
+  every "skip this step" shortcut taken for a whole batch is an exact no-op for the
+  rows that don't need the step, and all randomness comes from the row's own
+  ``torch.Generator`` (in its ``SamplingState``). A seeded request therefore yields
+  the same tokens alone or in any batch.
+- Processing order (vLLM's): presence/frequency penalties (OpenAI semantics, counts
+  of the request's generated tokens) -> min_tokens (EOS and stop_token_ids banned)
+  -> temperature -> min_p -> top_k -> top_p. Each filter acts on the distribution
+  left by the previous one. Greedy rows (``temperature == 0``) take the argmax of
+  the penalized logits (ties: lowest id) and skip the filters.
+- top_k keeps every token tied with the k-th largest logit. top_p keeps, in
+  descending-probability order (ties: lowest id first), each token whose
+  preceding cumulative probability is < top_p (so at least one token survives).
+- Logprobs are ``log_softmax`` of the raw model logits (before penalties and
+  temperature), as vLLM reports them by default.
+- Tokens are drawn with the exponential race ``argmax(p / q)``, ``q ~ Exp(1)`` from
+  the row's generator: exactly a draw from ``p``; ``sample_from_probs`` is the same
+  draw for one row (speculative decoding uses it for bonus/residual tokens).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from mmserve.sampling_params import SamplingParams
+
+_MIN_TEMPERATURE = 1e-5  # below this, logits / T may overflow float32; the result is ~greedy
+_TINY = 1e-30  # floor for Exp(1) noise so p / q never divides by zero
+
+
+@dataclass
+class SamplingState:
+    """Per-request sampling state; lives in the Request for its whole life (also
+    across preemption, so a recomputed request continues its random stream).
+
+    ``output_counts`` counts the request's generated tokens (for penalties); the
+    engine calls ``observe`` once per token it appends to the output.
+    """
+
+    params: SamplingParams
+    generator: torch.Generator
+    banned_before_min_tokens: list[int]  # EOS (unless ignore_eos) + stop_token_ids
+    output_counts: dict[int, int] = field(default_factory=dict)
+    num_generated: int = 0
+
+    @classmethod
+    def create(
+        cls, params: SamplingParams, eos_token_ids: set[int], device: torch.device | str = "cpu"
+    ) -> SamplingState:
+        """Seed the generator from ``params.seed``, or from fresh OS randomness when None.
+
+        ``device`` must be the device of the logits the sampler will see.
+        """
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+        banned = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        return cls(params, generator, sorted(banned))
+
+    def observe(self, token_id: int) -> None:
+        """Record one generated token (after it is accepted into the output)."""
+        self.output_counts[token_id] = self.output_counts.get(token_id, 0) + 1
+        self.num_generated += 1
+
+    def counts_with(self, extra: list[int]) -> dict[int, int]:
+        """Output counts as if ``extra`` had also been generated (not recorded)."""
+        if not extra:
+            return self.output_counts
+        counts = Counter(self.output_counts)
+        counts.update(extra)
+        return dict(counts)
+
+
+class SampleResult(NamedTuple):
+    """``token_ids[i]`` is row i's token. ``logprobs[i]`` is ``[(sampled_id, lp),
+    (top1_id, lp), ..., (topN_id, lp)]`` with N = ``params.logprobs``, or None when
+    the request did not ask for logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[list[tuple[int, float]] | None]
+
+
+def sample_from_probs(probs_row: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from the distribution ``probs_row`` (V,), using ``generator``.
+
+    Deterministic given the generator state; consumes the same randomness as one row
+    of ``Sampler.sample``. ``probs_row`` need not be normalized (only proportions matter).
+    """
+    noise = torch.empty_like(probs_row, dtype=torch.float32).exponential_(generator=generator)
+    return int((probs_row.float() / noise.clamp_min_(_TINY)).argmax().item())
+
+
+class Sampler:
+    """Stateless; all per-request state is in the ``SamplingState`` objects.
+
+    ``extra_tokens`` (optional, one list per row) are tokens to count as already
+    generated on top of the state, for penalties and min_tokens. Speculative
+    verification passes the k+1 positions of one request as k+1 rows sharing one
+    state, with ``extra_tokens = [[], [d1], [d1, d2], ...]``. Neither method calls
+    ``observe``: the caller records the tokens it keeps.
+    """
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        states: list[SamplingState],
+        extra_tokens: list[list[int]] | None = None,
+    ) -> SampleResult:
+        """Pick one token per row from ``logits`` (B, V); advances sampling generators."""
+        processed = self.process(logits, states, extra_tokens)  # (B, V)
+        tokens = processed.argmax(dim=-1)  # greedy rows keep this; first max = lowest id
+        rows = [i for i, s in enumerate(states) if not s.params.greedy]
+        if rows:
+            probs = torch.softmax(processed[rows], dim=-1)  # (R, V)
+            noise = torch.empty_like(probs)
+            for r, i in enumerate(rows):
+                noise[r].exponential_(generator=states[i].generator)
+            tokens[rows] = (probs / noise.clamp_min_(_TINY)).argmax(dim=-1)
+        token_ids: list[int] = tokens.tolist()
+        return SampleResult(token_ids, _logprobs(logits, states, token_ids))
+
+    def probs(
+        self,
+        logits: torch.Tensor,
+        states: list[SamplingState],
+        extra_tokens: list[list[int]] | None = None,
+    ) -> torch.Tensor:
+        """The distribution ``sample`` draws from, (B, V) float32: after penalties,
+        min_tokens, temperature, min_p, top_k and top_p; one-hot at the argmax for
+        greedy rows. Consumes no randomness."""
+        processed = self.process(logits, states, extra_tokens)
+        out = torch.softmax(processed, dim=-1)
+        rows = [i for i, s in enumerate(states) if s.params.greedy]
+        if rows:
+            hot = processed[rows].argmax(dim=-1)  # (R,)
+            out[rows] = torch.zeros_like(out[rows]).scatter_(1, hot[:, None], 1.0)
+        return out
+
+    def process(
+        self,
+        logits: torch.Tensor,
+        states: list[SamplingState],
+        extra_tokens: list[list[int]] | None = None,
+    ) -> torch.Tensor:
+        """Processed float32 logits (B, V): penalized for every row; for sampling rows
+        also divided by temperature and masked (-inf) by min_p/top_k/top_p."""
+        assert logits.dim() == 2 and logits.shape[0] == len(states), (logits.shape, len(states))
+        extra = extra_tokens if extra_tokens is not None else [[] for _ in states]
+        assert len(extra) == len(states)
+        x = logits.float().clone()  # (B, V)
+        for i, (state, more) in enumerate(zip(states, extra, strict=True)):
+            _apply_penalties(x[i], state, more)
+            _apply_min_tokens(x[i], state, more)
+        rows = [i for i, s in enumerate(states) if not s.params.greedy]
+        if rows:
+            x[rows] = _apply_filters(x[rows], [states[i].params for i in rows])
+        return x
+
+
+def _apply_penalties(row: torch.Tensor, state: SamplingState, extra: list[int]) -> None:
+    """OpenAI: ``logit[t] -= count[t] * frequency + (count[t] > 0) * presence``."""
+    p = state.params
+    if p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
+        return
+    counts = state.counts_with(extra)
+    if not counts:
+        return
+    ids = torch.tensor(list(counts.keys()), device=row.device)
+    n = torch.tensor(list(counts.values()), dtype=torch.float32, device=row.device)
+    row[ids] -= n * p.frequency_penalty + p.presence_penalty
+
+
+def _apply_min_tokens(row: torch.Tensor, state: SamplingState, extra: list[int]) -> None:
+    if state.num_generated + len(extra) < state.params.min_tokens:
+        if state.banned_before_min_tokens:
+            row[state.banned_before_min_tokens] = float("-inf")
+
+
+def _apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, min_p, top_k, top_p on rows (R, V); disabled filters are exact no-ops."""
+    rows, vocab = x.shape
+    temp = torch.tensor([max(p.temperature, _MIN_TEMPERATURE) for p in params], device=x.device)
+    x = x / temp[:, None]
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=x.device)
+        # p_i >= min_p * p_max  <=>  exp(x_i - x_max) >= min_p
+        rel = torch.exp(x - x.max(dim=-1, keepdim=True).values)
+        x = x.masked_fill(rel < min_p[:, None], float("-inf"))
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    top_p = [p.top_p for p in params]
+    if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+        x = _top_k_top_p(
+            x, torch.tensor(top_k, device=x.device), torch.tensor(top_p, device=x.device)
+        )
+    return x
+
+
+def _top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask (R, V) logits by per-row top_k (V = off) and top_p (1.0 = off)."""
+    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)  # (R, V)
+    kth = sorted_x.gather(1, (top_k - 1)[:, None])  # (R, 1)
+    sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
+    probs = torch.softmax(sorted_x, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # probability mass strictly ahead of each token
+    drop = (before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+    sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+    return torch.empty_like(x).scatter_(1, order, sorted_x)
+
+
+def _logprobs(
+    logits: torch.Tensor, states: list[SamplingState], token_ids: list[int]
+) -> list[list[tuple[int, float]] | None]:
+    out: list[list[tuple[int, float]] | None] = [None] * len(states)
+    rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
+    if not rows:
+        return out
+    lp = torch.log_softmax(logits[rows].float(), dim=-1)  # (R, V), raw model distribution
+    for r, i in enumerate(rows):
+        n = states[i].params.logprobs or 0
+        entry = [(token_ids[i], float(lp[r, token_ids[i]].item()))]
+        if n > 0:
+            values, ids = lp[r].topk(n)
+            entry += list(zip(ids.tolist(), values.tolist(), strict=True))
+        out[i] = entry
+    return out
