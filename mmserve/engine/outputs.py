@@ -34,3 +34,22 @@ class RequestOutput:
     num_accepted_tokens: int = 0  # of those, accepted by verification
     arrival_time: float = 0.0
     first_token_time: float | None = None
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of engine counters for /metrics (totals are monotonic)."""
+
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    num_running: int
+    num_waiting: int
+    preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    prefix_cache_hit_tokens_total: int
+    prefix_cache_query_tokens_total: int
+    spec_draft_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
+    spec_acceptance_by_position: list[float] = field(default_factory=list)

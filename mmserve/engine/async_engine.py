@@ -1,0 +1,143 @@
+"""The engine on a background thread, with one asyncio stream per request.
+
+The asyncio side never touches the model or the scheduler: it validates a
+request, checks the queue bound, and posts commands to an inbox; the engine
+thread drains the inbox between steps, runs the step, and hands each output to
+its request's asyncio queue with ``call_soon_threadsafe``. A consumer that stops
+iterating (client disconnect, task cancelled) aborts its request, whose blocks
+are freed before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from mmserve.config import EngineConfig
+from mmserve.engine.engine import LLMEngine
+from mmserve.engine.factory import create_engine, model_name
+from mmserve.engine.outputs import EngineStats, RequestOutput
+from mmserve.engine.request import EmbeddingSpan
+from mmserve.errors import QueueFullError
+from mmserve.sampling_params import SamplingParams
+
+log = logging.getLogger("mmserve")
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, name: str) -> None:
+        self.engine, self.model_name = engine, name
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._pending_adds = 0  # adds posted but not yet seen by the engine thread
+        self._count_lock = threading.Lock()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="mmserve-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        return cls(create_engine(config), model_name(config))
+
+    # -- asyncio side ----------------------------------------------------------------
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None,
+                       spans: list[EmbeddingSpan] | None = None) -> AsyncIterator[RequestOutput]:
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        self.engine._validate(list(prompt_token_ids), params, rid, spans or [])
+        waiting = len(self.engine.scheduler.waiting) + self._pending_adds
+        if waiting >= self.engine.config.max_waiting:
+            raise QueueFullError(f"the waiting queue is full ({waiting} requests); retry later")
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = (asyncio.get_running_loop(), stream)
+        with self._count_lock:
+            self._pending_adds += 1
+        self._post("add", (list(prompt_token_ids), params, rid, spans))
+        done = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finished
+                yield item
+                if done:
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not done:
+                self._post("abort", rid)
+
+    async def abort(self, request_id: str) -> None:
+        self._post("abort", request_id)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    async def shutdown(self) -> None:
+        await asyncio.to_thread(self.shutdown_sync)
+
+    def shutdown_sync(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _post(self, kind: str, payload: Any) -> None:
+        self._inbox.put((kind, payload))
+        self._wake.set()
+
+    # -- engine thread ---------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._drain_inbox()
+            if not self.engine.has_unfinished():
+                self._wake.wait(timeout=1.0)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a bug must not kill the server: fail in-flight requests
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                with self._count_lock:
+                    self._pending_adds -= 1
+                prompt, params, rid, spans = payload
+                if rid not in self._streams:
+                    continue  # the consumer went away before we saw the request
+                try:
+                    self.engine.add_request(prompt, params, rid, spans)
+                except Exception as exc:
+                    self._deliver(rid, exc)
+            else:
+                self.engine.abort(payload)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for rid in list(self.engine.requests):
+            self.engine.abort(rid)
+            self._deliver(rid, RuntimeError(f"engine step failed: {exc}"))
+
+    def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
+        target = self._streams.get(rid)
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.put_nowait, item)

@@ -1,0 +1,59 @@
+"""Building an engine from an ``EngineConfig``: device, dtype, weights, tokenizer, KV pool."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from mmserve.config import DEFAULT_MODEL, EngineConfig
+from mmserve.engine.engine import LLMEngine
+from mmserve.kernels.linear import set_batch_invariant
+
+log = logging.getLogger("mmserve")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MAX_LEN_CAP = 8192
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device; use cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def model_name(config: EngineConfig) -> str:
+    """The name the server advertises: the registry name, or the path's last component."""
+    name = config.model or DEFAULT_MODEL
+    return Path(name).name if ("/" in name or name.endswith(".gguf")) else name
+
+
+def create_engine(config: EngineConfig) -> LLMEngine:
+    from mmserve.models.hub import resolve_model
+    from mmserve.models.registry import load_model
+    from mmserve.models.tokenizer import Tokenizer
+
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    set_batch_invariant(config.batch_invariant)
+    torch.manual_seed(config.seed)
+    start = time.perf_counter()
+    path = resolve_model(config.model)
+    model = load_model(path, dtype, device)
+    tokenizer = Tokenizer(path)
+    log.info("loaded %s from %s in %.2fs", model_name(config), path, time.perf_counter() - start)
+    limit = config.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_LEN_CAP)
+    if limit > model.max_position_embeddings:
+        raise ValueError(f"max_model_len {limit} exceeds the model's context of "
+                         f"{model.max_position_embeddings} tokens")
+    return LLMEngine(config, model, tokenizer, limit, device, dtype)

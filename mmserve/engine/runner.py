@@ -1,0 +1,74 @@
+"""Turns a schedule into one model forward: flat batch tensors in, logits rows out.
+
+The runner knows nothing of sampling or requests' lifecycles: it lays the
+scheduled tokens of every sequence end to end, builds the attention metadata,
+splices embedding spans in, runs the model and returns the logits of the rows
+that produce tokens (the last real token of a sequence that reached its end, and
+every draft position of a verify).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from mmserve.engine.kv_cache import KVCache
+from mmserve.engine.scheduler import ScheduledSeq
+from mmserve.kernels.attention import AttentionMetadata
+from mmserve.models.base import CausalLM
+
+
+class StepLogits(NamedTuple):
+    logits: torch.Tensor  # (M, V) float32
+    rows: list[list[int]]  # per scheduled seq: its rows in ``logits`` (empty: no tokens yet)
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv: KVCache, block_size: int) -> None:
+        self.model, self.kv, self.block_size = model, kv, block_size
+        self.device = kv.device
+
+    @torch.inference_mode()
+    def run(self, seqs: list[ScheduledSeq]) -> StepLogits:
+        ids: list[int] = []
+        positions: list[int] = []
+        rows: list[list[int]] = []
+        wanted: list[int] = []
+        for s in seqs:
+            offset = len(ids)
+            ids += s.req.all_ids[s.start : s.start + s.num_real] + s.draft
+            positions += range(s.start, s.start + s.num_tokens)
+            mine = list(range(offset + s.num_real - 1, offset + s.num_tokens)) if s.samples else []
+            rows.append(list(range(len(wanted), len(wanted) + len(mine))))
+            wanted += mine
+        meta = AttentionMetadata.build(
+            [s.num_tokens for s in seqs], [s.start + s.num_tokens for s in seqs],
+            [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
+            self.block_size, self.device)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        embeds = self._embeds(seqs, input_ids)
+        hidden = self.model(None if embeds is not None else input_ids,
+                            torch.tensor(positions, device=self.device), meta, self.kv.data,
+                            inputs_embeds=embeds)
+        if not wanted:
+            return StepLogits(hidden.new_zeros(0, 0), rows)
+        logits = self.model.compute_logits(hidden[torch.tensor(wanted, device=self.device)])
+        return StepLogits(logits, rows)
+
+    def _embeds(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> torch.Tensor | None:
+        """Token embeddings with span vectors spliced in, or None when no span is in play."""
+        if not any(sp.start < s.start + s.num_real and sp.end > s.start
+                   for s in seqs for sp in s.req.spans):
+            return None
+        x = self.model.embed(input_ids)
+        offset = 0
+        for s in seqs:
+            lo, hi = s.start, s.start + s.num_real
+            for sp in s.req.spans:
+                a, b = max(lo, sp.start), min(hi, sp.end)
+                if a < b:
+                    x[offset + a - lo : offset + b - lo] = sp.vectors[a - sp.start : b - sp.start].to(
+                        x.dtype)
+            offset += s.num_tokens
+        return x
