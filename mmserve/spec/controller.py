@@ -1,0 +1,199 @@
+"""Chooses how many tokens to draft (k in 0..k_max) per request per step.
+
+Speculation must never make a workload slower than plain decode. For each request
+the controller compares throughput with ``k`` drafted tokens against ``k = 0``::
+
+    R(k) = (S + E(k)) / (cost(T + k) + draft_cost * k)  /  (S / cost(T))
+
+where ``T`` is the step's query tokens so far, ``S`` the tokens the step is expected
+to emit so far (one per decoding request, plus the expected acceptances of requests
+already given drafts) and ``E(k)`` the request's expected accepted tokens
+(``mmserve.spec.acceptance``). With one request this is ``(1 + E(k)) / cost(1 + k)``
+relative to ``1 / cost(1)``; in a large batch the extra verify tokens slow every
+request, so speculation switches off when the step is compute bound.
+
+The best ``k`` becomes the target if ``R >= 1 + margin`` (half the margin to stay on),
+else the target is 0. The chosen ``k`` moves toward the target by at most
+``max_step_change`` per step (no cliffs). A request held at 0 is re-probed with a few
+tokens every ``probe_interval`` steps, forgetting part of its old evidence, so
+speculation returns when it pays; only when perfect acceptance would pay at this
+step's cost, and with all of a step's probes together costing at most
+``probe_max_overhead`` of the step.
+Everything is a deterministic function of the calls made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mmserve.spec.acceptance import (
+    PopulationAcceptance,
+    RequestAcceptance,
+    SpecTotals,
+    expected_accepted,
+)
+from mmserve.spec.cost_model import StepCostModel
+
+
+@dataclass
+class _RequestState:
+    acceptance: RequestAcceptance
+    k: int = 0  # the k chosen at the previous step
+    steps_off: int = 0  # consecutive steps with k == 0
+
+
+class SpecController:
+    """Per-request, per-step choice of the number of draft tokens; see the module docstring."""
+
+    def __init__(
+        self,
+        k_max: int = 8,
+        *,
+        margin: float = 0.05,
+        max_step_change: int = 2,
+        probe_interval: int = 32,
+        probe_k: int = 2,
+        probe_max_overhead: float = 0.1,
+        probe_forget: float = 0.3,
+        prior_accept: float = 0.5,
+        prior_strength: float = 2.0,
+        decay: float = 0.9,
+        cost_alpha: float = 0.2,
+        default_step_seconds: float = 0.01,
+        knee_tokens: float = 256.0,
+    ) -> None:
+        if k_max < 1 or max_step_change < 1 or probe_interval < 1 or probe_k < 1:
+            raise ValueError("k_max, max_step_change, probe_interval and probe_k must be >= 1")
+        if not (0.0 < decay <= 1.0 and 0.0 <= probe_forget <= 1.0 and 0.0 < prior_accept < 1.0):
+            raise ValueError("need 0 < decay <= 1, 0 <= probe_forget <= 1, 0 < prior_accept < 1")
+        self.k_max = k_max
+        self.margin = margin
+        self.max_step_change = max_step_change
+        self.probe_interval = probe_interval
+        self.probe_k = min(probe_k, k_max, max_step_change)  # probes obey the ramp too
+        self.probe_max_overhead = probe_max_overhead
+        self.probe_forget = probe_forget
+        self.prior_strength = prior_strength
+        self.decay = decay
+        self._cost = StepCostModel(cost_alpha, default_step_seconds, knee_tokens)
+        self._draft_seconds_per_token = 0.0
+        self._cost_alpha = cost_alpha
+        self._population = PopulationAcceptance(k_max, prior_accept)
+        self._requests: dict[str, _RequestState] = {}
+
+    def choose(self, request_ids: Sequence[str], num_other_tokens: int = 0) -> list[int]:
+        """k for each decoding request of this step, in order.
+
+        ``num_other_tokens`` counts the step's query tokens besides one per decoding
+        request (prefill chunks). Call once per step; it advances the ramp and probe
+        state of each request.
+        """
+        plan = _StepPlan(
+            self._cost, len(request_ids) + num_other_tokens, float(max(len(request_ids), 1))
+        )
+        prior = self._population.prior_rates()
+        ks = []
+        for request_id in request_ids:
+            state = self._state(request_id)
+            expected = expected_accepted(state.acceptance.rates(prior, self.prior_strength))
+            k = self._next_k(state, self._target(expected, state.k, plan), plan)
+            state.steps_off = 0 if k else state.steps_off + 1
+            state.k = k
+            plan.total_tokens += k
+            plan.emitted += expected[k]
+            ks.append(k)
+        return ks
+
+    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        """Verification outcome of one request's draft (``num_drafted`` may be < the chosen k)."""
+        assert 0 <= num_accepted <= num_drafted, (num_drafted, num_accepted)
+        self._population.observe(num_drafted, num_accepted)
+        state = self._requests.get(request_id)
+        if state is not None:
+            state.acceptance.observe(num_drafted, num_accepted, self.decay)
+
+    def record_step(self, num_query_tokens: int, seconds: float) -> None:
+        """Measured wall time of one target forward step with ``num_query_tokens`` tokens."""
+        self._cost.record(num_query_tokens, seconds)
+
+    def record_draft(self, num_tokens: int, seconds: float) -> None:
+        """Measured drafter time for ``num_tokens`` drafted tokens (one ``propose`` call)."""
+        if num_tokens > 0 and seconds >= 0.0:
+            per_token = seconds / num_tokens
+            self._draft_seconds_per_token += self._cost_alpha * (
+                per_token - self._draft_seconds_per_token
+            )
+
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's state (unknown ids are ignored)."""
+        self._requests.pop(request_id, None)
+
+    def acceptance_by_position(self) -> list[float]:
+        """P(draft token at position i accepted), over all drafts reaching position i."""
+        return self._population.by_position()
+
+    def totals(self) -> SpecTotals:
+        return self._population.totals()
+
+    def step_cost(self, num_query_tokens: int) -> float:
+        """The cost model's predicted seconds for a step (exposed for metrics and tests)."""
+        return self._cost.cost(num_query_tokens)
+
+    def _state(self, request_id: str) -> _RequestState:
+        state = self._requests.get(request_id)
+        if state is None:
+            state = _RequestState(RequestAcceptance.empty(self.k_max))
+            self._requests[request_id] = state
+        return state
+
+    def _ratio(self, expected_k: float, k: int, plan: _StepPlan) -> float:
+        """R(k): throughput with k draft tokens relative to k = 0 (module docstring)."""
+        t = plan.total_tokens
+        spec_cost = plan.cost(t + k) + self._draft_seconds_per_token * k
+        return (plan.emitted + expected_k) / spec_cost * plan.cost(t) / plan.emitted
+
+    def _target(self, expected: list[float], prev_k: int, plan: _StepPlan) -> int:
+        ratios = [self._ratio(expected[k], k, plan) for k in range(self.k_max + 1)]
+        best = max(range(self.k_max + 1), key=lambda k: (ratios[k], -k))
+        threshold = 1.0 + (self.margin if prev_k == 0 else self.margin / 2)
+        return best if ratios[best] >= threshold else 0
+
+    def _next_k(self, state: _RequestState, target: int, plan: _StepPlan) -> int:
+        step = max(-self.max_step_change, min(self.max_step_change, target - state.k))
+        k = state.k + step
+        if k == 0 and state.k == 0 and state.steps_off + 1 >= self.probe_interval:
+            if self._probe_fits(plan):
+                state.acceptance.shrink(self.probe_forget)
+                plan.probe_tokens += self.probe_k
+                return self.probe_k
+        return k
+
+    def _probe_fits(self, plan: _StepPlan) -> bool:
+        """Whether a probe could pay at all (with every draft token accepted) and all of this
+        step's probes together, with this one, stay within the overhead budget."""
+        best_case = max(self._ratio(float(k), k, plan) for k in range(1, self.k_max + 1))
+        if best_case < 1.0 + self.margin:
+            return False  # the step is too expensive for speculation: nothing to learn
+        without_probes = plan.cost(plan.total_tokens - plan.probe_tokens)
+        tokens = plan.probe_tokens + self.probe_k
+        with_probes = plan.cost(plan.total_tokens + self.probe_k)
+        overhead = (with_probes + self._draft_seconds_per_token * tokens) / without_probes - 1.0
+        return overhead <= self.probe_max_overhead
+
+
+@dataclass
+class _StepPlan:
+    """The step being planned by one ``choose`` call."""
+
+    model: StepCostModel
+    total_tokens: int  # query tokens so far
+    emitted: float  # expected emitted tokens so far
+    probe_tokens: int = 0  # draft tokens given to probes so far
+    _costs: dict[int, float] = field(default_factory=dict)  # memo: the model is fixed per call
+
+    def cost(self, num_tokens: int) -> float:
+        cost = self._costs.get(num_tokens)
+        if cost is None:
+            cost = self._costs[num_tokens] = self.model.cost(num_tokens)
+        return cost

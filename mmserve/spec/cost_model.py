@@ -1,0 +1,103 @@
+"""Online model of what one target forward step costs, as a function of its query tokens.
+
+Measured step times are kept as an EWMA per bucket of query-token counts (exact up
+to 16 tokens, then four buckets per octave). ``cost(t)`` interpolates linearly
+between measured buckets. Outside them it extrapolates from the nearest measurement
+with a prior shape ``1 + t / knee_tokens`` (flat while memory bound, linear once
+compute bound), but never less steeply than the slope measured at that end of the
+data (upper half / lowest octave, at least two points), and below the data never
+under cost proportional to tokens. Unmeasured sizes are thus guessed against
+speculation. With no measurement at all, the prior shape is used alone, in seconds,
+from ``default_step_seconds`` at one token. The engine can seed the model during
+warm-up (e.g. CUDA-graph capture at several batch sizes) through ``record``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+
+@dataclass
+class _Point:
+    tokens: float  # EWMA of the token counts recorded in this bucket
+    seconds: float  # EWMA of their step times
+
+
+def _bucket(num_tokens: int) -> int:
+    if num_tokens <= 16:
+        return num_tokens
+    bits = num_tokens.bit_length()  # >= 5
+    return 17 + 4 * (bits - 5) + ((num_tokens >> (bits - 3)) & 3)
+
+
+class StepCostModel:
+    """EWMA step seconds keyed by bucketed query-token count; see the module docstring."""
+
+    def __init__(
+        self, alpha: float = 0.2, default_step_seconds: float = 0.01, knee_tokens: float = 256.0
+    ) -> None:
+        if not 0.0 < alpha <= 1.0 or default_step_seconds <= 0 or knee_tokens <= 0:
+            raise ValueError(
+                "cost model needs 0 < alpha <= 1, default_step_seconds > 0 and knee_tokens > 0"
+            )
+        self.alpha = alpha
+        self.default_step_seconds = default_step_seconds
+        self.knee_tokens = knee_tokens
+        self._points: dict[int, _Point] = {}
+        self._xs: list[float] = []
+        self._ys: list[float] = []
+        self._tail_slope = 0.0  # measured slope of the upper half of the data
+        self._head_slope = 0.0  # measured slope of the lowest octave of the data
+
+    def record(self, num_tokens: int, seconds: float) -> None:
+        """Fold in one measured step of ``num_tokens`` query tokens taking ``seconds``."""
+        if num_tokens < 1 or not seconds > 0.0:
+            return  # nothing to learn from an empty or unmeasured step
+        point = self._points.get(_bucket(num_tokens))
+        if point is None:
+            self._points[_bucket(num_tokens)] = _Point(float(num_tokens), seconds)
+        else:
+            point.tokens += self.alpha * (num_tokens - point.tokens)
+            point.seconds += self.alpha * (seconds - point.seconds)
+        self._refresh()
+
+    def cost(self, num_tokens: int) -> float:
+        """Predicted seconds of a step with ``num_tokens`` query tokens."""
+        t = float(max(num_tokens, 1))
+        xs, ys = self._xs, self._ys
+        if not xs:
+            return self.default_step_seconds * self._shape(t) / self._shape(1.0)
+        if t <= xs[0]:
+            scaled = ys[0] * self._shape(t) / self._shape(xs[0])
+            return max(min(scaled, ys[0] - self._head_slope * (xs[0] - t)), ys[0] * t / xs[0])
+        if t >= xs[-1]:
+            scaled = ys[-1] * self._shape(t) / self._shape(xs[-1])
+            return max(scaled, ys[-1] + self._tail_slope * (t - xs[-1]))
+        i = bisect.bisect_right(xs, t)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
+
+    def _shape(self, t: float) -> float:
+        return 1.0 + t / self.knee_tokens
+
+    def _refresh(self) -> None:
+        points = [self._points[b] for b in sorted(self._points)]
+        self._xs = [p.tokens for p in points]
+        self._ys = [p.seconds for p in points]
+        # At least the two outermost points, so one far-away bucket still gives a slope.
+        upper = [i for i, x in enumerate(self._xs) if x >= self._xs[-1] / 2 or i >= len(points) - 2]
+        lower = [i for i, x in enumerate(self._xs) if x <= self._xs[0] * 2 or i < 2]
+        self._tail_slope = _slope([self._xs[i] for i in upper], [self._ys[i] for i in upper])
+        self._head_slope = _slope([self._xs[i] for i in lower], [self._ys[i] for i in lower])
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope (>= 0) of the points; 0 with fewer than two distinct x."""
+    if len(xs) < 2:
+        return 0.0
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if var <= 0.0:
+        return 0.0
+    return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var)

@@ -1,0 +1,86 @@
+"""The drafter interface: what every speculative drafter promises the engine.
+
+A drafter guesses the next few tokens of each request cheaply; the target model then
+verifies them in one forward pass (``mmserve.spec.verify``). The engine asks the
+controller (``mmserve.spec.controller``) how many tokens ``k`` to draft per request,
+calls ``Drafter.propose`` once per step with every request that has ``k > 0``, and
+calls ``Drafter.on_finished`` when a request ends (finished, cancelled or aborted).
+
+Drafters know nothing about the target model, the KV cache or sampling: token ids
+in, draft token ids (and optionally the drafter's own probabilities) out.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftRequest:
+    """What a drafter sees of one request this step.
+
+    ``token_ids`` is the request's prompt followed by its output so far. It is the
+    engine's own buffer: a drafter must treat it as read-only and must not copy all of
+    it each step (that would make the step cost grow with the context length).
+    Between two calls for the same ``request_id`` it only grows by appending.
+    """
+
+    request_id: str
+    token_ids: Sequence[int]
+    k: int  # max tokens to draft (the controller's choice); 0 = skip this request
+
+
+@dataclass
+class Draft:
+    """The drafted tokens of one request, at most ``k`` of them (possibly none).
+
+    ``probs`` is the drafter's real distribution at each drafted position, shape
+    ``(len(tokens), V)``, each token sampled from its row. ``None`` means the drafter
+    is deterministic; verification then treats each drafted token as one-hot, which
+    keeps sampling lossless.
+    """
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.probs is not None:
+            assert self.probs.dim() == 2 and self.probs.shape[0] == len(self.tokens), (
+                f"draft probs must be (len(tokens)={len(self.tokens)}, V), "
+                f"got {tuple(self.probs.shape)}"
+            )
+
+
+def empty_draft() -> Draft:
+    """A draft with no tokens (the request decodes one token as usual)."""
+    return Draft(tokens=[])
+
+
+class Drafter(ABC):
+    """Proposes draft tokens for a batch of requests.
+
+    Contract:
+
+    - ``propose(batch)`` returns exactly one ``Draft`` per ``DraftRequest``, in order,
+      with ``len(draft.tokens) <= request.k``; ``k == 0`` gives an empty draft. It may
+      return fewer tokens than ``k`` (or none) when it has no good guess.
+    - Pure with respect to the target: it never touches the target model, its KV
+      cache, the sampler or the request's buffers; it only reads ``token_ids``.
+    - Deterministic: the draft depends only on the request's ``token_ids`` and ``k``
+      (and the drafter's fixed configuration), not on the rest of the batch, its order
+      or earlier calls. Per-request caches are allowed only as an optimisation that
+      does not change the result.
+    - ``on_finished(request_id)`` releases any per-request state; calling it for an
+      unknown id is a no-op. After it, the id may be reused for a new request.
+    """
+
+    @abstractmethod
+    def propose(self, batch: list[DraftRequest]) -> list[Draft]:
+        """One draft per request, in order; see the class docstring for the rules."""
+
+    def on_finished(self, request_id: str) -> None:  # noqa: B027 - stateless default
+        """Release per-request state. Stateless drafters need not override this."""

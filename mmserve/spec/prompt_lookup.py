@@ -1,0 +1,96 @@
+"""Prompt-lookup drafting: copy what followed the last time the current suffix occurred.
+
+vLLM's ``ngram`` method (``prompt_lookup_min`` / ``prompt_lookup_max``). For ``n`` from
+``max_n`` down to ``min_n``, the last ``n`` tokens of the request (prompt + output) are
+looked up among its earlier positions; on the first ``n`` that matches, the tokens that
+followed the most recent earlier occurrence are proposed. When the match is so recent
+that fewer than ``k`` tokens followed it, the copy continues into its own output (the
+text is treated as periodic), so a loop like ``a b a b`` drafts ``a b a b ...``.
+
+Each request keeps an incremental index (one dict per ``n``: n-gram -> end position of
+its most recent occurrence), extended with only the tokens appended since the previous
+step, so the cost of a step does not grow with the context length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mmserve.spec.drafter import Draft, Drafter, DraftRequest, empty_draft
+
+
+@dataclass
+class _LookupIndex:
+    """Per-request index. ``ends[i][gram]`` is the largest ``e < indexed_upto`` such that
+    ``token_ids[e - n:e] == gram`` with ``n = min_n + i`` (so ``token_ids[e]`` followed it).
+    """
+
+    ends: list[dict[tuple[int, ...], int]]
+    indexed_upto: int = 0  # end positions below this are indexed
+    last_token: int | None = field(default=None)  # token_ids[indexed_upto - 1], a cheap check
+
+
+class PromptLookupDrafter(Drafter):
+    """Deterministic n-gram drafter over the request's own tokens (``probs`` is ``None``)."""
+
+    def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
+        if min_n < 1 or max_n < min_n:
+            raise ValueError(
+                f"prompt lookup needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}"
+            )
+        self.min_n = min_n
+        self.max_n = max_n
+        self._indexes: dict[str, _LookupIndex] = {}
+
+    def propose(self, batch: list[DraftRequest]) -> list[Draft]:
+        return [self._propose_one(request) for request in batch]
+
+    def on_finished(self, request_id: str) -> None:
+        self._indexes.pop(request_id, None)
+
+    def _propose_one(self, request: DraftRequest) -> Draft:
+        if request.k <= 0 or len(request.token_ids) < 2:
+            return empty_draft()
+        index = self._updated_index(request.request_id, request.token_ids)
+        tokens = request.token_ids
+        length = len(tokens)
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            suffix = tuple(tokens[length - n :])
+            end = index.ends[n - self.min_n].get(suffix)
+            if end is not None:
+                return Draft(tokens=_copy_forward(tokens, end, request.k))
+        return empty_draft()
+
+    def _updated_index(self, request_id: str, tokens: Sequence[int]) -> _LookupIndex:
+        index = self._indexes.get(request_id)
+        if index is None or not _extends(index, tokens):
+            # New request, or a history that was rewritten rather than appended to.
+            index = _LookupIndex(ends=[{} for _ in range(self.min_n, self.max_n + 1)])
+            self._indexes[request_id] = index
+        self._index_new_positions(index, tokens)
+        return index
+
+    def _index_new_positions(self, index: _LookupIndex, tokens: Sequence[int]) -> None:
+        # End position len(tokens) is left out: that n-gram is the suffix being looked up.
+        new_upto = len(tokens) - 1
+        for end in range(max(index.indexed_upto, 1), new_upto + 1):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                index.ends[n - self.min_n][tuple(tokens[end - n : end])] = end
+        if new_upto > index.indexed_upto:
+            index.indexed_upto = new_upto
+            index.last_token = int(tokens[new_upto - 1])
+
+
+def _extends(index: _LookupIndex, tokens: Sequence[int]) -> bool:
+    """Whether ``tokens`` can be the indexed history plus appended tokens (cheap check)."""
+    if len(tokens) - 1 < index.indexed_upto:
+        return False
+    return index.indexed_upto == 0 or int(tokens[index.indexed_upto - 1]) == index.last_token
+
+
+def _copy_forward(tokens: Sequence[int], start: int, k: int) -> list[int]:
+    """``k`` tokens from ``start`` on, continuing into the draft itself past the end."""
+    period = len(tokens) - start  # > 0: start is an earlier position
+    head = [int(t) for t in tokens[start : start + k]]
+    return [head[i % period] for i in range(k)]

@@ -1,0 +1,154 @@
+"""SpecController: simulated workloads with known acceptance and step-cost curves."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from mmserve.spec.acceptance import expected_accepted
+from mmserve.spec.controller import SpecController
+from mmserve.spec.cost_model import StepCostModel
+
+Cost = Callable[[int], float]
+FLAT: Cost = lambda t: 0.010 * (1 + t / 2000)  # memory bound: verify is nearly free
+SLOPED: Cost = lambda t: 0.010 * (1 + 0.03 * (t - 1))  # each extra token costs 3 % of a step
+STEEP: Cost = lambda t: 0.010 * max(1.0, t / 32)  # compute bound beyond 32 tokens
+
+
+class Sim:
+    """Drives a controller step by step; acceptance draws from a seeded RNG."""
+
+    def __init__(self, ctrl: SpecController, cost: Cost, seed: int = 0) -> None:
+        self.ctrl, self.cost, self.rng = ctrl, cost, random.Random(seed)
+        self.history: dict[str, list[int]] = {}
+        self.drafted = [0] * ctrl.k_max
+        self.accepted = [0] * ctrl.k_max
+
+    def run(
+        self, steps: int, accept: float, ids: Sequence[str] = ("r0",), prefill: int = 0
+    ) -> None:
+        for _ in range(steps):
+            ks = self.ctrl.choose(list(ids), num_other_tokens=prefill)
+            for rid, k in zip(ids, ks, strict=True):
+                m = 0
+                while m < k and self.rng.random() < accept:
+                    m += 1
+                self.ctrl.observe(rid, k, m)
+                self.history.setdefault(rid, []).append(k)
+                for i in range(k):
+                    self.drafted[i] += 1
+                    self.accepted[i] += int(i < m)
+            tokens = len(ids) + prefill + sum(ks)
+            self.ctrl.record_step(tokens, self.cost(tokens))
+            self.ctrl.record_draft(max(sum(ks), 1), 2e-6 * max(sum(ks), 1))
+
+
+def test_high_acceptance_and_cheap_verify_picks_high_k() -> None:
+    sim = Sim(SpecController(k_max=8), FLAT)
+    sim.run(40, accept=0.9)
+    assert sim.history["r0"][:4] == [2, 4, 6, 8]  # ramps up, at most 2 per step
+    assert min(sim.history["r0"][4:]) >= 6
+
+
+def test_interior_optimum_moves_with_acceptance() -> None:
+    """With a per-token verify cost, depth follows acceptance (deeper on copyable text)."""
+    means = []
+    for accept in (0.3, 0.6, 0.95):
+        sim = Sim(SpecController(k_max=8), SLOPED)
+        sim.run(60, accept=accept)
+        means.append(sum(sim.history["r0"][20:]) / 40)
+    assert 0.5 <= means[0] < means[1] < means[2] and means[2] >= 7
+
+
+def test_low_acceptance_turns_off_reprobes_and_comes_back() -> None:
+    ctrl = SpecController(k_max=8, probe_interval=32)
+    sim = Sim(ctrl, SLOPED)
+    sim.run(120, accept=0.05)
+    ks = sim.history["r0"]
+    first_off = ks.index(0)
+    assert first_off <= 15
+    probes = [i for i in range(first_off, 120) if ks[i] > 0 and ks[i - 1] == 0]
+    assert len(probes) >= 2 and all(b - a >= 32 for a, b in itertools.pairwise(probes))
+    assert sum(ks[first_off:]) <= 3 * 2 * len(probes)  # off except short probes
+    sim.run(140, accept=0.9)  # the text became copyable: a probe brings speculation back
+    assert max(sim.history["r0"][-20:]) >= 6 and min(sim.history["r0"][-10:]) >= 4
+
+
+def test_large_compute_bound_batch_turns_speculation_off() -> None:
+    ctrl = SpecController(k_max=8)
+    sim = Sim(ctrl, STEEP)
+    sim.run(20, accept=0.7)  # alone, the same request speculates deeply
+    assert sim.history["r0"][-1] >= 6
+    sim.run(3, accept=0.7, ids=["r0"], prefill=480)  # prefill steps measure large sizes
+    ids = ["r0"] + [f"b{i}" for i in range(63)]
+    sim.run(80, accept=0.7, ids=ids)
+    assert all(sim.history[r][-70:] == [0] * 70 for r in ids)
+    assert sum(sum(sim.history[r]) for r in ids[1:]) == 0  # newcomers never paid for drafts
+    sim.run(30, accept=0.7, ids=["r0"])  # alone again: it comes back (after a probe)
+    assert sim.history["r0"][-1] >= 6
+
+
+def test_changes_are_gradual() -> None:
+    ctrl = SpecController(k_max=8, max_step_change=2)
+    sim = Sim(ctrl, SLOPED, seed=5)
+    for accept in (0.95, 0.02, 0.8, 0.3, 0.9):
+        sim.run(40, accept=accept, ids=["a", "b"])
+    for ks in sim.history.values():
+        assert all(abs(b - a) <= 2 for a, b in itertools.pairwise([0, *ks]))
+
+
+def test_deterministic() -> None:
+    histories = []
+    for _ in range(2):
+        sim = Sim(SpecController(k_max=6), SLOPED, seed=3)
+        for accept in (0.9, 0.1, 0.6):
+            sim.run(50, accept=accept, ids=["a", "b", "c"])
+        histories.append(sim.history)
+    assert histories[0] == histories[1]
+
+
+def test_metrics_and_forget() -> None:
+    ctrl = SpecController(k_max=4)
+    sim = Sim(ctrl, FLAT, seed=1)
+    sim.run(50, accept=0.7, ids=["a", "b"])
+    expected = [a / d if d else 0.0 for a, d in zip(sim.accepted, sim.drafted, strict=True)]
+    assert ctrl.acceptance_by_position() == pytest.approx(expected)
+    totals = ctrl.totals()
+    assert (totals.num_draft_tokens, totals.num_accepted_tokens) == (
+        sum(sim.drafted),
+        sum(sim.accepted),
+    )
+    assert ctrl.choose(["a"]) != [0]
+    ctrl.forget("a")
+    ctrl.forget("never-seen")
+    assert ctrl.choose(["a"]) == [2]  # a fresh request starts its ramp again
+
+
+def test_expected_accepted_matches_enumeration() -> None:
+    rates = [0.9, 0.5, 0.7, 0.2]
+    for k in range(len(rates) + 1):
+        total = 0.0
+        for m in range(k + 1):  # P(exactly m accepted of k)
+            p = 1.0
+            for i in range(m):
+                p *= rates[i]
+            if m < k:
+                p *= 1 - rates[m]
+            total += m * p
+        assert expected_accepted(rates)[k] == pytest.approx(total)
+
+
+def test_cost_model_interpolates_and_extrapolates_conservatively() -> None:
+    model = StepCostModel(alpha=1.0, default_step_seconds=0.02, knee_tokens=100)
+    assert model.cost(1) == pytest.approx(0.02) and model.cost(101) > model.cost(1)
+    for t in (4, 8, 64, 128):
+        model.record(t, 0.001 * t)  # compute bound everywhere measured
+    assert model.cost(8) == pytest.approx(0.008)
+    assert model.cost(32) == pytest.approx(0.032)  # linear between buckets
+    assert model.cost(256) >= 0.256 * 0.99  # measured slope continues above the data
+    assert model.cost(1) <= 0.004 and model.cost(1) >= 0.001  # and below it
+    model.record(8, 0.0)  # unmeasured steps are ignored
+    assert model.cost(8) == pytest.approx(0.008)
