@@ -46,3 +46,29 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass
+class ServerConfig:
+    """HTTP/WebSocket server settings. ``api_key=None`` leaves every route open."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None  # None: the engine's model name
+    max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies / WS messages: HTTP 413
+    tool_call_parser: str | None = None  # None: off | "auto": from the chat template | a format
+    reasoning_parser: str | None = None  # None: off | "auto": from the chat template | a format
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must be non-empty when set")
+        levels = ("critical", "error", "warning", "info", "debug", "trace")
+        if self.log_level not in levels:
+            allowed = ", ".join(levels)
+            raise ValueError(f"log_level must be one of {allowed}, got {self.log_level!r}")

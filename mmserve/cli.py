@@ -1,0 +1,288 @@
+"""The ``mmserve`` command: ``serve | pull | chat | generate`` (more register the same way).
+
+Engine and server flags are generated from ``EngineConfig`` / ``ServerConfig``
+fields, one flag per field (``max_model_len`` → ``--max-model-len``), so a new
+config field is a new flag with no CLI change, and an omitted flag keeps the
+dataclass default. A subcommand is one function decorated with
+:func:`subcommand`, naming the flag groups it takes::
+
+    @subcommand("bench", "measure throughput", engine_flags)
+    def bench(args: argparse.Namespace) -> int: ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import sys
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from mmserve.config import DEFAULT_MODEL, EngineConfig, ServerConfig
+from mmserve.sampling_params import SamplingParams
+
+C = TypeVar("C")
+Configure = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+HELP = {
+    "model": f"model name or path (.gguf file or model directory); default {DEFAULT_MODEL}",
+    "device": "auto | cpu | cuda",
+    "dtype": "auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16",
+    "max_model_len": "context length; default: the model's own (capped at 8192)",
+    "num_kv_blocks": "KV-cache blocks; default: sized from --kv-cache-memory-mb",
+    "kv_cache_memory_mb": "memory for the KV cache in MiB",
+    "max_num_seqs": "most sequences decoded together",
+    "max_num_batched_tokens": "token budget of one engine step",
+    "max_waiting": "bound of the waiting queue; a full queue answers HTTP 429",
+    "host": "address to bind",
+    "port": "port to bind (0: any free port)",
+    "api_key": "require 'Authorization: Bearer <key>' on HTTP and WebSocket "
+    "(default: $MMSERVE_API_KEY, else open)",
+    "served_model_name": "model name the API advertises; default: the model's name",
+    "max_body_bytes": "largest request body / WebSocket message; larger ones get HTTP 413",
+    "tool_call_parser": "tool-call format to parse from the output, or 'auto' (from the chat "
+    "template); default off",
+    "reasoning_parser": "reasoning format to parse from the output, or 'auto'; default off",
+}
+
+
+@dataclasses.dataclass
+class Subcommand:
+    name: str
+    help: str
+    configure: list[Configure]
+    run: Run
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {}
+
+
+def subcommand(name: str, help: str, *configure: Configure) -> Callable[[Run], Run]:
+    """Register ``fn(args) -> exit code`` as ``mmserve NAME`` with the given flag groups."""
+
+    def register(fn: Run) -> Run:
+        SUBCOMMANDS[name] = Subcommand(name, help, list(configure), fn)
+        return fn
+
+    return register
+
+
+def _flag_type(hint: Any) -> tuple[Any, bool]:
+    """(argparse type, is_bool) for a field annotation such as ``int | None``."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint, hint is bool
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def dataclass_flags(cls: type, only: tuple[str, ...] | None = None) -> Configure:
+    """A flag group with one ``--flag`` per field of the dataclass ``cls``."""
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group(f"{cls.__name__} options")
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if only is not None and f.name not in only or typing.get_origin(hints[f.name]) is list:
+                continue
+            kind, is_bool = _flag_type(hints[f.name])
+            default = _default(f)
+            text = HELP.get(f.name, f.name.replace("_", " "))
+            if "default" not in text:
+                text += f" (default: {default})"
+            flag = "--" + f.name.replace("_", "-")
+            if is_bool:
+                group.add_argument(
+                    flag,
+                    dest=f.name,
+                    action=argparse.BooleanOptionalAction,
+                    default=argparse.SUPPRESS,
+                    help=text,
+                )
+            else:
+                group.add_argument(
+                    flag,
+                    dest=f.name,
+                    type=kind,
+                    default=argparse.SUPPRESS,
+                    metavar=f.name.upper(),
+                    help=text,
+                )
+
+    return configure
+
+
+def config_from(cls: type[C], args: argparse.Namespace) -> C:
+    """Build ``cls`` from the flags given; the rest keep the dataclass defaults."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    given = {k: v for k, v in vars(args).items() if k in names}
+    return cls(**given)
+
+
+engine_flags = dataclass_flags(EngineConfig)
+server_flags = dataclass_flags(ServerConfig)
+sampling_flags = dataclass_flags(
+    SamplingParams, ("temperature", "top_p", "top_k", "max_tokens")
+)  # --seed comes from EngineConfig and seeds the sampling too
+
+
+@subcommand(
+    "serve",
+    "serve a model over the OpenAI HTTP API and the Realtime WebSocket",
+    engine_flags,
+    server_flags,
+)
+def serve(args: argparse.Namespace) -> int:
+    from mmserve.server.launch import run_server
+
+    server_config = config_from(ServerConfig, args)
+    if server_config.api_key is None and os.environ.get("MMSERVE_API_KEY"):
+        server_config.api_key = os.environ["MMSERVE_API_KEY"]
+    return run_server(config_from(EngineConfig, args), server_config)
+
+
+def _pull_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help=f"known model name (default {DEFAULT_MODEL})")
+    parser.add_argument("--model", dest="model", default=None, help="same as NAME")
+    parser.add_argument("--list", action="store_true", help="list the known model names")
+
+
+@subcommand("pull", "download and convert a known model into the local cache", _pull_flags)
+def pull(args: argparse.Namespace) -> int:
+    from mmserve.models.hub import KNOWN_MODELS
+    from mmserve.models.hub import pull as hub_pull
+
+    if args.list:
+        print("\n".join(sorted(KNOWN_MODELS)))
+        return 0
+    name = args.name or args.model or DEFAULT_MODEL
+    if name not in KNOWN_MODELS:
+        print(
+            f"mmserve: unknown model {name!r}; known: {', '.join(sorted(KNOWN_MODELS))}",
+            file=sys.stderr,
+        )
+        return 2
+    print(hub_pull(name, progress=True))
+    return 0
+
+
+async def _stream(engine: Any, prompt_ids: list[int], params: SamplingParams) -> str:
+    text = ""
+    async for out in engine.generate(prompt_ids, params):
+        print(out.new_text, end="", flush=True)
+        text = out.text
+    print()
+    return text
+
+
+def _chat_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--system", default=None, help="system prompt")
+
+
+@subcommand(
+    "chat",
+    "chat with a model in the terminal (no server)",
+    engine_flags,
+    sampling_flags,
+    _chat_flags,
+)
+def chat(args: argparse.Namespace) -> int:
+    from mmserve.engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine.from_config(config_from(EngineConfig, args))
+    messages: list[dict[str, str]] = (
+        [{"role": "system", "content": args.system}] if args.system else []
+    )
+    print(f"mmserve: chatting with {engine.model_name}; an empty line or Ctrl-D quits")
+    try:
+        while True:
+            try:
+                line = input("> ").strip()
+            except EOFError:
+                break
+            if not line or line in ("/exit", "/quit"):
+                break
+            messages.append({"role": "user", "content": line})
+            prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            ids = engine.tokenizer.encode(prompt)
+            reply = asyncio.run(_stream(engine, ids, config_from(SamplingParams, args)))
+            messages.append({"role": "assistant", "content": reply})
+    except KeyboardInterrupt:
+        print()
+    finally:
+        engine.shutdown_sync()
+    return 0
+
+
+def _generate_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="the prompt text ('-' reads standard input)")
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap the prompt as a user message in the chat template"
+    )
+
+
+@subcommand(
+    "generate",
+    "complete one prompt and print the text (no server)",
+    engine_flags,
+    sampling_flags,
+    _generate_flags,
+)
+def generate(args: argparse.Namespace) -> int:
+    from mmserve.engine.async_engine import AsyncEngine
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    engine = AsyncEngine.from_config(config_from(EngineConfig, args))
+    try:
+        tok = engine.tokenizer
+        if args.chat:
+            prompt = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True
+            )
+        asyncio.run(
+            _stream(
+                engine,
+                tok.encode(prompt, add_special_tokens=not args.chat),
+                config_from(SamplingParams, args),
+            )
+        )
+    finally:
+        engine.shutdown_sync()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmserve", description="mmserve: LLM serving")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cmd in SUBCOMMANDS.values():
+        sub = subparsers.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        for configure in cmd.configure:
+            configure(sub)
+        sub.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run: Run = args._run
+    del args._run, args.command
+    try:
+        return run(args)
+    except ValueError as exc:  # a config value the dataclasses refused
+        print(f"mmserve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The app factory: ``create_app(engine, server_config) -> FastAPI``.
+
+The app does not own the engine: whoever made the engine (the CLI, a test)
+shuts it down. Each app gets its own metrics registry, so several apps (say one
+with an API key and one without) can share a process and even an engine.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from mmserve.config import ServerConfig
+from mmserve.server.chat_output import resolve_formats
+from mmserve.server.engine_client import EngineClient
+from mmserve.server.errors import install_error_handlers
+from mmserve.server.metrics import ServerMetrics
+from mmserve.server.middleware import ServingMiddleware
+from mmserve.server.protocol_out import ModelCard, ModelList
+from mmserve.server.realtime import router as realtime_router
+from mmserve.server.routes_chat import router as chat_router
+from mmserve.server.routes_completions import router as completions_router
+from mmserve.server.serving import ServerState, get_state
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+basic_router = APIRouter()
+
+
+@basic_router.get("/health")
+async def health() -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+@basic_router.get("/v1/models")
+async def list_models(request: Request) -> ModelList:
+    state = get_state(request)
+    return ModelList(
+        data=[ModelCard(id=state.model_name, max_model_len=state.engine.max_model_len)]
+    )
+
+
+@basic_router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(get_state(request).metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+
+def create_app(engine: EngineClient, server_config: ServerConfig | None = None) -> FastAPI:
+    """Build the OpenAI-compatible app around a running engine."""
+    config = server_config or ServerConfig()
+    model_name = config.served_model_name or engine.model_name
+    formats = resolve_formats(
+        config.tool_call_parser,
+        config.reasoning_parser,
+        getattr(engine.tokenizer, "chat_template", None),
+    )
+    metrics_ = ServerMetrics(engine.stats, model_name)
+    app = FastAPI(title="mmserve", version="0.1.0", docs_url=None, redoc_url=None)
+    app.state.mm = ServerState(engine, config, model_name, formats, metrics_)
+    install_error_handlers(app)
+    for router in (basic_router, chat_router, completions_router, realtime_router):
+        app.include_router(router)
+    app.add_middleware(
+        ServingMiddleware,
+        api_key=config.api_key,
+        max_body_bytes=config.max_body_bytes,
+        metrics=metrics_,
+    )
+    return app

@@ -1,0 +1,85 @@
+"""Run the app under uvicorn: load the engine, bind, announce, serve, shut down.
+
+``run_server`` is what ``mmserve serve`` calls. It prints one line naming the
+model and the address once the socket is bound (with ``--port 0`` that is the
+port the OS picked), and always shuts the engine down on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import TextIO
+
+import uvicorn
+
+from mmserve.config import EngineConfig, ServerConfig
+from mmserve.server.app import create_app
+from mmserve.server.engine_client import EngineClient
+
+
+def uvicorn_config(app: object, config: ServerConfig) -> uvicorn.Config:
+    """The uvicorn settings mmserve runs with (WS message limit = the HTTP body limit)."""
+    return uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        ws_max_size=config.max_body_bytes,
+        timeout_graceful_shutdown=5,
+        access_log=config.log_level in ("debug", "trace"),
+    )
+
+
+def bound_address(server: uvicorn.Server, config: ServerConfig) -> tuple[str, int]:
+    for srv in getattr(server, "servers", []):
+        for sock in srv.sockets:
+            host, port = sock.getsockname()[:2]
+            return str(host), int(port)
+    return config.host, config.port
+
+
+async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO = sys.stdout) -> None:
+    """Serve ``engine`` until uvicorn stops (SIGINT/SIGTERM); announce the address on ``out``."""
+    server = uvicorn.Server(uvicorn_config(create_app(engine, config), config))
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        host, port = bound_address(server, config)
+        name = config.served_model_name or engine.model_name
+        print(
+            f"mmserve: serving {name} on http://{host}:{port} "
+            f"(OpenAI API at http://{host}:{port}/v1, Realtime at ws://{host}:{port}/v1/realtime)",
+            file=out,
+            flush=True,
+        )
+    await task
+
+
+def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
+    """Load the model, serve it, and shut the engine down when the server stops."""
+    from mmserve.engine.async_engine import AsyncEngine
+
+    logging.basicConfig(
+        level=server_config.log_level.upper() if server_config.log_level != "trace" else "DEBUG",
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    print(f"mmserve: loading {engine_config.model or 'the default model'} ...", flush=True)
+    engine = AsyncEngine.from_config(engine_config)
+    # uvicorn re-raises the signal it caught once it has drained; make SIGTERM an exit
+    # that unwinds (and shuts the engine down) instead of killing the process outright.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        asyncio.run(serve_app(engine, server_config))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.shutdown_sync()
+    return 0
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(0)

@@ -1,0 +1,128 @@
+"""Prometheus metrics, one ``CollectorRegistry`` per app (no process-global state).
+
+Server-side series (requests by endpoint and status, time to first token,
+inter-token latency, request latency) are observed by the routes; engine series
+(KV blocks, queue, preemptions, tokens, prefix-cache hits, speculation) are read
+from ``engine.stats()`` at scrape time by a custom collector, so they can never
+drift from the engine's own counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from mmserve.engine.outputs import EngineStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+_REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+KNOWN_ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/v1/realtime",
+    "/health",
+    "/metrics",
+)
+
+
+class EngineStatsCollector(Collector):
+    """Turns an ``EngineStats`` snapshot into gauges and counters on every scrape."""
+
+    def __init__(self, stats: Callable[[], EngineStats], model: str) -> None:
+        self._stats = stats
+        self._model = model
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        labels, values = ["model"], [self._model]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"mmserve_{name}", doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(f"mmserve_{name}", doc, labels=labels)
+            c.add_metric(values, value)
+            return c
+
+        yield gauge("kv_blocks_used", "KV-cache blocks in use", s.kv_blocks_used)
+        yield gauge("kv_blocks_free", "KV-cache blocks free", s.kv_blocks_free)
+        yield gauge("kv_blocks_total", "KV-cache blocks in the pool", s.kv_blocks_total)
+        yield gauge("num_requests_running", "Requests being decoded", s.num_running)
+        yield gauge("num_requests_waiting", "Requests in the waiting queue", s.num_waiting)
+        yield counter("preemptions", "Requests preempted for KV memory", s.preemptions_total)
+        yield counter("prompt_tokens", "Prompt tokens processed", s.prompt_tokens_total)
+        yield counter("generation_tokens", "Tokens generated", s.generation_tokens_total)
+        yield counter(
+            "prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache",
+            s.prefix_cache_hit_tokens_total,
+        )
+        yield counter(
+            "prefix_cache_query_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            s.prefix_cache_query_tokens_total,
+        )
+        yield counter(
+            "spec_draft_tokens", "Tokens drafted by speculation", s.spec_draft_tokens_total
+        )
+        yield counter(
+            "spec_accepted_tokens",
+            "Drafted tokens accepted by verification",
+            s.spec_accepted_tokens_total,
+        )
+        by_pos = GaugeMetricFamily(
+            "mmserve_spec_acceptance_rate_by_position",
+            "Acceptance rate of drafted tokens at each draft position (0 = first)",
+            labels=["model", "position"],
+        )
+        for pos, rate in enumerate(s.spec_acceptance_by_position):
+            by_pos.add_metric([self._model, str(pos)], rate)
+        yield by_pos
+
+
+class ServerMetrics:
+    """All metrics of one app, registered in its own ``CollectorRegistry``."""
+
+    def __init__(self, stats: Callable[[], EngineStats], model: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "mmserve_requests",
+            "HTTP requests and WebSocket sessions by endpoint and status",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "mmserve_time_to_first_token_seconds",
+            "Time from request arrival to its first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "mmserve_inter_token_latency_seconds",
+            "Time between consecutive tokens of a stream",
+            buckets=_ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.request_latency = Histogram(
+            "mmserve_request_latency_seconds",
+            "Time from request arrival to its response's end",
+            ["endpoint"],
+            buckets=_REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(EngineStatsCollector(stats, model))
+
+    def count_request(self, path: str, status: int) -> None:
+        endpoint = path if path in KNOWN_ENDPOINTS else "other"
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,250 @@
+"""``WS /v1/realtime``: the OpenAI Realtime (GA) event protocol for text.
+
+One ``RealtimeSocket`` per connection holds the session settings and the
+conversation. The read loop only parses and dispatches; a response runs as its
+own task (``realtime_response.ResponseRun``), so the loop stays responsive and
+``response.cancel`` lands mid-stream. Every bad event (malformed JSON, unknown
+or not-yet-supported type, wrong fields) is answered with an ``error`` event and
+the socket stays open. Sends go through one lock, so events never interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from mmserve.server.realtime_conversation import Conversation, RealtimeError
+from mmserve.server.realtime_protocol import (
+    CLIENT_EVENTS,
+    NOT_YET_SUPPORTED,
+    SessionConfig,
+    error_event,
+    object_id,
+    server_event,
+)
+from mmserve.server.realtime_response import ResponseRun, template_messages
+from mmserve.server.serving import ServerState
+
+router = APIRouter()
+ENDPOINT = "/v1/realtime"
+DEFAULT_INSTRUCTIONS = "You are a helpful, concise assistant."
+DEFAULT_TEMPERATURE = 0.8
+
+
+class RealtimeSocket:
+    """Session settings, conversation and the active response of one WebSocket."""
+
+    def __init__(self, ws: WebSocket, state: ServerState) -> None:
+        self.ws = ws
+        self.state = state
+        self.session_id = object_id("sess")
+        self.config = SessionConfig(
+            instructions=DEFAULT_INSTRUCTIONS,
+            max_output_tokens="inf",
+            output_modalities=["text"],
+            tools=[],
+            tool_choice="auto",
+        )
+        self.conversation = Conversation(object_id("conv"))
+        self.active: ResponseRun | None = None
+        self.active_task: asyncio.Task[Any] | None = None
+        self._send_lock = asyncio.Lock()
+
+    async def send(self, event: dict[str, Any]) -> None:
+        async with self._send_lock:
+            await self.ws.send_text(json.dumps(event))
+
+    def session_wire(self) -> dict[str, Any]:
+        data = self.config.model_dump(exclude_none=True)
+        data.update(id=self.session_id, object="realtime.session", model=self.state.model_name)
+        return data
+
+    async def serve(self) -> None:
+        await self.send(server_event("session.created", session=self.session_wire()))
+        try:
+            while True:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                await self.handle_raw(message.get("text"), message.get("bytes"))
+        except WebSocketDisconnect:
+            return
+        finally:
+            await self.stop_active(send_events=False)
+
+    async def handle_raw(self, text: str | None, data: bytes | None) -> None:
+        if text is None:
+            await self.send(
+                error_event(
+                    "binary frames are not supported; send JSON text events", "invalid_event"
+                )
+            )
+            return
+        if len(text) > self.state.config.max_body_bytes:
+            await self.send(
+                error_event("event is larger than the server's limit", "request_too_large")
+            )
+            return
+        try:
+            event = json.loads(text)
+        except ValueError:
+            await self.send(error_event("event is not valid JSON", "invalid_json"))
+            return
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            await self.send(
+                error_event(
+                    "an event must be a JSON object with a string 'type'", "invalid_event", "type"
+                )
+            )
+            return
+        await self.dispatch(event)
+
+    async def dispatch(self, event: dict[str, Any]) -> None:
+        kind, client_id = event["type"], event.get("event_id")
+        client_id = client_id if isinstance(client_id, str) else None
+        if kind in NOT_YET_SUPPORTED:
+            msg = f"'{kind}' is not supported yet: this server takes text input only"
+            await self.send(error_event(msg, "unsupported_event", "type", client_id))
+            return
+        model = CLIENT_EVENTS.get(kind)
+        if model is None:
+            msg = f"unknown event type '{kind}'"
+            await self.send(error_event(msg, "invalid_event_type", "type", client_id))
+            return
+        try:
+            parsed = model.model_validate(event)
+            await getattr(self, "on_" + kind.replace(".", "_"))(parsed)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"])
+            await self.send(
+                error_event(f"{param}: {first['msg']}", "invalid_value", param, client_id)
+            )
+        except RealtimeError as exc:
+            await self.send(error_event(str(exc), exc.code, exc.param, client_id))
+
+    async def on_session_update(self, event: Any) -> None:
+        update = event.session
+        if update.output_modalities and "audio" in update.output_modalities:
+            raise RealtimeError(
+                "audio output is not supported yet; use output_modalities ['text']",
+                "unsupported_modality",
+                "session.output_modalities",
+            )
+        for name in update.model_fields_set - {"type"}:
+            setattr(self.config, name, getattr(update, name))
+        await self.send(server_event("session.updated", session=self.session_wire()))
+
+    async def on_conversation_item_create(self, event: Any) -> None:
+        prev = self.conversation.insert(event.item, event.previous_item_id)
+        wire = event.item.to_wire()
+        for kind in (
+            "conversation.item.created",
+            "conversation.item.added",
+            "conversation.item.done",
+        ):
+            await self.send(server_event(kind, item=wire, previous_item_id=prev))
+
+    async def on_conversation_item_delete(self, event: Any) -> None:
+        self.conversation.delete(event.item_id)
+        await self.send(server_event("conversation.item.deleted", item_id=event.item_id))
+
+    async def on_conversation_item_retrieve(self, event: Any) -> None:
+        item = self.conversation.get(event.item_id)
+        await self.send(server_event("conversation.item.retrieved", item=item.to_wire()))
+
+    async def on_response_create(self, event: Any) -> None:
+        if self.active is not None:
+            raise RealtimeError(
+                f"response {self.active.id} is still in progress; cancel it or "
+                "wait for response.done",
+                "conversation_already_has_active_response",
+            )
+        self.active = self._new_run(event.response)
+        self.active_task = asyncio.ensure_future(self._run_active(self.active))
+
+    async def on_response_cancel(self, event: Any) -> None:
+        active = self.active
+        if active is None or (event.response_id and event.response_id != active.id):
+            raise RealtimeError(
+                "there is no active response to cancel", "response_cancel_not_active", "response_id"
+            )
+        active.cancel_requested = True
+        if self.active_task is not None:
+            self.active_task.cancel()
+
+    def _new_run(self, params: Any) -> ResponseRun:
+        cfg = self.config
+        if params is not None and params.output_modalities and "audio" in params.output_modalities:
+            raise RealtimeError(
+                "audio output is not supported yet",
+                "unsupported_modality",
+                "response.output_modalities",
+            )
+        instructions = (
+            params.instructions if params and params.instructions is not None else cfg.instructions
+        )
+        out_of_band = params is not None and params.conversation == "none"
+        items = params.input if params and params.input is not None else self.conversation.items
+        limit = (
+            params.max_output_tokens
+            if params and params.max_output_tokens
+            else cfg.max_output_tokens
+        )
+        return ResponseRun(
+            engine=self.state.engine,
+            send=self.send,
+            messages=template_messages(instructions, list(items)),
+            max_output_tokens=limit if isinstance(limit, int) else None,
+            temperature=DEFAULT_TEMPERATURE if cfg.temperature is None else cfg.temperature,
+            conversation_id=None if out_of_band else self.conversation.id,
+            metadata=params.metadata if params else None,
+        )
+
+    async def _run_active(self, run: ResponseRun) -> None:
+        try:
+            item = await run.run()
+            if item is not None and run.conversation_id is not None:
+                self.conversation.insert(item, None)
+        finally:
+            if self.active is run:
+                self.active, self.active_task = None, None
+
+    async def stop_active(self, send_events: bool) -> None:
+        task = self.active_task
+        if task is not None and not task.done():
+            if self.active is not None:
+                self.active.cancel_requested = send_events
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+@router.websocket(ENDPOINT)
+async def realtime(ws: WebSocket) -> None:
+    state: ServerState = ws.app.state.mm
+    requested = ws.query_params.get("model")
+    offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",")]
+    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    if requested and requested not in (state.model_name, state.engine.model_name):
+        state.metrics.count_request(ENDPOINT, 404)
+        await ws.send_text(
+            json.dumps(
+                error_event(
+                    f"The model '{requested}' does not exist; "
+                    f"this server serves '{state.model_name}'.",
+                    "model_not_found",
+                    "model",
+                )
+            )
+        )
+        await ws.close(code=1008)
+        return
+    state.metrics.count_request(ENDPOINT, 101)
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        await RealtimeSocket(ws, state).serve()

@@ -1,0 +1,136 @@
+"""``POST /v1/chat/completions``: messages → chat template → engine → message or SSE.
+
+The route only prepares (template, limits, sampling params) and hands the
+engine's interleaved choice streams to the builders in ``chat_output``; errors
+that can be known before the first token (queue full, prompt too long) are
+answered with a status code, because the streams are primed before the
+response starts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from mmserve.server.chat_output import (
+    ChatContext,
+    collect_chat,
+    request_parser_settings,
+    stream_chat,
+)
+from mmserve.server.engine_client import PrimedStreams, aclose, fan_out, new_id
+from mmserve.server.errors import ParamError
+from mmserve.server.protocol import ChatCompletionRequest, ChatMessage
+from mmserve.server.serving import (
+    SSEResponse,
+    get_state,
+    in_thread,
+    resolve_max_tokens,
+    sse_stream,
+    timed,
+    until_disconnect,
+)
+
+router = APIRouter()
+ENDPOINT = "/v1/chat/completions"
+
+
+def _text_of(message: ChatMessage, index: int) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    texts = []
+    for part in message.content:
+        if part.type not in ("text", "input_text") or part.text is None:
+            raise ParamError(
+                f"content part type {part.type!r} is not supported; send text parts "
+                "({'type': 'text', 'text': ...}) or a string",
+                param=f"messages.{index}.content",
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def _arguments(raw: str | dict[str, Any]) -> Any:
+    """Templates expect tool-call arguments as a mapping; keep the string if it isn't JSON."""
+    if isinstance(raw, dict):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages → the dicts a Hugging Face chat template reads."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        msg: dict[str, Any] = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": _text_of(m, i),
+        }
+        if m.name:
+            msg["name"] = m.name
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            msg["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.function.name,
+                        "arguments": _arguments(c.function.arguments),
+                    },
+                }
+                for c in m.tool_calls
+            ]
+        out.append(msg)
+    return out
+
+
+@router.post(ENDPOINT, response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    start = time.perf_counter()
+    state = get_state(request)
+    state.check_model(body.model)
+    engine = state.engine
+    messages = template_messages(body.messages)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+
+    def render() -> tuple[str, list[int]]:
+        text = engine.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True
+        )
+        return text, engine.tokenizer.encode(text, add_special_tokens=False)
+
+    prompt_text, prompt_ids = await in_thread(render)
+    max_tokens = resolve_max_tokens(
+        body.requested_max_tokens(), len(prompt_ids), engine.max_model_len, "messages"
+    )
+    params = body.to_sampling_params(max_tokens)
+    request_id = new_id("chatcmpl-")
+    ctx = ChatContext(
+        request_id=request_id,
+        model=state.model_name,
+        num_prompt_tokens=len(prompt_ids),
+        n=params.n,
+        parser_settings=request_parser_settings(
+            state.formats, tools, body.tool_choice, prompt_text
+        ),
+        want_logprobs=body.logprobs,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
+    streams = PrimedStreams(fan_out(engine, prompt_ids, params, request_id))
+    await until_disconnect(request, streams.prime())
+    outputs = timed(state.metrics, ENDPOINT, start, streams.merged())
+    if body.stream:
+        return SSEResponse(sse_stream(stream_chat(ctx, outputs)))
+    try:
+        response = await until_disconnect(request, collect_chat(ctx, outputs))
+    finally:
+        await aclose(outputs)
+    return JSONResponse(response.model_dump())

@@ -1,0 +1,73 @@
+"""A live uvicorn server on 127.0.0.1 (a free port) in a background thread, for tests.
+
+Real clients (the ``openai`` SDK, httpx, websockets) talk to it over TCP exactly
+as they would to ``mmserve serve``; the engine's own loop runs in its thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from mmserve.config import ServerConfig
+from mmserve.server import create_app
+from mmserve.server.launch import bound_address, uvicorn_config
+
+
+class LiveServer:
+    """``with LiveServer(engine, config) as srv:`` serves until the block ends."""
+
+    def __init__(self, engine: Any, config: ServerConfig | None = None) -> None:
+        self.config = config or ServerConfig(host="127.0.0.1", port=0, log_level="warning")
+        self.engine = engine
+        self.app = create_app(engine, self.config)
+        self.server = uvicorn.Server(uvicorn_config(self.app, self.config))
+        self.thread = threading.Thread(target=self.server.run, name="live-uvicorn", daemon=True)
+        self.host, self.port = "127.0.0.1", 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the live server did not start")
+            time.sleep(0.02)
+        self.host, self.port = bound_address(self.server, self.config)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+    def __enter__(self) -> LiveServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_for_idle(engine: Any, baseline_used: int, timeout: float = 20.0) -> Any:
+    """Poll ``engine.stats()`` until no request runs or waits and KV use is back at baseline."""
+    deadline = time.monotonic() + timeout
+    stats = engine.stats()
+    while time.monotonic() < deadline:
+        stats = engine.stats()
+        if (
+            stats.num_running == 0
+            and stats.num_waiting == 0
+            and stats.kv_blocks_used == baseline_used
+        ):
+            return stats
+        time.sleep(0.05)
+    raise AssertionError(f"engine did not return to idle with {baseline_used} blocks used: {stats}")
