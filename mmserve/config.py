@@ -29,6 +29,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
     seed: int = 0
+    # vLLM-style JSON object (or dict), e.g. {"method": "ngram", "num_speculative_tokens": "auto"}
+    speculative_config: str | dict | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -46,6 +48,14 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        self.spec_config()  # validate early, with SpecConfig's messages
+
+    def spec_config(self):  # -> SpecConfig | None (lazy import keeps config import-light)
+        from mmserve.spec.config import SpecConfig
+
+        if self.speculative_config is None or self.speculative_config == "":
+            return None
+        return SpecConfig.from_json(self.speculative_config)
 
 
 @dataclass

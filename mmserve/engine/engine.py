@@ -23,6 +23,7 @@ from mmserve.engine.request import EmbeddingSpan, Request, Status
 from mmserve.engine.runner import ModelRunner
 from mmserve.engine.sampler import Sampler, SamplingState
 from mmserve.engine.scheduler import ScheduledSeq, Scheduler
+from mmserve.engine.speculation import Speculator
 from mmserve.engine.stop import StopChecker
 from mmserve.engine.token_output import TokenAppender
 from mmserve.errors import InvalidRequestError
@@ -32,7 +33,8 @@ from mmserve.sampling_params import SamplingParams
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, model: CausalLM, tokenizer, max_model_len: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype,
+                 spec: Speculator | None = None) -> None:
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.max_model_len, self.device = max_model_len, device
         bs = config.block_size
@@ -51,6 +53,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv, bs)
         self.sampler = Sampler()
         self.appender = TokenAppender(tokenizer)
+        self.spec = spec
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.prompt_tokens_total = 0
@@ -100,6 +103,8 @@ class LLMEngine:
         if req is None or req.finished:
             return None
         self.scheduler.finish(req)
+        if self.spec is not None:
+            self.spec.forget(request_id)
         req.finish_reason = "abort"
         return req.take_output()
 
@@ -108,38 +113,56 @@ class LLMEngine:
 
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        schedule = self.scheduler.schedule()
+        drafts = self.spec.propose(self.scheduler.running, self.config.max_num_batched_tokens) \
+            if self.spec is not None else None
+        schedule = self.scheduler.schedule(drafts)
         if not schedule.seqs:
             return []
+        start = time.perf_counter()
         result = self.runner.run(schedule.seqs)
-        sampling = [(s, r) for s, r in zip(schedule.seqs, result.rows, strict=True) if r]
-        if sampling:
-            rows = [r[0] for _, r in sampling]
-            sampled = self.sampler.sample(result.logits[rows], [s.req.sampling for s, _ in sampling])
-        outputs = []
-        now = time.monotonic()
-        k = 0
-        for s in schedule.seqs:
+        if self.spec is not None:
+            self.spec.record_step(sum(s.num_tokens for s in schedule.seqs),
+                                  time.perf_counter() - start)
+        plain = [(s, r) for s, r in zip(schedule.seqs, result.rows, strict=True)
+                 if r and not s.draft]
+        sampled = self.sampler.sample(result.logits[[r[0] for _, r in plain]],
+                                      [s.req.sampling for s, _ in plain]) if plain else None
+        outputs, now, k = [], time.monotonic(), 0
+        for s, rows in zip(schedule.seqs, result.rows, strict=True):
             req = s.req
-            req.num_computed = s.start + s.num_tokens
-            self.blocks.commit_full_blocks(req.table, req.all_ids[: req.num_computed],  # type: ignore[arg-type]
-                                           req.extra_keys(self.config.block_size))
-            if not s.samples:
+            if not rows:  # a prefill chunk that has not reached the end of the prompt
+                req.num_computed = s.start + s.num_tokens
+                self._commit(req)
                 continue
-            token, lps = sampled.token_ids[k], sampled.logprobs[k]
-            k += 1
-            if req.first_token_time is None:
-                req.first_token_time = now
-            self.appender.append(req, [token], [lps])
-            self.generation_tokens_total += 1
+            if s.draft:
+                tokens = self.spec.verify(s, result.logits[rows], self.sampler)  # type: ignore[union-attr]
+                logprobs: list = [None] * len(tokens)
+            else:
+                assert sampled is not None
+                tokens, logprobs = [sampled.token_ids[k]], [sampled.logprobs[k]]
+                k += 1
+            # KV is valid for the real tokens and the accepted drafts, not the rejected ones
+            req.num_computed = s.start + s.num_real + len(tokens) - 1
+            if s.draft:
+                self.blocks.truncate(req.table, req.num_computed)  # type: ignore[arg-type]
+            self._commit(req)
+            req.first_token_time = req.first_token_time or now
+            self.generation_tokens_total += self.appender.append(req, tokens, logprobs)
             if req.finished:
                 self._finish(req)
             outputs.append(req.take_output())
         return outputs
 
+    def _commit(self, req: Request) -> None:
+        """Offer the newly full blocks of computed tokens to the prefix cache."""
+        self.blocks.commit_full_blocks(req.table, req.all_ids[: req.num_computed],  # type: ignore[arg-type]
+                                       req.extra_keys(self.config.block_size))
+
     def _finish(self, req: Request) -> None:
         self.scheduler.finish(req)
         self.requests.pop(req.request_id, None)
+        if self.spec is not None:
+            self.spec.forget(req.request_id)
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -151,7 +174,16 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             prefix_cache_hit_tokens_total=self.blocks.prefix_hits,
-            prefix_cache_query_tokens_total=self.blocks.prefix_queries)
+            prefix_cache_query_tokens_total=self.blocks.prefix_queries,
+            **self._spec_stats())
+
+    def _spec_stats(self) -> dict:
+        if self.spec is None:
+            return {}
+        totals = self.spec.controller.totals()
+        return {"spec_draft_tokens_total": totals.num_draft_tokens,
+                "spec_accepted_tokens_total": totals.num_accepted_tokens,
+                "spec_acceptance_by_position": self.spec.controller.acceptance_by_position()}
 
 
 __all__ = ["LLMEngine", "Status", "ScheduledSeq"]

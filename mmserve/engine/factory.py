@@ -56,4 +56,35 @@ def create_engine(config: EngineConfig) -> LLMEngine:
     if limit > model.max_position_embeddings:
         raise ValueError(f"max_model_len {limit} exceeds the model's context of "
                          f"{model.max_position_embeddings} tokens")
-    return LLMEngine(config, model, tokenizer, limit, device, dtype)
+    return LLMEngine(config, model, tokenizer, limit, device, dtype,
+                     build_speculator(config, model, device, dtype))
+
+
+def build_speculator(config: EngineConfig, model, device: torch.device,
+                     dtype: torch.dtype):
+    """The drafter named by ``speculative_config`` wrapped for the engine, or None."""
+    from mmserve.engine.speculation import Speculator
+
+    spec = config.spec_config()
+    if spec is None:
+        return None
+    if spec.method == "ngram":
+        from mmserve.spec.prompt_lookup import PromptLookupDrafter
+
+        drafter = PromptLookupDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    elif spec.method == "ngram_table":
+        from mmserve.spec.ngram_table import NgramTable, NgramTableDrafter
+
+        drafter = NgramTableDrafter(NgramTable(spec.table_path, spec.table_in_memory))
+    elif spec.method == "draft_model":
+        from mmserve.models.hub import resolve_model
+        from mmserve.models.registry import load_model
+        from mmserve.spec.draft_model import DraftModelDrafter
+
+        draft = load_model(resolve_model(spec.draft_model), dtype, device)
+        drafter = DraftModelDrafter(draft, device=device)
+    else:
+        from mmserve.spec.self_draft import SelfDrafter
+
+        drafter = SelfDrafter(model, spec.self_draft_layers or max(1, model.num_layers // 4))
+    return Speculator(spec, drafter)

@@ -1,0 +1,86 @@
+"""Speculative decoding inside the engine step: choose k, draft, verify, account.
+
+Per step: the controller picks k (0..k_max) for every request that is decoding;
+the drafter proposes up to k tokens each; the scheduler appends them to the
+request's step as verify tokens; the runner returns k+1 logits rows; here they are
+verified — greedy rows by comparing the target's own argmax at each position (so
+output ids equal plain decode exactly), sampled rows by lossless rejection
+sampling with the drafter's real probabilities (one-hot when it is greedy).
+Rejected positions are rolled back by the engine by shrinking ``num_computed``
+and truncating the block table; no KV is copied.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mmserve.engine.request import Request
+from mmserve.engine.sampler import Sampler
+from mmserve.engine.scheduler import ScheduledSeq
+from mmserve.spec.config import SpecConfig
+from mmserve.spec.controller import SpecController
+from mmserve.spec.drafter import Drafter, DraftRequest
+from mmserve.spec.verify import greedy_verify, rejection_sample
+
+
+class Speculator:
+    def __init__(self, config: SpecConfig, drafter: Drafter) -> None:
+        self.config, self.drafter = config, drafter
+        self.controller = SpecController(k_max=config.max_tokens_per_step)
+        self._probs: dict[str, torch.Tensor | None] = {}
+
+    def propose(self, running: list[Request], budget: int) -> dict[str, list[int]]:
+        """Drafts for the decoding requests of the coming step, keyed by request id."""
+        decoding = [r for r in running
+                    if r.num_tokens - r.num_computed == 1 and r.params.logprobs is None]
+        if not decoding:
+            return {}
+        others = sum(r.num_tokens - r.num_computed for r in running) - len(decoding)
+        if self.config.auto:
+            ks = self.controller.choose([r.request_id for r in decoding], max(0, others))
+        else:
+            ks = [self.config.max_tokens_per_step] * len(decoding)
+        batch = [DraftRequest(r.request_id, r.all_ids, min(k, r.max_total_len - r.num_tokens - 1))
+                 for r, k in zip(decoding, ks, strict=True)]
+        batch = [b for b in batch if b.k > 0]
+        if not batch:
+            return {}
+        start = time.perf_counter()
+        drafts = self.drafter.propose(batch)
+        self.controller.record_draft(sum(len(d.tokens) for d in drafts),
+                                     time.perf_counter() - start)
+        out = {}
+        for b, d in zip(batch, drafts, strict=True):
+            if d.tokens:
+                out[b.request_id] = list(d.tokens)
+                self._probs[b.request_id] = d.probs
+        return out
+
+    def verify(self, seq: ScheduledSeq, logits: torch.Tensor, sampler: Sampler) -> list[int]:
+        """Tokens to append (accepted draft prefix + one target token); logits: (k+1, V)."""
+        req, draft = seq.req, seq.draft
+        states = [req.sampling] * (len(draft) + 1)
+        extra = [draft[:j] for j in range(len(draft) + 1)]  # penalties see earlier drafts
+        q = self._probs.pop(req.request_id, None)
+        if req.params.greedy:
+            target = sampler.sample(logits, states, extra).token_ids
+            tokens = greedy_verify(target, draft)
+        else:
+            p = sampler.probs(logits, states, extra)
+            q = q[: len(draft)] if q is not None else None
+            tokens = rejection_sample(p, draft, q, req.sampling.generator)
+        accepted = len(tokens) - 1
+        self.controller.observe(req.request_id, len(draft), accepted)
+        req.num_draft_tokens += len(draft)
+        req.num_accepted_tokens += accepted
+        return tokens
+
+    def record_step(self, num_tokens: int, seconds: float) -> None:
+        self.controller.record_step(num_tokens, seconds)
+
+    def forget(self, request_id: str) -> None:
+        self.controller.forget(request_id)
+        self.drafter.on_finished(request_id)
+        self._probs.pop(request_id, None)
