@@ -50,6 +50,7 @@ class EngineStats:
     generation_tokens_total: int
     prefix_cache_hit_tokens_total: int
     prefix_cache_query_tokens_total: int
+    spec_num_drafts_total: int = 0  # verify steps that carried at least one draft token
     spec_draft_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
     spec_acceptance_by_position: list[float] = field(default_factory=list)

@@ -69,11 +69,14 @@ class ChoiceState:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     num_tokens: int = 0
     num_cached: int = 0
+    num_draft: int = 0
+    num_accepted: int = 0
     finish_reason: str | None = None
 
     def feed(self, out: RequestOutput) -> list[dict[str, Any]]:
         """Take one engine delta; return the OpenAI deltas it completes (maybe none)."""
         self.num_tokens = len(out.token_ids)
+        self.num_draft, self.num_accepted = out.num_draft_tokens, out.num_accepted_tokens
         self.num_cached = out.num_cached_tokens
         self.logprobs.extend(out.new_logprobs or [])
         if self.parser is None:
@@ -133,7 +136,8 @@ class ChatContext:
 
     def usage(self, states: list[ChoiceState]) -> Usage:
         cached = max((s.num_cached for s in states), default=0)
-        return make_usage(self.num_prompt_tokens, sum(s.num_tokens for s in states), cached)
+        return make_usage(self.num_prompt_tokens, sum(s.num_tokens for s in states), cached,
+                          sum(s.num_draft for s in states), sum(s.num_accepted for s in states))
 
 
 async def collect_chat(

@@ -78,6 +78,14 @@ class EngineStatsCollector(Collector):
             "Drafted tokens accepted by verification",
             s.spec_accepted_tokens_total,
         )
+        mean_len = GaugeMetricFamily(
+            "mmserve_spec_mean_accepted_length",
+            "Tokens emitted per verify step: 1 + accepted drafts / drafts (1.0 before any draft)",
+            labels=["model"],
+        )
+        mean_len.add_metric([self._model], 1.0 + s.spec_accepted_tokens_total /
+                            max(1, s.spec_num_drafts_total))
+        yield mean_len
         by_pos = GaugeMetricFamily(
             "mmserve_spec_acceptance_rate_by_position",
             "Acceptance rate of drafted tokens at each draft position (0 = first)",

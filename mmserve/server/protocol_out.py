@@ -18,19 +18,32 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    """Speculation's drafted tokens in OpenAI's predicted-output terms: accepted and
+    rejected draft tokens (``accepted + rejected`` = drafted)."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+               draft_tokens: int = 0, accepted_tokens: int = 0) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(
+            accepted_prediction_tokens=accepted_tokens,
+            rejected_prediction_tokens=draft_tokens - accepted_tokens),
     )
 
 

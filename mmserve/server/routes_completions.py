@@ -48,6 +48,8 @@ class _Choice:
     text: list[str] = field(default_factory=list)
     offset: int = 0
     num_tokens: int = 0
+    num_draft: int = 0
+    num_accepted: int = 0
     finish_reason: str | None = None
 
     def feed(self, out: RequestOutput) -> CompletionChoice:
@@ -56,6 +58,7 @@ class _Choice:
         self.echo = ""
         self.text.append(text)
         self.num_tokens = len(out.token_ids)
+        self.num_draft, self.num_accepted = out.num_draft_tokens, out.num_accepted_tokens
         self.finish_reason = out.finish_reason if out.finished else None
         delta_lp = None
         if self.logprobs is not None:
@@ -123,7 +126,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     outputs = timed(state.metrics, ENDPOINT, start, primed.merged())
 
     def usage() -> Usage:
-        return make_usage(num_prompt, sum(c.num_tokens for c in choices))
+        return make_usage(num_prompt, sum(c.num_tokens for c in choices), 0,
+                          sum(c.num_draft for c in choices), sum(c.num_accepted for c in choices))
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
