@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mmserve.kernels.triton_dispatch import use_triton
+
 ROW_TILE = 8
 KEY_CHUNK = 64
 
@@ -83,6 +85,10 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Store new keys/values (N, Hkv, D) at their slots of the paged cache (blocks, bs, Hkv, D)."""
+    if use_triton(k):  # CUDA: one launch; negative slots (graph padding) are skipped
+        from mmserve.kernels.triton_attention import cuda_write_kv
+
+        return cuda_write_kv(k_cache, v_cache, k, v, slot_mapping)
     hkv, d = k.shape[1], k.shape[2]
     k_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, v)
@@ -93,6 +99,10 @@ def paged_attention(
     scale: float, window: int | None = None,
 ) -> torch.Tensor:
     """q: (N, Hq, D) -> (N, Hq, D), reading keys/values from the paged cache."""
+    if use_triton(q):  # CUDA: the Triton kernel (same contract; tests compare the two)
+        from mmserve.kernels.triton_attention import cuda_paged_attention
+
+        return cuda_paged_attention(q, k_cache, v_cache, meta, scale, window)
     out = torch.empty_like(q)
     hkv, d = k_cache.shape[2], k_cache.shape[3]
     flat_k = k_cache.view(-1, hkv, d)

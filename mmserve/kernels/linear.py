@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mmserve.kernels.triton_dispatch import use_triton
+
 ROW_TILE = 8  # rows per fixed-shape product; a verify step of k+1 <= 8 rows costs one tile
 
 _state = {"invariant": True}
@@ -33,10 +35,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     x: (M, K), weight: (N, K) -> (M, N).
     """
-    if not _state["invariant"] or x.device.type == "cuda":
-        # On CUDA the fast path owns invariance (fixed-config kernels); plain here.
+    if x.device.type == "cuda":
+        return cuda_linear(x, weight, bias)
+    if not _state["invariant"]:
         return F.linear(x, weight, bias)
     return tiled_linear(x, weight, bias, ROW_TILE)
+
+
+def cuda_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Invariant mode, half precision: the fixed-reduction-tree Triton GEMM (cuBLAS picks its
+    kernel by M, so a row's bits change with the batch: bench/NOTES.md). Else cuBLAS."""
+    if (_state["invariant"] and x.dtype in (torch.bfloat16, torch.float16)
+            and use_triton(x)):
+        from mmserve.kernels.triton_matmul import invariant_linear
+
+        return invariant_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def tiled_linear(

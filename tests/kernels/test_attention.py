@@ -2,7 +2,12 @@
 
 import torch
 
-from mmserve.kernels.attention import AttentionMetadata, paged_attention, reference_attention, write_kv
+from mmserve.kernels.attention import (
+    AttentionMetadata,
+    paged_attention,
+    reference_attention,
+    write_kv,
+)
 
 BS, HKV, G, D = 16, 3, 3, 64
 

@@ -1,0 +1,35 @@
+"""Run ``mmserve.bench.throughput.run_throughput`` from the command line (the flags are the
+``ThroughputConfig`` fields). Usage, on the GPU machine from the repo root:
+
+    PYTHONPATH=$PWD python bench/throughput.py --models smollm2-135m llama3-8b --out-dir out
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mmserve.bench.throughput import ThroughputConfig, run_throughput
+
+
+def parse() -> argparse.Namespace:
+    d = ThroughputConfig()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(d.models))
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=list(d.batch_sizes))
+    p.add_argument("--prompt-len", type=int, default=d.prompt_len)
+    p.add_argument("--decode-steps", type=int, default=d.decode_steps)
+    p.add_argument("--prefill-len", type=int, default=d.prefill_len)
+    p.add_argument("--eager-steps", type=int, default=d.eager_steps)
+    p.add_argument("--variants", nargs="+", default=list(d.variants),
+                   help="invariant | cublas, each optionally +rope")
+    p.add_argument("--no-hf", dest="hf", action="store_false")
+    p.add_argument("--hf-batch-sizes", nargs="+", type=int, default=list(d.hf_batch_sizes))
+    p.add_argument("--hf-new-tokens", type=int, default=d.hf_new_tokens)
+    p.add_argument("--hf-compile", action="store_true")
+    p.add_argument("--out-dir", default=d.out_dir)
+    p.add_argument("--gemm-configs", default=None, help="tile shapes JSON (bench/invariance.py)")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    run_throughput(parse())

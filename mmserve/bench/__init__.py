@@ -1,0 +1,1 @@
+"""Benchmarks behind ``mmserve bench``: each returns a JSON-able dict and writes its files."""

@@ -1,0 +1,137 @@
+"""mmserve's model path, timed: paged KV, block tables, Triton kernels, CUDA-graph decode.
+
+This is the engine's forward (``LLMEngine`` -> ``ModelRunner`` -> model) without the
+scheduler, sampler and detokenizer around it: prefill is one eager forward over
+the batch's prompts; decode is :class:`~mmserve.engine.cuda_graphs.DecodeGraphs`
+(or the same forward, eager), greedy, with the sampled ids brought to the host
+every step as the engine must (for stop checks and streaming).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mmserve.engine.cuda_graphs import DecodeGraphs
+from mmserve.kernels.triton_attention import PagedMetadata
+from mmserve.models.base import CausalLM
+
+BLOCK_SIZE = 16
+
+
+@dataclass
+class DecodeResult:
+    batch: int
+    steps: int
+    seconds: float
+    step_ms_p50: float
+    step_ms_p99: float
+    row0: list[int]  # row 0's tokens: compared across batch sizes (batch invariance)
+
+    @property
+    def tok_s(self) -> float:
+        return self.batch * self.steps / self.seconds
+
+
+@contextmanager
+def rope_kernel() -> Iterator[None]:
+    """The proposed ``RotaryTable.apply`` CUDA dispatch (bit-identical to the reference:
+    tests/kernels/test_triton_rope.py), applied for one measurement."""
+    from mmserve.kernels.rope import RotaryTable
+    from mmserve.kernels.triton_rope import cuda_rope
+
+    reference = RotaryTable.apply
+
+    def apply(self: RotaryTable, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dtype == torch.bfloat16:
+            return cuda_rope(x, self.cos, self.sin, positions)
+        return reference(self, x, positions)
+
+    RotaryTable.apply = apply  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        RotaryTable.apply = reference  # type: ignore[method-assign]
+
+
+class PagedDecoder:
+    """Fixed block tables: sequence ``i`` owns blocks ``1 + i * per_seq ..`` (block 0 spare)."""
+
+    def __init__(self, model: CausalLM, max_batch: int, max_len: int) -> None:
+        p = next(model.parameters())
+        self.model, self.device = model, p.device
+        self.per_seq = -(-max_len // BLOCK_SIZE)
+        blocks = 1 + max_batch * self.per_seq
+        self.kv = torch.zeros(model.num_layers, 2, blocks, BLOCK_SIZE, model.num_kv_heads,
+                              model.head_dim, dtype=p.dtype, device=p.device)
+        self.tables = 1 + np.arange(max_batch * self.per_seq).reshape(max_batch, self.per_seq)
+        self.graphs = DecodeGraphs(model, self.kv, self.per_seq, (1,))  # eager until capture
+
+    def capture(self, sizes: tuple[int, ...]) -> dict:
+        self.graphs = DecodeGraphs(self.model, self.kv, self.per_seq, (1,))  # drop old graphs
+        gc.collect()
+        torch.cuda.empty_cache()
+        self.graphs = DecodeGraphs(self.model, self.kv, self.per_seq, sizes)
+        rep = self.graphs.capture()
+        return {"batch_sizes": rep.batch_sizes, "seconds": rep.seconds,
+                "memory_mib": rep.pool_bytes / 2**20}
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]]) -> list[int]:
+        """One forward over every prompt (positions from 0) -> greedy first tokens."""
+        b, dev = len(prompts), self.device
+        lens = [len(p) for p in prompts]
+        starts = np.cumsum([0] + lens[:-1])
+        slots = np.concatenate([self.tables[i, np.arange(n) // BLOCK_SIZE] * BLOCK_SIZE
+                                + np.arange(n) % BLOCK_SIZE for i, n in enumerate(lens)])
+        meta = PagedMetadata(torch.as_tensor(slots).to(dev),
+                             torch.as_tensor(self.tables[:b]).to(dev),
+                             torch.tensor(lens, device=dev), torch.as_tensor(starts).to(dev),
+                             torch.tensor(lens, device=dev), max(lens))
+        ids = torch.tensor([t for p in prompts for t in p], device=dev)
+        pos = torch.cat([torch.arange(n, device=dev) for n in lens])
+        hidden = self.model(ids, pos, meta, self.kv)
+        last = torch.as_tensor(starts + np.array(lens) - 1).to(dev)
+        return self.model.compute_logits(hidden[last]).argmax(-1).tolist()
+
+    @torch.inference_mode()
+    def decode(self, first: list[int], start_pos: int, steps: int, graphs: bool,
+               warmup: int = 3) -> DecodeResult:
+        """``steps`` greedy decode steps for every row, after ``warmup`` untimed ones."""
+        assert self.graphs.graphs or not graphs, "capture() first"
+        ids, b = list(first), len(first)
+        pos = [start_pos] * b
+        times, row0 = [], []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            run = self.graphs.run if graphs else self.graphs.run_eager
+            logits = run(ids, pos, self.tables[:b], BLOCK_SIZE)
+            ids = logits.argmax(-1).tolist()  # the host needs the ids (stop checks, streams)
+            pos = [p + 1 for p in pos]
+            row0.append(ids[0])
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        ms = sorted(t * 1e3 for t in times)
+        return DecodeResult(b, steps, sum(times), statistics.median(ms),
+                            ms[min(len(ms) - 1, int(0.99 * len(ms)))], row0)
+
+    def ttft(self, prompt_len: int, vocab: int, repeats: int = 3) -> dict:
+        """Time to first token of one ``prompt_len`` prompt (prefill + logits + host id)."""
+        prompt = torch.randint(0, vocab, (prompt_len,)).tolist()
+        self.prefill([prompt])  # warm-up (compiles the prefill shapes)
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            self.prefill([prompt])
+            times.append(time.perf_counter() - t0)
+        s = statistics.median(times)
+        return {"prompt_len": prompt_len, "ttft_ms": s * 1e3, "prefill_tok_s": prompt_len / s,
+                "ttft_ms_all": [t * 1e3 for t in times]}

@@ -1,0 +1,123 @@
+"""Batch-invariant ``x @ W.T (+ bias)`` on CUDA in Triton.
+
+Reference: ``torch.nn.functional.linear`` (tests compare on random inputs).
+
+Why: cuBLAS chooses its kernel (and split-K) by the row count, so a row's bits
+change with the batch (measured on the H200: row 0 of the Llama-3-8B o_proj and
+down_proj products differs from M=1 for 222 and 172 of M=2..256; bench/NOTES.md).
+Here every output element is one chain of tensor-core k16 steps over K in
+ascending order, accumulated in fp32, then the bias, then one rounding: no
+split-K, whatever M is.
+
+The tile shape grows with M (thin tiles that stream weights at batch 1, big ones
+for prefill). That changes which rows and columns share a program, never an
+element's arithmetic: measured bit-identical across every tile shape tried, from
+16x16 (mma.sync) to 128x256 (wgmma), by bench/invariance.py and
+tests/kernels/test_triton_matmul.py.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+
+class TileConfig(NamedTuple):
+    bm: int
+    bn: int
+    bk: int
+    warps: int
+    stages: int
+
+
+_override: dict[int, TileConfig] = {}  # row-count bucket -> tile shape (benchmarks, tuning)
+BUCKETS = (16, 64, 256, 1 << 62)  # pick_config's row-count buckets (upper bounds)
+
+
+def set_tile_configs(table: dict[int, TileConfig]) -> None:
+    """Replace the tile shape of buckets (keys from ``BUCKETS``). Bits do not move."""
+    assert set(table) <= set(BUCKETS), f"buckets are {BUCKETS}"
+    _override.clear()
+    _override.update({b: TileConfig(*c) for b, c in table.items()})
+
+
+def pick_config(m: int, n: int) -> TileConfig:
+    """Tile shape by row count and width (speed only: every shape computes the same bits).
+
+    The H200 sweep of bench/invariance.py (bench/NOTES.md, run 3) chose these.
+    """
+    bucket = next(b for b in BUCKETS if m <= b)
+    if bucket in _override:
+        return _override[bucket]
+    wide = n >= 16384  # gate_up, lm_head: enough column tiles for wider ones
+    if m <= 16:  # weight streaming: many thin programs keep every SM loading
+        return TileConfig(16, 32, 256, 4, 4) if wide else TileConfig(16, 16, 256, 2, 4)
+    if m <= 64:
+        return TileConfig(64, 64, 128, 4, 3) if wide else TileConfig(64, 32, 128, 4, 4)
+    if m <= 256:
+        return TileConfig(128, 64, 64, 8, 4) if wide else TileConfig(64, 64, 128, 4, 4)
+    return TileConfig(256, 128, 64, 8, 3)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, M, N, K, stride_am, stride_wn, stride_om,
+                     HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr, GROUP_M: tl.constexpr):
+        pid = tl.program_id(0)
+        grid_m = tl.cdiv(M, BM)
+        grid_n = tl.cdiv(N, BN)
+        group = pid // (GROUP_M * grid_n)  # row-tile groups share weight tiles in L2
+        first_m = group * GROUP_M
+        size_m = tl.minimum(grid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * grid_n)) % size_m
+        pid_n = (pid % (GROUP_M * grid_n)) // size_m
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
+        w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k in range(0, K, BK):
+            kk = k + rk
+            a = tl.load(a_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K),
+                        other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K),
+                        other=0.0)
+            acc = tl.dot(a, tl.trans(w), acc)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
+                 acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     config: TileConfig | None = None) -> torch.Tensor:
+    """x: (..., K), weight: (N, K) -> (..., N); a row's bits do not depend on the row count.
+
+    ``config`` overrides the tile shape (tests and benchmarks: the bits must not move).
+    """
+    k = x.shape[-1]
+    n = weight.shape[0]
+    a = x.reshape(-1, k)
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    assert weight.stride(-1) == 1 and weight.shape[1] == k
+    m = a.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m:
+        cfg = config or pick_config(m, n)
+        tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
+        _gemm_kernel[(tiles,)](
+            a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),
+            weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BM=cfg.bm, BN=cfg.bn,
+            BK=cfg.bk, GROUP_M=8, num_warps=cfg.warps, num_stages=cfg.stages)
+    return out.view(*x.shape[:-1], n)

@@ -1,0 +1,43 @@
+"""Batch-invariant Triton GEMM against F.linear; its row bits across row counts and launches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from triton_kit import DEVICE, DTYPE, ON_CUDA, TOL, needs_triton
+
+pytestmark = needs_triton
+
+
+def _rand(*shape):
+    return torch.randn(*shape, device=DEVICE).to(DTYPE)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 96, 576), (5, 960, 576), (70, 200, 2100), (300, 130, 64)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_f_linear(m, n, k, with_bias):
+    from mmserve.kernels.triton_matmul import invariant_linear
+
+    torch.manual_seed(m + n + k)
+    x, w = _rand(m, k), _rand(n, k) / k**0.5
+    b = _rand(n) if with_bias else None
+    got = invariant_linear(x, w, b)
+    want = F.linear(x.double(), w.double(), None if b is None else b.double())
+    torch.testing.assert_close(got.double(), want, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="bits: the interpreter's numpy matmul varies by shape")
+def test_row_bits_independent_of_row_count_and_tile_shape():
+    from mmserve.kernels.triton_matmul import TileConfig, invariant_linear
+
+    torch.manual_seed(0)
+    k, n = 2560, 384
+    w, b = _rand(n, k) / k**0.5, _rand(n)
+    x = _rand(600, k)
+    base = invariant_linear(x[:1], w, b)[0]
+    for m in (1, 2, 7, 16, 17, 64, 65, 200, 300, 600):
+        assert torch.equal(invariant_linear(x[:m], w, b)[0], base), m
+    for cfg in (TileConfig(16, 16, 512, 4, 3), TileConfig(64, 32, 64, 4, 2),
+                TileConfig(128, 64, 128, 8, 4), TileConfig(128, 256, 64, 8, 3)):
+        assert torch.equal(invariant_linear(x[:96], w, b, config=cfg)[0], base), cfg
