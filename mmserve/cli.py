@@ -262,6 +262,65 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("which", choices=("spec", "throughput"),
+                        help="spec: speculative vs plain decode on the real model (CPU or GPU); "
+                        "throughput: engine vs HF transformers on random weights (CUDA)")
+    parser.add_argument("--model", default=None, help=HELP["model"])
+    parser.add_argument("--device", default="auto", help=HELP["device"])
+    parser.add_argument("--speculative-config", default=None,
+                        help='JSON, default {"method": "ngram", "num_speculative_tokens": "auto"}')
+    parser.add_argument("--workloads", default="edit,code,chat,long",
+                        help="comma-separated: edit, code, chat, long")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--out-dir", default="bench/out", help="where JSON and PNG go")
+
+
+@subcommand("bench", "measure speed against a baseline in the same run", _bench_flags)
+def bench(args: argparse.Namespace) -> int:
+    import json
+
+    if args.which == "throughput":
+        from mmserve.bench.throughput import run_throughput
+
+        run_throughput({"out_dir": args.out_dir})
+        return 0
+    from mmserve.bench.spec import run_spec_bench
+
+    run_spec_bench(
+        args.model,
+        json.loads(args.speculative_config) if args.speculative_config else None,
+        tuple(w for w in args.workloads.split(",") if w),
+        tuple(int(c) for c in args.concurrency.split(",") if c),
+        args.max_tokens, device=args.device, out_dir=args.out_dir)
+    return 0
+
+
+def _ngram_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("build",), help="build a table from a corpus")
+    parser.add_argument("corpus", help="JSONL file, one {\"text\": ...} object per line")
+    parser.add_argument("table", help="output table file (memory-mapped at serve time)")
+    parser.add_argument("--model", default=None, help="model whose tokenizer to use")
+    parser.add_argument("--n", type=int, default=3, help="context length of the n-grams")
+    parser.add_argument("--max-continuation", type=int, default=8)
+    parser.add_argument("--min-count", type=int, default=2)
+
+
+@subcommand("ngram", "build a global n-gram table for speculative decoding", _ngram_flags)
+def ngram(args: argparse.Namespace) -> int:
+    from mmserve.models.hub import resolve_model
+    from mmserve.models.tokenizer import Tokenizer
+    from mmserve.spec.ngram_build import build_table_from_jsonl
+
+    tok = Tokenizer(resolve_model(args.model))
+    stats = build_table_from_jsonl(args.corpus, tok.encode, args.table, n=args.n,
+                                   max_continuation=args.max_continuation,
+                                   min_count=args.min_count)
+    print(f"wrote {args.table}: {stats}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmserve", description="mmserve: LLM serving")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
