@@ -181,7 +181,8 @@ class LLMEngine:
         if self.spec is None:
             return {}
         totals = self.spec.controller.totals()
-        return {"spec_draft_tokens_total": totals.num_draft_tokens,
+        return {"spec_num_drafts_total": totals.num_drafts,
+                "spec_draft_tokens_total": totals.num_draft_tokens,
                 "spec_accepted_tokens_total": totals.num_accepted_tokens,
                 "spec_acceptance_by_position": self.spec.controller.acceptance_by_position()}
 

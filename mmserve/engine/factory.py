@@ -64,10 +64,12 @@ def build_speculator(config: EngineConfig, model, device: torch.device,
                      dtype: torch.dtype):
     """The drafter named by ``speculative_config`` wrapped for the engine, or None."""
     from mmserve.engine.speculation import Speculator
+    from mmserve.spec.drafter import Drafter
 
     spec = config.spec_config()
     if spec is None:
         return None
+    drafter: Drafter
     if spec.method == "ngram":
         from mmserve.spec.prompt_lookup import PromptLookupDrafter
 

@@ -68,7 +68,7 @@ class ModelRunner:
             for sp in s.req.spans:
                 a, b = max(lo, sp.start), min(hi, sp.end)
                 if a < b:
-                    x[offset + a - lo : offset + b - lo] = sp.vectors[a - sp.start : b - sp.start].to(
-                        x.dtype)
+                    rows = sp.vectors[a - sp.start : b - sp.start]
+                    x[offset + a - lo : offset + b - lo] = rows.to(x.dtype)
             offset += s.num_tokens
         return x

@@ -64,7 +64,9 @@ class Scheduler:
 
     def schedule(self, drafts: dict[str, list[int]] | None = None) -> Schedule:
         drafts = drafts or {}
-        budget, seqs, preempted = self.budget, [], []
+        budget = self.budget
+        seqs: list[ScheduledSeq] = []
+        preempted: list[Request] = []
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]

@@ -52,7 +52,7 @@ class SpecController:
         *,
         margin: float = 0.05,
         max_step_change: int = 2,
-        probe_interval: int = 32,
+        probe_interval: int = 16,
         probe_k: int = 2,
         probe_max_overhead: float = 0.1,
         probe_forget: float = 0.3,
@@ -143,7 +143,10 @@ class SpecController:
     def _state(self, request_id: str) -> _RequestState:
         state = self._requests.get(request_id)
         if state is None:
-            state = _RequestState(RequestAcceptance.empty(self.k_max))
+            # a new request probes at its first decode step: acceptance differs far more
+            # between requests (copying vs free prose) than the population prior shows
+            state = _RequestState(RequestAcceptance.empty(self.k_max),
+                                  steps_off=self.probe_interval - 1)
             self._requests[request_id] = state
         return state
 
