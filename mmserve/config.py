@@ -28,6 +28,7 @@ class EngineConfig:
     max_waiting: int = 256
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
+    enforce_eager: bool = False  # CUDA: never capture/replay decode steps as CUDA graphs
     seed: int = 0
     # vLLM-style JSON object (or dict), e.g. {"method": "ngram", "num_speculative_tokens": "auto"}
     speculative_config: str | dict | None = None

@@ -12,8 +12,6 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,25 +38,6 @@ class DecodeResult:
         return self.batch * self.steps / self.seconds
 
 
-@contextmanager
-def rope_kernel() -> Iterator[None]:
-    """The proposed ``RotaryTable.apply`` CUDA dispatch (bit-identical to the reference:
-    tests/kernels/test_triton_rope.py), applied for one measurement."""
-    from mmserve.kernels.rope import RotaryTable
-    from mmserve.kernels.triton_rope import cuda_rope
-
-    reference = RotaryTable.apply
-
-    def apply(self: RotaryTable, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dtype == torch.bfloat16:
-            return cuda_rope(x, self.cos, self.sin, positions)
-        return reference(self, x, positions)
-
-    RotaryTable.apply = apply  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        RotaryTable.apply = reference  # type: ignore[method-assign]
 
 
 class PagedDecoder:

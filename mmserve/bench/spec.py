@@ -45,6 +45,8 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
             convs = workload(name, conc * requests_per_slot)
             for llm in (plain, spec):
                 llm.engine.scheduler.max_num_seqs = conc
+                llm.chat(convs[:2], SamplingParams(temperature=0, max_tokens=8))  # new shapes
+                llm.engine.blocks.reset_prefix_cache()
             before = spec.engine.stats()
             t_plain, ids_plain = _timed(plain, convs, params)
             t_spec, ids_spec = _timed(spec, convs, params)

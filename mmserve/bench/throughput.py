@@ -30,9 +30,9 @@ class ThroughputConfig:
     prompt_len: int = 128
     decode_steps: int = 128
     prefill_len: int = 2048
-    # "invariant": the engine's CUDA path as it is (Triton GEMMs, attention, norm);
-    # "+rope": with the proposed Triton rope dispatch; "cublas": invariance off (cuBLAS GEMMs)
-    variants: tuple[str, ...] = ("invariant", "invariant+rope", "cublas+rope")
+    # "invariant": the engine's CUDA path (Triton GEMMs, attention, norm, rope);
+    # "cublas": batch invariance off (cuBLAS GEMMs), everything else the same
+    variants: tuple[str, ...] = ("invariant", "cublas")
     eager_steps: int = 32  # batch-1 decode without graphs (0: skip)
     hf: bool = True
     hf_batch_sizes: tuple[int, ...] = (1, 32, 128)
@@ -47,9 +47,8 @@ class ThroughputConfig:
             if m not in SHAPES:
                 raise ValueError(f"unknown model shape {m!r}; known: {', '.join(SHAPES)}")
         for v in self.variants:
-            if v.split("+")[0] not in ("invariant", "cublas") or v.count("+") > 1 or (
-                    "+" in v and not v.endswith("+rope")):
-                raise ValueError(f"variant {v!r}: use invariant|cublas, optionally +rope")
+            if v not in ("invariant", "cublas"):
+                raise ValueError(f"variant {v!r}: use invariant or cublas")
         if min(self.batch_sizes) < 1 or self.prompt_len < 1 or self.decode_steps < 1:
             raise ValueError("batch sizes, prompt_len and decode_steps must be >= 1")
 
@@ -115,13 +114,11 @@ def write(cfg: ThroughputConfig, result: dict) -> None:
 def run_shape(cfg: ThroughputConfig, name: str, bandwidth: float) -> dict:
     from mmserve.bench.engine_run import PagedDecoder
     from mmserve.bench.hf_run import build_hf_model
-    from mmserve.engine.cuda_graphs import place_rope_tables
     from mmserve.models.registry import build_model
 
     config = shape(name)
     hf = build_hf_model(config)
     model = build_model(config, hf.state_dict(), torch.bfloat16, "cuda")  # shares tensors
-    place_rope_tables(model, torch.device("cuda"))
     weight_bytes = sum({p.data_ptr(): p.numel() * p.element_size()
                         for p in model.parameters()}.values())
     out: dict = {"config": config, "weight_bytes": weight_bytes,
@@ -145,15 +142,11 @@ def run_shape(cfg: ThroughputConfig, name: str, bandwidth: float) -> dict:
 
 
 def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict:
-    from contextlib import nullcontext
-
-    from mmserve.bench.engine_run import rope_kernel
     from mmserve.kernels.linear import set_batch_invariant
 
-    set_batch_invariant(variant.startswith("invariant"))
+    set_batch_invariant(variant == "invariant")
     try:
-        with rope_kernel() if variant.endswith("+rope") else nullcontext():
-            return measure_engine(cfg, dec, vocab)
+        return measure_engine(cfg, dec, vocab)
     finally:
         set_batch_invariant(True)
 

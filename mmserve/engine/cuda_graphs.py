@@ -40,18 +40,6 @@ class CaptureReport:
     pool_bytes: int  # device memory taken by capturing (free-memory delta: pool + graphs)
 
 
-def place_rope_tables(model: torch.nn.Module, device: torch.device) -> None:
-    """Move the models' ``RotaryTable`` cos/sin to ``device``.
-
-    They are plain attributes, not buffers, so ``model.to(device)`` leaves them on the
-    CPU, and indexing them with CUDA positions fails.
-    """
-    for name in ("rope", "global_rope", "local_rope"):
-        table = getattr(model, name, None)
-        if table is not None and hasattr(table, "cos"):
-            table.cos, table.sin = table.cos.to(device), table.sin.to(device)
-
-
 class DecodeGraphs:
     """Captured decode steps of ``model`` over ``kv_cache`` for a set of batch sizes."""
 

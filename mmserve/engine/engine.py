@@ -10,12 +10,14 @@ requests arrive as token ids (plus optional embedding spans).
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import torch
 
 from mmserve.config import EngineConfig
 from mmserve.engine.block_manager import BlockManager
+from mmserve.engine.cuda_graphs import DEFAULT_SIZES, DecodeGraphs
 from mmserve.engine.detokenizer import IncrementalDetokenizer
 from mmserve.engine.kv_cache import KVCache
 from mmserve.engine.outputs import EngineStats, RequestOutput
@@ -29,6 +31,8 @@ from mmserve.engine.token_output import TokenAppender
 from mmserve.errors import InvalidRequestError
 from mmserve.models.base import CausalLM
 from mmserve.sampling_params import SamplingParams
+
+log = logging.getLogger("mmserve")
 
 
 class LLMEngine:
@@ -50,7 +54,7 @@ class LLMEngine:
         self.blocks = BlockManager(self.kv.num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.max_waiting)
-        self.runner = ModelRunner(model, self.kv, bs)
+        self.runner = ModelRunner(model, self.kv, bs, self._capture_graphs(model, device))
         self.sampler = Sampler()
         self.appender = TokenAppender(tokenizer)
         self.spec = spec
@@ -58,6 +62,19 @@ class LLMEngine:
         self._ids = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+
+    def _capture_graphs(self, model: CausalLM, device: torch.device) -> DecodeGraphs | None:
+        """CUDA: capture decode steps for a set of batch sizes; capture time/memory logged."""
+        if device.type != "cuda" or self.config.enforce_eager:
+            return None
+        sizes = tuple(b for b in DEFAULT_SIZES if b <= self.config.max_num_seqs) or (1,)
+        graphs = DecodeGraphs(model, self.kv.data, -(-self.max_model_len // self.config.block_size),
+                              sizes)
+        report = graphs.capture()
+        log.info("captured CUDA graphs for decode batch sizes %s in %.2fs using %.0f MiB",
+                 report.batch_sizes, report.seconds, report.pool_bytes / 2**20)
+        self.graph_report = report
+        return graphs
 
     # -- requests --------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
@@ -122,7 +139,8 @@ class LLMEngine:
         result = self.runner.run(schedule.seqs)
         if self.spec is not None:
             self.spec.record_step(sum(s.num_tokens for s in schedule.seqs),
-                                  time.perf_counter() - start)
+                                  time.perf_counter() - start,
+                                  any(s.draft for s in schedule.seqs))
         plain = [(s, r) for s, r in zip(schedule.seqs, result.rows, strict=True)
                  if r and not s.draft]
         sampled = self.sampler.sample(result.logits[[r[0] for _, r in plain]],

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from mmserve.engine.cuda_graphs import DecodeGraphs
 from mmserve.engine.kv_cache import KVCache
 from mmserve.engine.scheduler import ScheduledSeq
 from mmserve.kernels.attention import AttentionMetadata
@@ -25,12 +27,16 @@ class StepLogits(NamedTuple):
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv: KVCache, block_size: int) -> None:
+    def __init__(self, model: CausalLM, kv: KVCache, block_size: int,
+                 graphs: DecodeGraphs | None = None) -> None:
         self.model, self.kv, self.block_size = model, kv, block_size
         self.device = kv.device
+        self.graphs = graphs  # CUDA: captured pure-decode steps
 
     @torch.inference_mode()
     def run(self, seqs: list[ScheduledSeq]) -> StepLogits:
+        if self.graphs is not None and self._plain_decode(seqs) and self.graphs.fits(len(seqs)):
+            return self._run_graph(seqs)
         ids: list[int] = []
         positions: list[int] = []
         rows: list[list[int]] = []
@@ -55,6 +61,23 @@ class ModelRunner:
             return StepLogits(hidden.new_zeros(0, 0), rows)
         logits = self.model.compute_logits(hidden[torch.tensor(wanted, device=self.device)])
         return StepLogits(logits, rows)
+
+    @staticmethod
+    def _plain_decode(seqs: list[ScheduledSeq]) -> bool:
+        """Every sequence runs exactly its one newest token, with no draft and no span."""
+        return all(s.num_real == 1 and not s.draft and s.samples and
+                   not any(sp.start <= s.start < sp.end for sp in s.req.spans) for s in seqs)
+
+    def _run_graph(self, seqs: list[ScheduledSeq]) -> StepLogits:
+        assert self.graphs is not None
+        width = max(len(s.req.table.block_ids) for s in seqs)  # type: ignore[union-attr]
+        tables = np.zeros((len(seqs), width), dtype=np.int64)
+        for i, s in enumerate(seqs):
+            ids = s.req.table.block_ids  # type: ignore[union-attr]
+            tables[i, : len(ids)] = ids
+        logits = self.graphs.run([s.req.all_ids[s.start] for s in seqs],
+                                 [s.start for s in seqs], tables, self.block_size)
+        return StepLogits(logits, [[i] for i in range(len(seqs))])
 
     def _embeds(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> torch.Tensor | None:
         """Token embeddings with span vectors spliced in, or None when no span is in play."""

@@ -77,8 +77,8 @@ class Speculator:
         req.num_accepted_tokens += accepted
         return tokens
 
-    def record_step(self, num_tokens: int, seconds: float) -> None:
-        self.controller.record_step(num_tokens, seconds)
+    def record_step(self, num_tokens: int, seconds: float, verify: bool) -> None:
+        self.controller.record_step(num_tokens, seconds, verify)
 
     def forget(self, request_id: str) -> None:
         self.controller.forget(request_id)

@@ -45,7 +45,7 @@ class SelfAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = rms_norm(q, self.q_norm, self.norm_eps, self.norm_offset)
             k = rms_norm(k, self.k_norm, self.norm_eps, self.norm_offset)
-        q, k = rope.apply(q, positions), rope.apply(k, positions)
+        q, k = rope.rotate(q, positions), rope.rotate(k, positions)
         write_kv(kv[0], kv[1], k, v, meta.slot_mapping)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale, self.window)
         return linear(out.reshape(n, self.q_size), self.o_weight)

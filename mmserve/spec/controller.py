@@ -76,11 +76,15 @@ class SpecController:
         self.probe_forget = probe_forget
         self.prior_strength = prior_strength
         self.decay = decay
+        # plain and verify steps can differ in kind, not just in size (a plain decode step
+        # replays a CUDA graph, a verify step may run eagerly): one cost curve for each
         self._cost = StepCostModel(cost_alpha, default_step_seconds, knee_tokens)
+        self._verify_cost = StepCostModel(cost_alpha, default_step_seconds, knee_tokens)
         self._draft_seconds_per_token = 0.0
         self._cost_alpha = cost_alpha
         self._population = PopulationAcceptance(k_max, prior_accept)
         self._requests: dict[str, _RequestState] = {}
+        self._since_plain = 2  # consecutive steps in which some request drafted
 
     def choose(self, request_ids: Sequence[str], num_other_tokens: int = 0) -> list[int]:
         """k for each decoding request of this step, in order.
@@ -89,8 +93,16 @@ class SpecController:
         request (prefill chunks). Call once per step; it advances the ramp and probe
         state of each request.
         """
+        tokens = len(request_ids) + num_other_tokens
+        if (self._verify_cost.measured and not self._cost.has_bucket(tokens)
+                and self._since_plain >= 2):
+            # measure the baseline at this size with one plain step: when every step
+            # drafts, the cost of not drafting would otherwise stay a guess
+            self._since_plain = 0
+            return [0] * len(request_ids)
         plan = _StepPlan(
-            self._cost, len(request_ids) + num_other_tokens, float(max(len(request_ids), 1))
+            self._cost, len(request_ids) + num_other_tokens, float(max(len(request_ids), 1)),
+            self._verify_cost if self._verify_cost.measured else self._cost,
         )
         prior = self._population.prior_rates()
         ks = []
@@ -102,7 +114,9 @@ class SpecController:
             state.k = k
             plan.total_tokens += k
             plan.emitted += expected[k]
+            plan.verifying = plan.verifying or k > 0
             ks.append(k)
+        self._since_plain = self._since_plain + 1 if plan.verifying else 0
         return ks
 
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
@@ -113,9 +127,10 @@ class SpecController:
         if state is not None:
             state.acceptance.observe(num_drafted, num_accepted, self.decay)
 
-    def record_step(self, num_query_tokens: int, seconds: float) -> None:
-        """Measured wall time of one target forward step with ``num_query_tokens`` tokens."""
-        self._cost.record(num_query_tokens, seconds)
+    def record_step(self, num_query_tokens: int, seconds: float, verify: bool = False) -> None:
+        """Measured wall time of one target forward step with ``num_query_tokens`` tokens;
+        ``verify``: the step carried draft tokens."""
+        (self._verify_cost if verify else self._cost).record(num_query_tokens, seconds)
 
     def record_draft(self, num_tokens: int, seconds: float) -> None:
         """Measured drafter time for ``num_tokens`` drafted tokens (one ``propose`` call)."""
@@ -136,9 +151,10 @@ class SpecController:
     def totals(self) -> SpecTotals:
         return self._population.totals()
 
-    def step_cost(self, num_query_tokens: int) -> float:
+    def step_cost(self, num_query_tokens: int, verify: bool = False) -> float:
         """The cost model's predicted seconds for a step (exposed for metrics and tests)."""
-        return self._cost.cost(num_query_tokens)
+        model = self._verify_cost if verify and self._verify_cost.measured else self._cost
+        return model.cost(num_query_tokens)
 
     def _state(self, request_id: str) -> _RequestState:
         state = self._requests.get(request_id)
@@ -153,7 +169,8 @@ class SpecController:
     def _ratio(self, expected_k: float, k: int, plan: _StepPlan) -> float:
         """R(k): throughput with k draft tokens relative to k = 0 (module docstring)."""
         t = plan.total_tokens
-        spec_cost = plan.cost(t + k) + self._draft_seconds_per_token * k
+        spec_cost = (plan.verify_cost(t + k) if k else plan.cost(t)) + \
+            self._draft_seconds_per_token * k
         return (plan.emitted + expected_k) / spec_cost * plan.cost(t) / plan.emitted
 
     def _target(self, expected: list[float], prev_k: int, plan: _StepPlan) -> int:
@@ -180,7 +197,7 @@ class SpecController:
             return False  # the step is too expensive for speculation: nothing to learn
         without_probes = plan.cost(plan.total_tokens - plan.probe_tokens)
         tokens = plan.probe_tokens + self.probe_k
-        with_probes = plan.cost(plan.total_tokens + self.probe_k)
+        with_probes = plan.verify_cost(plan.total_tokens + self.probe_k)
         overhead = (with_probes + self._draft_seconds_per_token * tokens) / without_probes - 1.0
         return overhead <= self.probe_max_overhead
 
@@ -192,11 +209,21 @@ class _StepPlan:
     model: StepCostModel
     total_tokens: int  # query tokens so far
     emitted: float  # expected emitted tokens so far
+    verify_model: StepCostModel
+    verifying: bool = False  # some request of this step already drafts
     probe_tokens: int = 0  # draft tokens given to probes so far
-    _costs: dict[int, float] = field(default_factory=dict)  # memo: the model is fixed per call
+    _costs: dict[tuple[bool, int], float] = field(default_factory=dict)  # memo per call
 
     def cost(self, num_tokens: int) -> float:
-        cost = self._costs.get(num_tokens)
+        """The step as planned so far: a verify step once anyone drafts, else plain."""
+        return self._memo(self.verifying, num_tokens)
+
+    def verify_cost(self, num_tokens: int) -> float:
+        return self._memo(True, num_tokens)
+
+    def _memo(self, verify: bool, num_tokens: int) -> float:
+        cost = self._costs.get((verify, num_tokens))
         if cost is None:
-            cost = self._costs[num_tokens] = self.model.cost(num_tokens)
+            model = self.verify_model if verify else self.model
+            cost = self._costs[(verify, num_tokens)] = model.cost(num_tokens)
         return cost

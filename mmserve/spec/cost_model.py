@@ -50,6 +50,15 @@ class StepCostModel:
         self._tail_slope = 0.0  # measured slope of the upper half of the data
         self._head_slope = 0.0  # measured slope of the lowest octave of the data
 
+    @property
+    def measured(self) -> bool:
+        """Whether any step has been recorded."""
+        return bool(self._xs)
+
+    def has_bucket(self, num_tokens: int) -> bool:
+        """Whether steps of about this size have been measured."""
+        return _bucket(max(num_tokens, 1)) in self._points
+
     def record(self, num_tokens: int, seconds: float) -> None:
         """Fold in one measured step of ``num_tokens`` query tokens taking ``seconds``."""
         if num_tokens < 1 or not seconds > 0.0:

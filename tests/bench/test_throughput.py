@@ -43,7 +43,6 @@ def test_table_lists_every_variant_and_the_roofline():
 
 
 def _tiny_model():
-    from mmserve.engine.cuda_graphs import place_rope_tables
     from mmserve.models.registry import build_model
 
     cfg = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -62,7 +61,6 @@ def _tiny_model():
                   f"{p}.post_attention_layernorm.weight": (256,)}
     sd = {k: torch.randn(s) * (1.0 if len(s) == 1 else s[-1] ** -0.5) for k, s in names.items()}
     model = build_model(cfg, sd, torch.bfloat16, "cuda")
-    place_rope_tables(model, torch.device("cuda"))
     return model
 
 

@@ -20,9 +20,9 @@ def test_bit_identical_to_reference(heads, head_dim):
     qkv = (torch.randn(37, (heads + 2) * head_dim, device="cuda") * 4).to(torch.bfloat16)
     x = qkv[:, : heads * head_dim].reshape(37, heads, head_dim)  # a strided view, like q
     pos = torch.randint(0, 4096, (37,), device="cuda")
-    got, want = cuda_rope(x, table.cos, table.sin, pos), table.apply(x, pos)
+    got, want = cuda_rope(x, table.cos, table.sin, pos), table.rotate_reference(x, pos)
     # diagnostics: the same formula on CPU, to say which side moved if this ever fails
-    cpu = RotaryTable(head_dim, 500000.0, 4096).apply(x.cpu(), pos.cpu())
+    cpu = RotaryTable(head_dim, 500000.0, 4096).rotate_reference(x.cpu(), pos.cpu())
     assert torch.equal(got, want), (
         f"{(got != want).sum()} differ; cuda ref == cpu ref: {torch.equal(want.cpu(), cpu)}"
         f"; triton == cpu ref: {torch.equal(got.cpu(), cpu)}")

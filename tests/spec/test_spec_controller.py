@@ -152,3 +152,36 @@ def test_cost_model_interpolates_and_extrapolates_conservatively() -> None:
     assert model.cost(1) <= 0.004 and model.cost(1) >= 0.001  # and below it
     model.record(8, 0.0)  # unmeasured steps are ignored
     assert model.cost(8) == pytest.approx(0.008)
+
+
+class KindSim(Sim):
+    """Plain steps replay a CUDA graph (1 ms); any step with drafts runs eagerly."""
+
+    verify_seconds = 0.008
+
+    def run(self, steps: int, accept: float, ids: Sequence[str] = ("r0",),
+            prefill: int = 0) -> None:
+        for _ in range(steps):
+            ks = self.ctrl.choose(list(ids), num_other_tokens=prefill)
+            for rid, k in zip(ids, ks, strict=True):
+                m = 0
+                while m < k and self.rng.random() < accept:
+                    m += 1
+                self.ctrl.observe(rid, k, m)
+                self.history.setdefault(rid, []).append(k)
+            tokens = len(ids) + sum(ks)
+            verify = sum(ks) > 0
+            self.ctrl.record_step(tokens, self.verify_seconds if verify else 0.001, verify=verify)
+
+
+def test_verify_steps_of_another_kind_are_costed_separately() -> None:
+    """A verify step 8x a plain (graph) step: at 60 % acceptance speculation loses, and
+    the controller stays off after its first probe (a single cost curve would call the
+    verify step cheap and keep drafting). At 2x, perfect acceptance pays: it drafts deep."""
+    sim = KindSim(SpecController(k_max=8), FLAT)
+    sim.run(60, accept=0.6)
+    assert sum(sim.history["r0"][2:]) == 0
+    sim = KindSim(SpecController(k_max=8), FLAT)
+    sim.verify_seconds = 0.002
+    sim.run(60, accept=1.0)
+    assert min(sim.history["r0"][10:]) >= 6
