@@ -41,62 +41,75 @@ class CaptureReport:
 
 
 class DecodeGraphs:
-    """Captured decode steps of ``model`` over ``kv_cache`` for a set of batch sizes."""
+    """Captured decode and verify steps of ``model`` over ``kv_cache``.
+
+    One graph per (batch size, query tokens per sequence ``q``): ``q = 1`` is a decode
+    step; ``q = k + 1`` a verify step whose sequences bring up to ``q`` tokens each (the
+    last sampled token and up to ``k`` drafts). Sequence ``i`` owns rows
+    ``i*q .. i*q+q-1`` of the flat batch; rows past its own tokens are padding.
+    """
 
     def __init__(self, model: CausalLM, kv_cache: torch.Tensor, max_blocks_per_seq: int,
-                 batch_sizes: tuple[int, ...] = DEFAULT_SIZES) -> None:
+                 batch_sizes: tuple[int, ...] = DEFAULT_SIZES,
+                 query_sizes: tuple[int, ...] = (1,)) -> None:
         self.model, self.kv = model, kv_cache
         self.device = kv_cache.device
         self.sizes = sorted(batch_sizes)
-        b, mb = self.sizes[-1], max_blocks_per_seq
-        self.max_batch, self.max_blocks = b, mb
-        # one flat int64 buffer: ids | positions | slots | context lens | tables (B, MB)
+        self.qsizes = sorted(set(query_sizes) | {1})
+        b, mb, r = self.sizes[-1], max_blocks_per_seq, self.sizes[-1] * self.qsizes[-1]
+        self.max_batch, self.max_blocks, self.max_q = b, mb, self.qsizes[-1]
+        # one flat int64 buffer: ids | positions | slots (rows) | context lens | query lens
+        # (sequences) | tables (B, MB)
         cuda = self.device.type == "cuda"  # CPU: eager only (tests under Triton's interpreter)
-        self._host = torch.zeros(4 * b + b * mb, dtype=torch.long, pin_memory=cuda)
+        self._host = torch.zeros(3 * r + 2 * b + b * mb, dtype=torch.long, pin_memory=cuda)
         self._host_np = self._host.numpy()
         self._buf = torch.zeros_like(self._host, device=self.device)
         self._copied = torch.cuda.Event() if cuda else None
-        self.ids, self.positions = self._buf[:b], self._buf[b : 2 * b]
-        self.slots, self.context_lens = self._buf[2 * b : 3 * b], self._buf[3 * b : 4 * b]
-        self.tables = self._buf[4 * b :].view(b, mb)
-        self.query_start = torch.arange(b, dtype=torch.long, device=self.device)
-        self.query_lens = torch.ones(b, dtype=torch.long, device=self.device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.ids, self.positions, self.slots = (self._buf[i * r : (i + 1) * r] for i in range(3))
+        self.context_lens = self._buf[3 * r : 3 * r + b]
+        self.query_lens = self._buf[3 * r + b : 3 * r + 2 * b]
+        self.tables = self._buf[3 * r + 2 * b :].view(b, mb)
+        self._rows = r
+        self.query_start = {q: torch.arange(b, dtype=torch.long, device=self.device) * q
+                            for q in self.qsizes}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.logits: dict[tuple[int, int], torch.Tensor] = {}
 
-    def _meta(self, bs: int) -> PagedMetadata:
-        return PagedMetadata(self.slots[:bs], self.tables[:bs], self.context_lens[:bs],
-                             self.query_start[:bs], self.query_lens[:bs], 1)
+    def _meta(self, bs: int, q: int) -> PagedMetadata:
+        return PagedMetadata(self.slots[: bs * q], self.tables[:bs], self.context_lens[:bs],
+                             self.query_start[q][:bs], self.query_lens[:bs], q)
 
-    def _forward(self, bs: int) -> torch.Tensor:
-        hidden = self.model(self.ids[:bs], self.positions[:bs], self._meta(bs), self.kv)
+    def _forward(self, bs: int, q: int) -> torch.Tensor:
+        n = bs * q
+        hidden = self.model(self.ids[:n], self.positions[:n], self._meta(bs, q), self.kv)
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def capture(self) -> CaptureReport:
-        """Capture every size, largest first, all in one private memory pool."""
+        """Capture every (size, q), largest first, all in one private memory pool."""
         torch.cuda.synchronize()
         free_before = torch.cuda.mem_get_info(self.device)[0]
         start = time.perf_counter()
-        self._fill_padding(0, self.max_batch)  # inputs: all padding, so no KV is written
+        self._fill_padding(0, self.max_batch, 1)  # inputs: all padding, so no KV is written
         self._buf.copy_(self._host)
         pool = torch.cuda.graph_pool_handle()
-        for bs in reversed(self.sizes):
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
-                self._forward(bs)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[bs] = self._forward(bs)
-            self.graphs[bs] = graph
+        for q in reversed(self.qsizes):
+            for bs in reversed(self.sizes):
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
+                    self._forward(bs, q)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[(bs, q)] = self._forward(bs, q)
+                self.graphs[(bs, q)] = graph
         torch.cuda.synchronize()
         return CaptureReport(self.sizes, time.perf_counter() - start,
                              free_before - torch.cuda.mem_get_info(self.device)[0])
 
-    def fits(self, n: int) -> bool:
-        return 0 < n <= self.max_batch and bool(self.graphs)
+    def fits(self, n: int, q: int = 1) -> bool:
+        return 0 < n <= self.max_batch and q <= self.max_q and bool(self.graphs)
 
     @torch.inference_mode()
     def run(self, ids: list[int], positions: list[int], block_tables: np.ndarray,
@@ -106,36 +119,52 @@ class DecodeGraphs:
         ``block_tables``: (n, >= blocks in use) int array; the new token of row ``i``
         sits at ``positions[i]`` and its context is ``positions[i] + 1`` tokens.
         """
-        n = len(ids)
-        if not self.fits(n):
+        if not self.fits(len(ids)):
             return self.run_eager(ids, positions, block_tables, block_size)
+        logits, _ = self.run_verify([[t] for t in ids], positions, block_tables, block_size)
+        return logits
+
+    @torch.inference_mode()
+    def run_verify(self, tokens: list[list[int]], starts: list[int], block_tables: np.ndarray,
+                   block_size: int) -> tuple[torch.Tensor, int]:
+        """Sequence ``i`` runs ``tokens[i]`` from position ``starts[i]`` -> (logits of
+        ``n * q`` rows, a view valid until the next run; ``q``): its rows are ``i*q + j``."""
+        n, longest = len(tokens), max(len(t) for t in tokens)
+        assert self.fits(n, longest), (n, longest)
         bs = self.sizes[bisect.bisect_left(self.sizes, n)]
+        q = self.qsizes[bisect.bisect_left(self.qsizes, longest)]
         assert self._copied is not None
         self._copied.synchronize()  # the last step's copy has left the pinned buffer
-        self._fill(ids, positions, block_tables, block_size)
+        self._fill(tokens, starts, block_tables, block_size, q)
         self._buf.copy_(self._host, non_blocking=True)
         self._copied.record()
-        self.graphs[bs].replay()
-        return self.logits[bs][:n]
+        self.graphs[(bs, q)].replay()
+        return self.logits[(bs, q)][: n * q], q
 
-    def _fill(self, ids, positions, tables, block_size: int) -> None:
-        b, n, h = self.max_batch, len(ids), self._host_np
-        pos = np.asarray(positions, dtype=np.int64)
+    def _fill(self, tokens, starts, tables, block_size: int, q: int) -> None:
+        b, r, n, h = self.max_batch, self._rows, len(tokens), self._host_np
         used = min(tables.shape[1], self.max_blocks)
-        h[:n] = ids
-        h[b : b + n] = pos
-        t = h[4 * b :].reshape(b, self.max_blocks)
+        t = h[3 * r + 2 * b :].reshape(b, self.max_blocks)
         t[:n, :used] = tables[:, :used]
-        h[2 * b : 2 * b + n] = t[np.arange(n), pos // block_size] * block_size + pos % block_size
-        h[3 * b : 3 * b + n] = pos + 1
-        self._fill_padding(n, b)
+        self._fill_padding(0, b, q)
+        for i, (toks, start) in enumerate(zip(tokens, starts, strict=True)):
+            pos = np.arange(start, start + len(toks), dtype=np.int64)
+            rows = slice(i * q, i * q + len(toks))
+            h[rows] = toks
+            h[r + rows.start : r + rows.stop] = pos
+            h[2 * r + rows.start : 2 * r + rows.stop] = (
+                t[i, pos // block_size] * block_size + pos % block_size)
+            h[3 * r + i] = start + len(toks)
+            h[3 * r + b + i] = len(toks)
 
-    def _fill_padding(self, lo: int, hi: int) -> None:
-        b, h = self.max_batch, self._host_np
-        h[lo:hi] = 0
-        h[b + lo : b + hi] = 0
-        h[2 * b + lo : 2 * b + hi] = -1  # write nothing
-        h[3 * b + lo : 3 * b + hi] = 1  # read key 0 of block table row 0..: finite, discarded
+    def _fill_padding(self, lo: int, hi: int, q: int) -> None:
+        """Sequences lo..hi-1 (and every row of the buffer from lo*q on) become padding."""
+        b, r, h = self.max_batch, self._rows, self._host_np
+        h[lo * q : r] = 0
+        h[r + lo * q : 2 * r] = 0
+        h[2 * r + lo * q : 3 * r] = -1  # write nothing
+        h[3 * r + lo : 3 * r + hi] = 1  # read key 0 of block table row 0..: finite, discarded
+        h[3 * r + b + lo : 3 * r + b + hi] = 1
 
     @torch.inference_mode()
     def run_eager(self, ids: list[int], positions: list[int], tables: np.ndarray,

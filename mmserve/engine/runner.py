@@ -35,7 +35,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[ScheduledSeq]) -> StepLogits:
-        if self.graphs is not None and self._plain_decode(seqs) and self.graphs.fits(len(seqs)):
+        if self.graphs is not None and self._decode_or_verify(seqs) and self.graphs.fits(
+                len(seqs), max(s.num_tokens for s in seqs)):
             return self._run_graph(seqs)
         ids: list[int] = []
         positions: list[int] = []
@@ -63,9 +64,9 @@ class ModelRunner:
         return StepLogits(logits, rows)
 
     @staticmethod
-    def _plain_decode(seqs: list[ScheduledSeq]) -> bool:
-        """Every sequence runs exactly its one newest token, with no draft and no span."""
-        return all(s.num_real == 1 and not s.draft and s.samples and
+    def _decode_or_verify(seqs: list[ScheduledSeq]) -> bool:
+        """Every sequence runs exactly its one newest token (plus drafts), with no span."""
+        return all(s.num_real == 1 and s.samples and
                    not any(sp.start <= s.start < sp.end for sp in s.req.spans) for s in seqs)
 
     def _run_graph(self, seqs: list[ScheduledSeq]) -> StepLogits:
@@ -75,9 +76,11 @@ class ModelRunner:
         for i, s in enumerate(seqs):
             ids = s.req.table.block_ids  # type: ignore[union-attr]
             tables[i, : len(ids)] = ids
-        logits = self.graphs.run([s.req.all_ids[s.start] for s in seqs],
-                                 [s.start for s in seqs], tables, self.block_size)
-        return StepLogits(logits, [[i] for i in range(len(seqs))])
+        logits, q = self.graphs.run_verify(
+            [[s.req.all_ids[s.start], *s.draft] for s in seqs], [s.start for s in seqs], tables,
+            self.block_size)
+        return StepLogits(logits, [list(range(i * q, i * q + s.num_tokens))
+                                   for i, s in enumerate(seqs)])
 
     def _embeds(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> torch.Tensor | None:
         """Token embeddings with span vectors spliced in, or None when no span is in play."""
