@@ -58,6 +58,8 @@ class LLMEngine:
         self.sampler = Sampler()
         self.appender = TokenAppender(tokenizer)
         self.spec = spec
+        if spec is not None:  # graph replays pad a verify step's sequences to one length
+            spec.controller.padded = self.runner.graphs is not None
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.prompt_tokens_total = 0
@@ -142,8 +144,7 @@ class LLMEngine:
         start = time.perf_counter()
         result = self.runner.run(schedule.seqs)
         if self.spec is not None:
-            self.spec.record_step(sum(s.num_tokens for s in schedule.seqs),
-                                  time.perf_counter() - start,
+            self.spec.record_step(result.num_rows, time.perf_counter() - start,
                                   any(s.draft for s in schedule.seqs))
         plain = [(s, r) for s, r in zip(schedule.seqs, result.rows, strict=True)
                  if r and not s.draft]

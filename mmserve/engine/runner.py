@@ -24,6 +24,7 @@ from mmserve.models.base import CausalLM
 class StepLogits(NamedTuple):
     logits: torch.Tensor  # (M, V) float32
     rows: list[list[int]]  # per scheduled seq: its rows in ``logits`` (empty: no tokens yet)
+    num_rows: int  # query rows the forward computed (padding included), for cost models
 
 
 class ModelRunner:
@@ -59,9 +60,9 @@ class ModelRunner:
                             torch.tensor(positions, device=self.device), meta, self.kv.data,
                             inputs_embeds=embeds)
         if not wanted:
-            return StepLogits(hidden.new_zeros(0, 0), rows)
+            return StepLogits(hidden.new_zeros(0, 0), rows, len(ids))
         logits = self.model.compute_logits(hidden[torch.tensor(wanted, device=self.device)])
-        return StepLogits(logits, rows)
+        return StepLogits(logits, rows, len(ids))
 
     @staticmethod
     def _decode_or_verify(seqs: list[ScheduledSeq]) -> bool:
@@ -80,7 +81,7 @@ class ModelRunner:
             [[s.req.all_ids[s.start], *s.draft] for s in seqs], [s.start for s in seqs], tables,
             self.block_size)
         return StepLogits(logits, [list(range(i * q, i * q + s.num_tokens))
-                                   for i, s in enumerate(seqs)])
+                                   for i, s in enumerate(seqs)], len(seqs) * q)
 
     def _embeds(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> torch.Tensor | None:
         """Token embeddings with span vectors spliced in, or None when no span is in play."""

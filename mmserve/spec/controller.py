@@ -55,6 +55,7 @@ class SpecController:
         probe_interval: int = 16,
         probe_k: int = 2,
         probe_max_overhead: float = 0.1,
+        probe_budget_per_step: float = 0.01,
         probe_forget: float = 0.3,
         prior_accept: float = 0.5,
         prior_strength: float = 2.0,
@@ -85,6 +86,13 @@ class SpecController:
         self._population = PopulationAcceptance(k_max, prior_accept)
         self._requests: dict[str, _RequestState] = {}
         self._since_plain = 2  # consecutive steps in which some request drafted
+        # probes spend from a budget that refills by ``probe_budget_per_step`` (a fraction
+        # of a step) each step, so their total cost stays ~1 % however many requests probe
+        self.probe_budget_per_step = probe_budget_per_step
+        self._probe_budget = 1.0
+        # True when the runner pads every sequence of a verify step to the longest draft
+        # (CUDA graphs): one request's k then costs rows for all of them
+        self.padded = False
 
     def choose(self, request_ids: Sequence[str], num_other_tokens: int = 0) -> list[int]:
         """k for each decoding request of this step, in order.
@@ -100,9 +108,11 @@ class SpecController:
             # drafts, the cost of not drafting would otherwise stay a guess
             self._since_plain = 0
             return [0] * len(request_ids)
+        self._probe_budget = min(1.0, self._probe_budget + self.probe_budget_per_step)
         plan = _StepPlan(
             self._cost, len(request_ids) + num_other_tokens, float(max(len(request_ids), 1)),
             self._verify_cost if self._verify_cost.measured else self._cost,
+            padded=self.padded, num_decoding=len(request_ids), num_other=num_other_tokens,
         )
         prior = self._population.prior_rates()
         ks = []
@@ -115,6 +125,7 @@ class SpecController:
             plan.total_tokens += k
             plan.emitted += expected[k]
             plan.verifying = plan.verifying or k > 0
+            plan.max_k = max(plan.max_k, k)
             ks.append(k)
         self._since_plain = self._since_plain + 1 if plan.verifying else 0
         return ks
@@ -168,8 +179,8 @@ class SpecController:
 
     def _ratio(self, expected_k: float, k: int, plan: _StepPlan) -> float:
         """R(k): throughput with k draft tokens relative to k = 0 (module docstring)."""
-        t = plan.total_tokens
-        spec_cost = (plan.verify_cost(t + k) if k else plan.cost(t)) + \
+        t = plan.tokens_with(0)
+        spec_cost = (plan.verify_cost(plan.tokens_with(k)) if k else plan.cost(t)) + \
             self._draft_seconds_per_token * k
         return (plan.emitted + expected_k) / spec_cost * plan.cost(t) / plan.emitted
 
@@ -190,16 +201,18 @@ class SpecController:
         return k
 
     def _probe_fits(self, plan: _StepPlan) -> bool:
-        """Whether a probe could pay at all (with every draft token accepted) and all of this
-        step's probes together, with this one, stay within the overhead budget."""
+        """Whether a probe could pay at all (with every draft token accepted), costs at most
+        ``probe_max_overhead`` of the step, and fits the refilling probe budget."""
         best_case = max(self._ratio(float(k), k, plan) for k in range(1, self.k_max + 1))
         if best_case < 1.0 + self.margin:
             return False  # the step is too expensive for speculation: nothing to learn
-        without_probes = plan.cost(plan.total_tokens - plan.probe_tokens)
-        tokens = plan.probe_tokens + self.probe_k
-        with_probes = plan.verify_cost(plan.total_tokens + self.probe_k)
-        overhead = (with_probes + self._draft_seconds_per_token * tokens) / without_probes - 1.0
-        return overhead <= self.probe_max_overhead
+        without = plan.cost(plan.tokens_with(0))
+        with_probe = plan.verify_cost(plan.tokens_with(self.probe_k))
+        overhead = (with_probe + self._draft_seconds_per_token * self.probe_k) / without - 1.0
+        if overhead > min(self.probe_max_overhead, self._probe_budget):
+            return False
+        self._probe_budget -= max(overhead, 0.0)
+        return True
 
 
 @dataclass
@@ -211,8 +224,18 @@ class _StepPlan:
     emitted: float  # expected emitted tokens so far
     verify_model: StepCostModel
     verifying: bool = False  # some request of this step already drafts
+    padded: bool = False  # verify steps pad every sequence to the longest draft
+    num_decoding: int = 0
+    num_other: int = 0  # prefill tokens of the step
+    max_k: int = 0  # the longest draft given so far
     probe_tokens: int = 0  # draft tokens given to probes so far
     _costs: dict[tuple[bool, int], float] = field(default_factory=dict)  # memo per call
+
+    def tokens_with(self, k: int) -> int:
+        """Query rows the step computes if the request being planned drafts ``k``."""
+        if self.padded and (self.verifying or k):
+            return self.num_other + self.num_decoding * (max(self.max_k, k) + 1)
+        return self.total_tokens + k
 
     def cost(self, num_tokens: int) -> float:
         """The step as planned so far: a verify step once anyone drafts, else plain."""
