@@ -3,7 +3,7 @@
 Same weights, same prompts, same run: greedy decode throughput at batch 1 and 16 with
 ``batch_invariant`` on and off, plus whether the outputs matched. Writes JSON to argv[1].
 
-Usage: python bench/cpu_invariance_cost.py [bench/out/cpu_invariance.json]
+Usage: PYTHONPATH=$PWD python bench/cpu_invariance_cost.py [bench/out/cpu_invariance.json]
 """
 
 from __future__ import annotations
