@@ -65,11 +65,19 @@ def main() -> int:
         stream_reply(client, model, messages, args.max_tokens, args.temperature)
         return 0
     print(f"chatting with {model} at {args.base_url}; an empty line quits", file=sys.stderr)
-    while line := input("> ").strip():
+    while line := _read_line():
         messages.append({"role": "user", "content": line})
         reply = stream_reply(client, model, messages, args.max_tokens, args.temperature)
         messages.append({"role": "assistant", "content": reply})
     return 0
+
+
+def _read_line() -> str:
+    """The next user line; end of input (Ctrl-D, a closed pipe) quits like an empty line."""
+    try:
+        return input("> ").strip()
+    except EOFError:
+        return ""
 
 
 if __name__ == "__main__":
