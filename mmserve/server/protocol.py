@@ -8,6 +8,7 @@ compatible servers do, so clients that send ``store`` or ``metadata`` still work
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -94,11 +95,13 @@ class _SamplingFields(_Strict):
             raise ValueError("stop must be up to 4 non-empty strings")
         return v
 
+    @abstractmethod
     def requested_max_tokens(self) -> int | None:
-        raise NotImplementedError
+        """The client's token limit under this endpoint's field name(s), if any."""
 
+    @abstractmethod
     def num_logprobs(self) -> int | None:
-        raise NotImplementedError
+        """Top logprobs to return per token under this endpoint's fields (None: off)."""
 
     def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
