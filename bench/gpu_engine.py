@@ -40,7 +40,7 @@ def main() -> None:
     t_together = time.perf_counter() - start
     report = {
         "identical_alone_vs_16": alone == together,
-        "mismatches": [i for i, (a, b) in enumerate(zip(alone, together)) if a != b],
+        "mismatches": [i for i, (a, b) in enumerate(zip(alone, together, strict=True)) if a != b],
         "batch1_tok_s": sum(map(len, alone)) / t_alone,
         "batch16_tok_s": sum(map(len, together)) / t_together,
     }

@@ -74,8 +74,9 @@ def main() -> None:
             steps = sum(len(r.token_ids) for r in res)
             runs[name] = {"seconds": secs, "tok_s": steps / secs,
                           "token_ids": [r.token_ids for r in res]}
-    report = {"table_bytes": size, "lookup_hit_rate": hits / 2000, "lookup_us": {"disk_cold_cache": cold * 1e6,
-                                                 "disk_warm_cache": warm * 1e6, "ram": ram * 1e6},
+    report = {"table_bytes": size, "lookup_hit_rate": hits / 2000,
+              "lookup_us": {"disk_cold_cache": cold * 1e6, "disk_warm_cache": warm * 1e6,
+                            "ram": ram * 1e6},
               "engine_tok_s": {k: v["tok_s"] for k, v in runs.items()},
               "same_tokens": runs["disk"]["token_ids"] == runs["ram"]["token_ids"]}
     print(json.dumps(report, indent=2))
