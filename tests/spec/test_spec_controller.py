@@ -41,9 +41,12 @@ class Sim:
                 for i in range(k):
                     self.drafted[i] += 1
                     self.accepted[i] += int(i < m)
-            tokens = len(ids) + prefill + sum(ks)
-            self.ctrl.record_step(tokens, self.cost(tokens))
-            self.ctrl.record_draft(max(sum(ks), 1), 2e-6 * max(sum(ks), 1))
+            self.record(len(ids) + prefill + sum(ks), ks)
+
+    def record(self, tokens: int, ks: list[int]) -> None:
+        """Report the step's measured cost (and the drafter's) to the controller."""
+        self.ctrl.record_step(tokens, self.cost(tokens))
+        self.ctrl.record_draft(max(sum(ks), 1), 2e-6 * max(sum(ks), 1))
 
 
 def test_high_acceptance_and_cheap_verify_picks_high_k() -> None:
@@ -159,19 +162,9 @@ class KindSim(Sim):
 
     verify_seconds = 0.008
 
-    def run(self, steps: int, accept: float, ids: Sequence[str] = ("r0",),
-            prefill: int = 0) -> None:
-        for _ in range(steps):
-            ks = self.ctrl.choose(list(ids), num_other_tokens=prefill)
-            for rid, k in zip(ids, ks, strict=True):
-                m = 0
-                while m < k and self.rng.random() < accept:
-                    m += 1
-                self.ctrl.observe(rid, k, m)
-                self.history.setdefault(rid, []).append(k)
-            tokens = len(ids) + sum(ks)
-            verify = sum(ks) > 0
-            self.ctrl.record_step(tokens, self.verify_seconds if verify else 0.001, verify=verify)
+    def record(self, tokens: int, ks: list[int]) -> None:
+        verify = sum(ks) > 0
+        self.ctrl.record_step(tokens, self.verify_seconds if verify else 0.001, verify=verify)
 
 
 def test_verify_steps_of_another_kind_are_costed_separately() -> None:
