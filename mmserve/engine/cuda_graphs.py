@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mmserve.kernels.attention import KVLike, kv_layer
 from mmserve.kernels.triton_attention import PagedMetadata
 from mmserve.models.base import CausalLM
 
@@ -49,11 +50,11 @@ class DecodeGraphs:
     ``i*q .. i*q+q-1`` of the flat batch; rows past its own tokens are padding.
     """
 
-    def __init__(self, model: CausalLM, kv_cache: torch.Tensor, max_blocks_per_seq: int,
+    def __init__(self, model: CausalLM, kv_cache: KVLike, max_blocks_per_seq: int,
                  batch_sizes: tuple[int, ...] = DEFAULT_SIZES,
                  query_sizes: tuple[int, ...] = (1,)) -> None:
         self.model, self.kv = model, kv_cache
-        self.device = kv_cache.device
+        self.device = kv_layer(kv_cache, 0).k.device
         self.sizes = sorted(batch_sizes)
         self.qsizes = sorted(set(query_sizes) | {1})
         b, mb, r = self.sizes[-1], max_blocks_per_seq, self.sizes[-1] * self.qsizes[-1]

@@ -74,7 +74,7 @@ class LLMEngine:
         # verify steps too: k + 1 tokens per sequence, in a few buckets up to k_max + 1
         top = spec.max_tokens_per_step + 1 if spec is not None else 1
         qs = tuple(q for q in (1, 2, 3, 5, 9, 17, 33, 65) if q < top) + (top,)
-        graphs = DecodeGraphs(model, self.kv.data, -(-self.max_model_len // self.config.block_size),
+        graphs = DecodeGraphs(model, self.kv, -(-self.max_model_len // self.config.block_size),
                               sizes, qs)
         report = graphs.capture()
         log.info("captured CUDA graphs for decode batch sizes %s in %.2fs using %.0f MiB",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from mmserve.engine.block_manager import BlockManager, BlockTable, ExtraKey, block_hash
+from mmserve.kernels.attention import LayerKV
 
 __all__ = ["BlockManager", "BlockTable", "ExtraKey", "KVCache", "block_hash"]
 
@@ -35,6 +36,7 @@ class KVCache:
         # (L, 2, N, B, Hkv, D); zeros, not empty: padded reads must never see NaN garbage
         self.data = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
                                 dtype=dtype, device=device)
+        self._layers = [LayerKV(self.data[i, 0], self.data[i, 1]) for i in range(num_layers)]
 
     @staticmethod
     def bytes_per_block(
@@ -79,7 +81,7 @@ class KVCache:
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer(self, i: int) -> LayerKV:
         """``(k, v)`` views of layer ``i``, each ``(num_blocks, block_size, Hkv, D)``."""
-        return self.data[i, 0], self.data[i, 1]
+        return self._layers[i]
 

@@ -57,7 +57,7 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         embeds = self._embeds(seqs, input_ids)
         hidden = self.model(None if embeds is not None else input_ids,
-                            torch.tensor(positions, device=self.device), meta, self.kv.data,
+                            torch.tensor(positions, device=self.device), meta, self.kv,
                             inputs_embeds=embeds)
         if not wanted:
             return StepLogits(hidden.new_zeros(0, 0), rows, len(ids))

@@ -17,6 +17,7 @@ sequence of floating-point operations whatever else is in its tile or step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -24,6 +25,33 @@ from mmserve.kernels.triton_dispatch import use_triton
 
 ROW_TILE = 8
 KEY_CHUNK = 64
+
+
+class LayerKV(NamedTuple):
+    """One layer's paged cache: ``k``/``v`` (blocks, block_size, Hkv, D).
+
+    ``k_scale``/``v_scale`` (blocks, block_size, Hkv) float32 are set when the cache
+    stores fp8: a stored vector times its scale is the key/value (None: stored as is).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+
+class HasLayers(Protocol):
+    def layer(self, i: int) -> LayerKV: ...
+
+
+KVLike = torch.Tensor | HasLayers  # (L, 2, blocks, bs, Hkv, D) tensor, or a KVCache
+
+
+def kv_layer(kv: KVLike, i: int) -> LayerKV:
+    """Layer ``i`` of a whole-model cache: a KVCache, or a plain (L, 2, ...) tensor."""
+    if isinstance(kv, torch.Tensor):
+        return LayerKV(kv[i, 0], kv[i, 1])
+    return kv.layer(i)
 
 
 @dataclass
@@ -80,11 +108,9 @@ class AttentionMetadata:
         return cls(seqs, slot_mapping)
 
 
-def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
+def write_kv(kv: LayerKV, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store new keys/values (N, Hkv, D) at their slots of the paged cache (blocks, bs, Hkv, D)."""
+    k_cache, v_cache = kv.k, kv.v
     if use_triton(k):  # CUDA: one launch; negative slots (graph padding) are skipped
         from mmserve.kernels.triton_attention import cuda_write_kv
 
@@ -95,10 +121,11 @@ def write_kv(
 
 
 def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-    scale: float, window: int | None = None,
+    q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """q: (N, Hq, D) -> (N, Hq, D), reading keys/values from the paged cache."""
+    k_cache, v_cache = kv.k, kv.v
     if use_triton(q):  # CUDA: the Triton kernel (same contract; tests compare the two)
         from mmserve.kernels.triton_attention import cuda_paged_attention
 

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
-from mmserve.kernels.attention import AttentionMetadata
+from mmserve.kernels.attention import AttentionMetadata, KVLike
 from mmserve.kernels.linear import linear
 
 
@@ -44,9 +44,10 @@ class CausalLM(nn.Module, ABC):
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, kv_cache: KVLike,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """-> (N, H) final hidden states. ``kv_cache``: (layers, 2, blocks, bs, Hkv, D)."""
+        """-> (N, H) final hidden states. ``kv_cache``: a ``KVCache`` or a plain
+        (layers, 2, blocks, bs, Hkv, D) tensor (see ``kernels.attention.kv_layer``)."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(M, H) -> (M, V) float32 logits."""

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmserve.kernels.attention import AttentionMetadata
+from mmserve.kernels.attention import AttentionMetadata, KVLike, kv_layer
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
 from mmserve.models.base import CausalLM, load_into
@@ -121,13 +121,13 @@ class Gemma3ForCausalLM(CausalLM):
         return x * torch.tensor(self.normalizer, dtype=x.dtype)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, kv_cache: KVLike,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         assert input_ids is not None or inputs_embeds is not None
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # type: ignore[arg-type]
         for i, layer in enumerate(self.layers):
             rope = self.local_rope if layer.sliding else self.global_rope
-            x = layer(x, positions, rope, meta, (kv_cache[i, 0], kv_cache[i, 1]))
+            x = layer(x, positions, rope, meta, kv_layer(kv_cache, i))
         return rms_norm(x, self.norm, self.eps, 1.0)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mmserve.kernels.attention import AttentionMetadata, paged_attention, write_kv
+from mmserve.kernels.attention import AttentionMetadata, LayerKV, paged_attention, write_kv
 from mmserve.kernels.linear import linear
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
@@ -35,7 +35,7 @@ class SelfAttention(nn.Module):
         self.k_norm = nn.Parameter(torch.empty(head_dim)) if qk_norm else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
-                meta: AttentionMetadata, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:
         n = x.shape[0]
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -46,8 +46,8 @@ class SelfAttention(nn.Module):
             q = rms_norm(q, self.q_norm, self.norm_eps, self.norm_offset)
             k = rms_norm(k, self.k_norm, self.norm_eps, self.norm_offset)
         q, k = rope.rotate(q, positions), rope.rotate(k, positions)
-        write_kv(kv[0], kv[1], k, v, meta.slot_mapping)
-        out = paged_attention(q, kv[0], kv[1], meta, self.scale, self.window)
+        write_kv(kv, k, v, meta.slot_mapping)
+        out = paged_attention(q, kv, meta, self.scale, self.window)
         return linear(out.reshape(n, self.q_size), self.o_weight)
 
 

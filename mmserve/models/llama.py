@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmserve.kernels.attention import AttentionMetadata
+from mmserve.kernels.attention import AttentionMetadata, KVLike, kv_layer
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
 from mmserve.models.base import CausalLM, load_into
@@ -93,12 +93,12 @@ class LlamaForCausalLM(CausalLM):
         load_into(self, out)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, kv_cache: KVLike,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         assert input_ids is not None or inputs_embeds is not None
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # type: ignore[arg-type]
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, self.rope, meta, (kv_cache[i, 0], kv_cache[i, 1]))
+            x = layer(x, positions, self.rope, meta, kv_layer(kv_cache, i))
         return rms_norm(x, self.norm, self.eps)
 
     def lm_head_weight(self) -> torch.Tensor:

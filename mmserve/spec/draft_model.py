@@ -126,7 +126,7 @@ class DraftModelDrafter(Drafter):
                                        self.device)
         positions = torch.cat([torch.arange(start, start + count)
                                for _, start, count in seqs]).to(self.device)  # (N,)
-        hidden = self.model(input_ids, positions, meta, self.kv.cache.data)  # (N, H)
+        hidden = self.model(input_ids, positions, meta, self.kv.cache)  # (N, H)
         last = torch.tensor(query_lens, device=self.device).cumsum(0) - 1  # (rows,)
         return self.model.compute_logits(hidden[last])  # (rows, V)
 

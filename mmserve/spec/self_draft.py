@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mmserve.kernels.attention import AttentionMetadata
+from mmserve.kernels.attention import AttentionMetadata, KVLike, kv_layer
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
 from mmserve.models.base import CausalLM
@@ -56,14 +56,14 @@ class TruncatedModel(CausalLM):
         return self.target.embed(input_ids)  # Gemma scales its embeddings
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, kv_cache: KVLike,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """-> (N, H) hidden states after layer L-1 and the final norm; ``kv_cache`` has
         (at least) ``num_layers`` layers."""
         assert input_ids is not None or inputs_embeds is not None
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # type: ignore[arg-type]
         for i in range(self.num_layers):
-            x = self._layer(i)(x, positions, self._rope(i), meta, (kv_cache[i, 0], kv_cache[i, 1]))
+            x = self._layer(i)(x, positions, self._rope(i), meta, kv_layer(kv_cache, i))
         return rms_norm(x, self.target.norm, self.target.eps, self._norm_offset)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -289,7 +289,7 @@ def test_kv_cache_sizing_from_budget() -> None:
 
 def test_layer_views_alias_the_one_tensor() -> None:
     cache = KVCache(3, 5, BS, 2, 8)
-    k, v = cache.layer(1)
+    k, v = cache.layer(1)[:2]
     assert k.shape == v.shape == (5, BS, 2, 8) and k._base is cache.data
     k[2, 3] = 1.0
     assert cache.data[1, 0, 2, 3].eq(1.0).all() and cache.data.sum() == 2 * 8

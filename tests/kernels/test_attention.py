@@ -4,6 +4,7 @@ import torch
 
 from mmserve.kernels.attention import (
     AttentionMetadata,
+    LayerKV,
     paged_attention,
     reference_attention,
     write_kv,
@@ -18,7 +19,7 @@ def _cache(num_blocks=64):
 
 def _fill(kc, vc, table, k, v):
     meta = AttentionMetadata.build([k.shape[0]], [k.shape[0]], [table], BS, torch.device("cpu"))
-    write_kv(kc, vc, k, v, meta.slot_mapping)
+    write_kv(LayerKV(kc, vc), k, v, meta.slot_mapping)
 
 
 def test_matches_textbook_attention_with_window():
@@ -32,7 +33,7 @@ def test_matches_textbook_attention_with_window():
     pos = torch.arange(length - 20, length)
     for window in (None, 32):
         meta = AttentionMetadata.build([20], [length], [table], BS, torch.device("cpu"))
-        got = paged_attention(q, kc, vc, meta, 0.125, window)
+        got = paged_attention(q, LayerKV(kc, vc), meta, 0.125, window)
         want = reference_attention(q, k, v, pos, 0.125, window)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -59,7 +60,7 @@ def test_row_result_independent_of_step_shape():
             ctx.insert(0, 150)
             tables.insert(0, other)
         meta = AttentionMetadata.build(lens, ctx, tables, BS, cpu)
-        return paged_attention(torch.cat(qs), kc, vc, meta, 0.125)[-1]
+        return paged_attention(torch.cat(qs), LayerKV(kc, vc), meta, 0.125)[-1]
 
     base = last_row(1, False)
     for nq in (1, 2, 5, 9, 64, length):

@@ -97,7 +97,7 @@ def test_row_bits_independent_of_step_shape():
 
 
 def test_write_kv_matches_index_copy_and_skips_padding():
-    from mmserve.kernels.attention import write_kv
+    from mmserve.kernels.attention import LayerKV, write_kv
     from mmserve.kernels.triton_attention import cuda_write_kv
 
     torch.manual_seed(3)
@@ -111,7 +111,7 @@ def test_write_kv_matches_index_copy_and_skips_padding():
     cuda_write_kv(got_k, got_v, k, v, torch.cat([slots, torch.full((pad,), -1, device=DEVICE)]))
     # reference on CPU: index_copy_ of the real rows only (padding rows write nothing)
     ck, cv = want_k.cpu(), want_v.cpu()
-    write_kv(ck, cv, k[:n].cpu(), v[:n].cpu(), slots.cpu())
+    write_kv(LayerKV(ck, cv), k[:n].cpu(), v[:n].cpu(), slots.cpu())
     assert torch.equal(got_k.cpu(), ck) and torch.equal(got_v.cpu(), cv)
 
 
