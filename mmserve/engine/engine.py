@@ -19,7 +19,7 @@ from mmserve.config import EngineConfig
 from mmserve.engine.block_manager import BlockManager
 from mmserve.engine.cuda_graphs import DEFAULT_SIZES, DecodeGraphs
 from mmserve.engine.detokenizer import IncrementalDetokenizer
-from mmserve.engine.kv_cache import KVCache
+from mmserve.engine.kv_cache import KVCache, kv_cache_dtype
 from mmserve.engine.outputs import EngineStats, RequestOutput
 from mmserve.engine.request import EmbeddingSpan, Request, Status
 from mmserve.engine.runner import ModelRunner
@@ -42,12 +42,13 @@ class LLMEngine:
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.max_model_len, self.device = max_model_len, device
         bs = config.block_size
+        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
         if config.num_kv_blocks is not None:
             self.kv = KVCache(model.num_layers, config.num_kv_blocks, bs, model.num_kv_heads,
-                              model.head_dim, dtype, device)
+                              model.head_dim, kv_dtype, device)
         else:
             self.kv = KVCache.from_budget(config.kv_cache_memory_mb << 20, model.num_layers, bs,
-                                          model.num_kv_heads, model.head_dim, dtype, device)
+                                          model.num_kv_heads, model.head_dim, kv_dtype, device)
         capacity = self.kv.num_blocks * bs
         if capacity < max_model_len:  # one sequence must always fit alone
             self.max_model_len = capacity
@@ -136,16 +137,13 @@ class LLMEngine:
 
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
         drafts = self.spec.propose(self.scheduler.running, self.config.max_num_batched_tokens) \
             if self.spec is not None else None
         schedule = self.scheduler.schedule(drafts)
         if not schedule.seqs:
             return []
-        start = time.perf_counter()
         result = self.runner.run(schedule.seqs)
-        if self.spec is not None:
-            self.spec.record_step(result.num_rows, time.perf_counter() - start,
-                                  any(s.draft for s in schedule.seqs))
         plain = [(s, r) for s, r in zip(schedule.seqs, result.rows, strict=True)
                  if r and not s.draft]
         sampled = self.sampler.sample(result.logits[[r[0] for _, r in plain]],
@@ -174,6 +172,9 @@ class LLMEngine:
             if req.finished:
                 self._finish(req)
             outputs.append(req.take_output())
+        if self.spec is not None:  # the whole step: on CUDA the forward alone is asynchronous
+            self.spec.record_step(result.num_rows, time.perf_counter() - start,
+                                  any(s.draft for s in schedule.seqs))
         return outputs
 
     def _commit(self, req: Request) -> None:

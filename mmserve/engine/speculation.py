@@ -12,8 +12,6 @@ and truncating the block table; no KV is copied.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from mmserve.engine.request import Request
@@ -47,10 +45,7 @@ class Speculator:
         batch = [b for b in batch if b.k > 0]
         if not batch:
             return {}
-        start = time.perf_counter()
         drafts = self.drafter.propose(batch)
-        self.controller.record_draft(sum(len(d.tokens) for d in drafts),
-                                     time.perf_counter() - start)
         out = {}
         for b, d in zip(batch, drafts, strict=True):
             if d.tokens:
@@ -78,6 +73,7 @@ class Speculator:
         return tokens
 
     def record_step(self, num_tokens: int, seconds: float, verify: bool) -> None:
+        """A whole engine step's wall time (from before ``propose`` to its outputs)."""
         self.controller.record_step(num_tokens, seconds, verify)
 
     def forget(self, request_id: str) -> None:

@@ -3,14 +3,18 @@
 Speculation must never make a workload slower than plain decode. For each request
 the controller compares throughput with ``k`` drafted tokens against ``k = 0``::
 
-    R(k) = (S + E(k)) / (cost(T + k) + draft_cost * k)  /  (S / cost(T))
+    R(k) = (S + E(k)) / cost(T + k)  /  (S / cost(T))
 
 where ``T`` is the step's query tokens so far, ``S`` the tokens the step is expected
 to emit so far (one per decoding request, plus the expected acceptances of requests
 already given drafts) and ``E(k)`` the request's expected accepted tokens
-(``mmserve.spec.acceptance``). With one request this is ``(1 + E(k)) / cost(1 + k)``
-relative to ``1 / cost(1)``; in a large batch the extra verify tokens slow every
-request, so speculation switches off when the step is compute bound.
+(``mmserve.spec.acceptance``). ``cost`` is the measured wall time of a whole engine
+step (choosing k, drafting, the forward, sampling, verifying, bookkeeping), so the
+drafter's and the controller's own time are paid for; a forward alone would miss
+them, and on CUDA the forward returns before the GPU finishes. With one request this
+is ``(1 + E(k)) / cost(1 + k)`` relative to ``1 / cost(1)``; in a large batch the extra
+verify tokens slow every request, so speculation switches off when the step is compute
+bound.
 
 The best ``k`` becomes the target if ``R >= 1 + margin`` (half the margin to stay on),
 else the target is 0. The chosen ``k`` moves toward the target by at most
@@ -18,7 +22,12 @@ else the target is 0. The chosen ``k`` moves toward the target by at most
 tokens every ``probe_interval`` steps, forgetting part of its old evidence, so
 speculation returns when it pays; only when perfect acceptance would pay at this
 step's cost, and with all of a step's probes together costing at most
-``probe_max_overhead`` of the step.
+``probe_max_overhead`` of the step (a probe that does not fit is retried half an
+interval later).
+A request that is off stays off without re-evaluating ``R`` while nothing it depends
+on moved (no new evidence, the same step shape) for up to ``recheck_interval`` steps:
+with every request off, choosing costs ~1 us a request, not ~12 (at 16 requests and a
+~2 ms CUDA-graph step, the full evaluation alone was ~10 % of the step).
 Everything is a deterministic function of the calls made.
 """
 
@@ -41,6 +50,9 @@ class _RequestState:
     acceptance: RequestAcceptance
     k: int = 0  # the k chosen at the previous step
     steps_off: int = 0  # consecutive steps with k == 0
+    # an "off" decision that holds while the step shape and the evidence stay the same
+    off_shape: tuple[int, int, bool, int] | None = None
+    off_steps_left: int = 0
 
 
 class SpecController:
@@ -57,6 +69,7 @@ class SpecController:
         probe_max_overhead: float = 0.1,
         probe_budget_per_step: float = 0.01,
         probe_forget: float = 0.3,
+        recheck_interval: int = 8,
         prior_accept: float = 0.5,
         prior_strength: float = 2.0,
         decay: float = 0.9,
@@ -75,14 +88,13 @@ class SpecController:
         self.probe_k = min(probe_k, k_max, max_step_change)  # probes obey the ramp too
         self.probe_max_overhead = probe_max_overhead
         self.probe_forget = probe_forget
+        self.recheck_interval = recheck_interval
         self.prior_strength = prior_strength
         self.decay = decay
         # plain and verify steps can differ in kind, not just in size (a plain decode step
         # replays a CUDA graph, a verify step may run eagerly): one cost curve for each
         self._cost = StepCostModel(cost_alpha, default_step_seconds, knee_tokens)
         self._verify_cost = StepCostModel(cost_alpha, default_step_seconds, knee_tokens)
-        self._draft_seconds_per_token = 0.0
-        self._cost_alpha = cost_alpha
         self._population = PopulationAcceptance(k_max, prior_accept)
         self._requests: dict[str, _RequestState] = {}
         self._since_plain = 2  # consecutive steps in which some request drafted
@@ -114,12 +126,26 @@ class SpecController:
             self._verify_cost if self._verify_cost.measured else self._cost,
             padded=self.padded, num_decoding=len(request_ids), num_other=num_other_tokens,
         )
-        prior = self._population.prior_rates()
+        prior: list[float] | None = None
         ks = []
         for request_id in request_ids:
             state = self._state(request_id)
+            shape = (plan.total_tokens, plan.max_k, plan.verifying, num_other_tokens)
+            if (state.k == 0 and state.off_steps_left > 0 and state.off_shape == shape
+                    and state.steps_off + 1 < self.probe_interval):
+                state.off_steps_left -= 1  # still off: nothing R depends on has moved
+                state.steps_off += 1
+                ks.append(0)
+                continue
+            if prior is None:
+                prior = self._population.prior_rates()
             expected = expected_accepted(state.acceptance.rates(prior, self.prior_strength))
-            k = self._next_k(state, self._target(expected, state.k, plan), plan)
+            target = self._target(expected, state.k, plan)
+            k = self._next_k(state, target, plan)
+            if k == 0 and target == 0:
+                state.off_shape, state.off_steps_left = shape, self.recheck_interval
+            else:
+                state.off_shape = None
             state.steps_off = 0 if k else state.steps_off + 1
             state.k = k
             plan.total_tokens += k
@@ -137,19 +163,13 @@ class SpecController:
         state = self._requests.get(request_id)
         if state is not None:
             state.acceptance.observe(num_drafted, num_accepted, self.decay)
+            if num_drafted:
+                state.off_shape = None  # new evidence: decide afresh
 
     def record_step(self, num_query_tokens: int, seconds: float, verify: bool = False) -> None:
-        """Measured wall time of one target forward step with ``num_query_tokens`` tokens;
-        ``verify``: the step carried draft tokens."""
+        """Measured wall time of one whole engine step whose forward ran ``num_query_tokens``
+        rows (drafting and sampling included); ``verify``: the step carried draft tokens."""
         (self._verify_cost if verify else self._cost).record(num_query_tokens, seconds)
-
-    def record_draft(self, num_tokens: int, seconds: float) -> None:
-        """Measured drafter time for ``num_tokens`` drafted tokens (one ``propose`` call)."""
-        if num_tokens > 0 and seconds >= 0.0:
-            per_token = seconds / num_tokens
-            self._draft_seconds_per_token += self._cost_alpha * (
-                per_token - self._draft_seconds_per_token
-            )
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's state (unknown ids are ignored)."""
@@ -180,8 +200,7 @@ class SpecController:
     def _ratio(self, expected_k: float, k: int, plan: _StepPlan) -> float:
         """R(k): throughput with k draft tokens relative to k = 0 (module docstring)."""
         t = plan.tokens_with(0)
-        spec_cost = (plan.verify_cost(plan.tokens_with(k)) if k else plan.cost(t)) + \
-            self._draft_seconds_per_token * k
+        spec_cost = plan.verify_cost(plan.tokens_with(k)) if k else plan.cost(t)
         return (plan.emitted + expected_k) / spec_cost * plan.cost(t) / plan.emitted
 
     def _target(self, expected: list[float], prev_k: int, plan: _StepPlan) -> int:
@@ -198,6 +217,7 @@ class SpecController:
                 state.acceptance.shrink(self.probe_forget)
                 plan.probe_tokens += self.probe_k
                 return self.probe_k
+            state.steps_off = self.probe_interval // 2 - 1  # try again in half an interval
         return k
 
     def _probe_fits(self, plan: _StepPlan) -> bool:
@@ -208,7 +228,7 @@ class SpecController:
             return False  # the step is too expensive for speculation: nothing to learn
         without = plan.cost(plan.tokens_with(0))
         with_probe = plan.verify_cost(plan.tokens_with(self.probe_k))
-        overhead = (with_probe + self._draft_seconds_per_token * self.probe_k) / without - 1.0
+        overhead = with_probe / without - 1.0
         if overhead > min(self.probe_max_overhead, self._probe_budget):
             return False
         self._probe_budget -= max(overhead, 0.0)

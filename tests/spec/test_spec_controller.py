@@ -44,9 +44,8 @@ class Sim:
             self.record(len(ids) + prefill + sum(ks), ks)
 
     def record(self, tokens: int, ks: list[int]) -> None:
-        """Report the step's measured cost (and the drafter's) to the controller."""
-        self.ctrl.record_step(tokens, self.cost(tokens))
-        self.ctrl.record_draft(max(sum(ks), 1), 2e-6 * max(sum(ks), 1))
+        """Report the step's measured cost (drafting included) to the controller."""
+        self.ctrl.record_step(tokens, self.cost(tokens) + 2e-6 * sum(ks))
 
 
 def test_high_acceptance_and_cheap_verify_picks_high_k() -> None:
@@ -178,3 +177,26 @@ def test_verify_steps_of_another_kind_are_costed_separately() -> None:
     sim.verify_seconds = 0.002
     sim.run(60, accept=1.0)
     assert min(sim.history["r0"][10:]) >= 6
+
+
+def test_off_requests_are_not_reevaluated_every_step(monkeypatch) -> None:
+    """16 requests held off cost a full evaluation only every ``recheck_interval`` steps,
+    and new evidence or a different step shape triggers one at once."""
+    ctrl = SpecController(k_max=8, recheck_interval=8)
+    ids = [f"r{i}" for i in range(16)]
+    sim = Sim(ctrl, STEEP)
+    sim.run(60, accept=0.0, ids=ids)  # compute bound and nothing accepted: all off
+    assert all(h[-1] == 0 for h in sim.history.values())
+    calls = []
+    real = ctrl._target
+    monkeypatch.setattr(ctrl, "_target", lambda *a: calls.append(1) or real(*a))
+    sim.run(80, accept=0.0, ids=ids)
+    # one evaluation per request per 8 steps, plus a probe attempt per half probe interval
+    assert 0 < len(calls) <= 16 * 80 // 8 + 16 * 80 // (ctrl.probe_interval // 2) + 16
+    calls.clear()
+    ctrl.observe("r3", 2, 2)  # new evidence for one request
+    ctrl.choose(ids)
+    assert len(calls) >= 1
+    calls.clear()
+    ctrl.choose(ids, num_other_tokens=64)  # a prefill chunk joins: a different step
+    assert len(calls) == 16
