@@ -47,7 +47,7 @@ def main() -> None:
     print(json.dumps(report), flush=True)
     (out / "engine.json").write_text(json.dumps(report, indent=2))
     del llm
-    run_spec_bench(model, device="cuda", out_dir=out, max_tokens=128)
+    run_spec_bench(model, device="cuda", out_dir=out, max_tokens=128, repeats=3)
 
 
 if __name__ == "__main__":
