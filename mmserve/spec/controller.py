@@ -16,18 +16,25 @@ is ``(1 + E(k)) / cost(1 + k)`` relative to ``1 / cost(1)``; in a large batch th
 verify tokens slow every request, so speculation switches off when the step is compute
 bound.
 
-The best ``k`` becomes the target if ``R >= 1 + margin`` (half the margin to stay on),
-else the target is 0. The chosen ``k`` moves toward the target by at most
-``max_step_change`` per step (no cliffs). A request held at 0 is re-probed with a few
-tokens every ``probe_interval`` steps, forgetting part of its old evidence, so
-speculation returns when it pays; only when perfect acceptance would pay at this
-step's cost, and with all of a step's probes together costing at most
-``probe_max_overhead`` of the step (a probe that does not fit is retried half an
-interval later).
-A request that is off stays off without re-evaluating ``R`` while nothing it depends
-on moved (no new evidence, the same step shape) for up to ``recheck_interval`` steps:
-with every request off, choosing costs ~1 us a request, not ~12 (at 16 requests and a
-~2 ms CUDA-graph step, the full evaluation alone was ~10 % of the step).
+For a request that is drafting, the best ``k`` becomes the target if
+``R >= 1 + margin / 2``, else the target is 0; the chosen ``k`` moves toward the
+target by at most ``max_step_change`` per step (no cliffs).
+
+A request that is off (and every new request) comes back only through a probe: a
+few draft tokens, after forgetting part of its old evidence. A new request probes at
+its first decode step. After a probe that accepts nothing the wait to the next one
+doubles (1, 2, 4, .. ``probe_interval`` steps: one unlucky probe of a copying request
+must not cost it 16 steps); after ``miss_limit`` drafts in a row that accept nothing
+the request ramps down to 0 and waits the whole interval. A probe runs only when
+perfect acceptance would pay at this step's cost, when it costs at most
+``probe_max_overhead`` of the step, and from a budget that refills by
+``probe_budget_per_step`` a step (one that does not fit is retried after half the
+wait). The prior cannot turn a request on by itself: posterior means decay toward a
+population prior that may come from other, copy-heavy requests, and with ~10
+effective observations its floor (~0.13 at a 0.8 prior) kept a request that copies
+nothing drafting 5-6 tokens a step (simulated: 0.85x plain). An off request costs
+~1 us to choose for, not ~12 for a full evaluation (at 16 requests and a ~2 ms
+CUDA-graph step, that was ~10 % of it).
 Everything is a deterministic function of the calls made.
 """
 
@@ -50,9 +57,10 @@ class _RequestState:
     acceptance: RequestAcceptance
     k: int = 0  # the k chosen at the previous step
     steps_off: int = 0  # consecutive steps with k == 0
-    # an "off" decision that holds while the step shape and the evidence stay the same
-    off_shape: tuple[int, int, bool, int] | None = None
-    off_steps_left: int = 0
+    wait: int = 1  # off steps before the next probe: 1, 2, 4, .. probe_interval
+    probing: bool = False  # the last k was a probe whose outcome is not yet observed
+    winding_down: bool = False  # target 0 until k reaches 0 (after misses)
+    misses: int = 0  # consecutive verified drafts with nothing accepted
 
 
 class SpecController:
@@ -66,12 +74,12 @@ class SpecController:
         max_step_change: int = 2,
         probe_interval: int = 16,
         probe_k: int = 2,
-        probe_max_overhead: float = 0.1,
+        probe_max_overhead: float = 0.5,
         probe_budget_per_step: float = 0.01,
         probe_forget: float = 0.3,
-        recheck_interval: int = 8,
+        miss_limit: int = 6,
         prior_accept: float = 0.5,
-        prior_strength: float = 2.0,
+        prior_strength: float = 1.0,
         decay: float = 0.9,
         cost_alpha: float = 0.2,
         default_step_seconds: float = 0.01,
@@ -88,7 +96,7 @@ class SpecController:
         self.probe_k = min(probe_k, k_max, max_step_change)  # probes obey the ramp too
         self.probe_max_overhead = probe_max_overhead
         self.probe_forget = probe_forget
-        self.recheck_interval = recheck_interval
+        self.miss_limit = miss_limit
         self.prior_strength = prior_strength
         self.decay = decay
         # plain and verify steps can differ in kind, not just in size (a plain decode step
@@ -130,23 +138,21 @@ class SpecController:
         ks = []
         for request_id in request_ids:
             state = self._state(request_id)
-            shape = (plan.total_tokens, plan.max_k, plan.verifying, num_other_tokens)
-            if (state.k == 0 and state.off_steps_left > 0 and state.off_shape == shape
-                    and state.steps_off + 1 < self.probe_interval):
-                state.off_steps_left -= 1  # still off: nothing R depends on has moved
-                state.steps_off += 1
+            if state.k == 0 and not self._probe(state, plan):
+                state.steps_off += 1  # off: no evaluation until a probe is due
                 ks.append(0)
                 continue
             if prior is None:
                 prior = self._population.prior_rates()
             expected = expected_accepted(state.acceptance.rates(prior, self.prior_strength))
-            target = self._target(expected, state.k, plan)
-            k = self._next_k(state, target, plan)
-            if k == 0 and target == 0:
-                state.off_shape, state.off_steps_left = shape, self.recheck_interval
+            if state.probing and state.k == 0:
+                k = self.probe_k
             else:
-                state.off_shape = None
+                target = 0 if state.winding_down else self._target(expected, state.k, plan)
+                k = state.k + max(-self.max_step_change,
+                                  min(self.max_step_change, target - state.k))
             state.steps_off = 0 if k else state.steps_off + 1
+            state.winding_down = state.winding_down and k > 0
             state.k = k
             plan.total_tokens += k
             plan.emitted += expected[k]
@@ -164,7 +170,16 @@ class SpecController:
         if state is not None:
             state.acceptance.observe(num_drafted, num_accepted, self.decay)
             if num_drafted:
-                state.off_shape = None  # new evidence: decide afresh
+                state.misses = 0 if num_accepted else state.misses + 1
+                if num_accepted == 0 and state.probing:  # the probe is the test: off
+                    state.k, state.steps_off, state.misses = 0, 0, 0
+                    state.wait = min(2 * state.wait, self.probe_interval)  # back off
+                elif state.probing:
+                    state.wait = 1
+                elif state.misses >= self.miss_limit:  # ramp down, then wait for a probe
+                    state.winding_down, state.misses = True, 0
+                    state.wait = self.probe_interval
+                state.probing = False
 
     def record_step(self, num_query_tokens: int, seconds: float, verify: bool = False) -> None:
         """Measured wall time of one whole engine step whose forward ran ``num_query_tokens``
@@ -192,8 +207,7 @@ class SpecController:
         if state is None:
             # a new request probes at its first decode step: acceptance differs far more
             # between requests (copying vs free prose) than the population prior shows
-            state = _RequestState(RequestAcceptance.empty(self.k_max),
-                                  steps_off=self.probe_interval - 1)
+            state = _RequestState(RequestAcceptance.empty(self.k_max))
             self._requests[request_id] = state
         return state
 
@@ -206,19 +220,19 @@ class SpecController:
     def _target(self, expected: list[float], prev_k: int, plan: _StepPlan) -> int:
         ratios = [self._ratio(expected[k], k, plan) for k in range(self.k_max + 1)]
         best = max(range(self.k_max + 1), key=lambda k: (ratios[k], -k))
-        threshold = 1.0 + (self.margin if prev_k == 0 else self.margin / 2)
-        return best if ratios[best] >= threshold else 0
+        return best if ratios[best] >= 1.0 + self.margin / 2 else 0
 
-    def _next_k(self, state: _RequestState, target: int, plan: _StepPlan) -> int:
-        step = max(-self.max_step_change, min(self.max_step_change, target - state.k))
-        k = state.k + step
-        if k == 0 and state.k == 0 and state.steps_off + 1 >= self.probe_interval:
-            if self._probe_fits(plan):
-                state.acceptance.shrink(self.probe_forget)
-                plan.probe_tokens += self.probe_k
-                return self.probe_k
-            state.steps_off = self.probe_interval // 2 - 1  # try again in half an interval
-        return k
+    def _probe(self, state: _RequestState, plan: _StepPlan) -> bool:
+        """Whether an off request probes this step: the only way back to drafting."""
+        if state.steps_off + 1 < state.wait:
+            return False
+        if not self._probe_fits(plan):
+            state.steps_off -= max(1, state.wait // 2)  # try again in half the wait
+            return False
+        state.acceptance.shrink(self.probe_forget)
+        plan.probe_tokens += self.probe_k
+        state.probing = True
+        return True
 
     def _probe_fits(self, plan: _StepPlan) -> bool:
         """Whether a probe could pay at all (with every draft token accepted), costs at most

@@ -62,7 +62,7 @@ def test_interior_optimum_moves_with_acceptance() -> None:
         sim = Sim(SpecController(k_max=8), SLOPED)
         sim.run(60, accept=accept)
         means.append(sum(sim.history["r0"][20:]) / 40)
-    assert 0.5 <= means[0] < means[1] < means[2] and means[2] >= 7
+    assert 0.25 <= means[0] < means[1] < means[2] and means[2] >= 7
 
 
 def test_low_acceptance_turns_off_reprobes_and_comes_back() -> None:
@@ -73,7 +73,8 @@ def test_low_acceptance_turns_off_reprobes_and_comes_back() -> None:
     first_off = ks.index(0)
     assert first_off <= 15
     probes = [i for i in range(first_off, 120) if ks[i] > 0 and ks[i - 1] == 0]
-    assert len(probes) >= 2 and all(b - a >= 32 for a, b in itertools.pairwise(probes))
+    gaps = [b - a for a, b in itertools.pairwise(probes)]  # backing off to the interval
+    assert len(probes) >= 3 and gaps == sorted(gaps) and gaps[-1] >= 32
     assert sum(ks[first_off:]) <= 3 * 2 * len(probes)  # off except short probes
     sim.run(140, accept=0.9)  # the text became copyable: a probe brings speculation back
     assert max(sim.history["r0"][-20:]) >= 6 and min(sim.history["r0"][-10:]) >= 4
@@ -179,10 +180,10 @@ def test_verify_steps_of_another_kind_are_costed_separately() -> None:
     assert min(sim.history["r0"][10:]) >= 6
 
 
-def test_off_requests_are_not_reevaluated_every_step(monkeypatch) -> None:
-    """16 requests held off cost a full evaluation only every ``recheck_interval`` steps,
-    and new evidence or a different step shape triggers one at once."""
-    ctrl = SpecController(k_max=8, recheck_interval=8)
+def test_off_requests_cost_no_evaluation_until_a_probe_is_due(monkeypatch) -> None:
+    """16 requests held off are not evaluated at all between probes (choose() stays cheap
+    next to a ~2 ms GPU step), and only a probe brings one back."""
+    ctrl = SpecController(k_max=8, probe_interval=16)
     ids = [f"r{i}" for i in range(16)]
     sim = Sim(ctrl, STEEP)
     sim.run(60, accept=0.0, ids=ids)  # compute bound and nothing accepted: all off
@@ -191,12 +192,18 @@ def test_off_requests_are_not_reevaluated_every_step(monkeypatch) -> None:
     real = ctrl._target
     monkeypatch.setattr(ctrl, "_target", lambda *a: calls.append(1) or real(*a))
     sim.run(80, accept=0.0, ids=ids)
-    # one evaluation per request per 8 steps, plus a probe attempt per half probe interval
-    assert 0 < len(calls) <= 16 * 80 // 8 + 16 * 80 // (ctrl.probe_interval // 2) + 16
-    calls.clear()
-    ctrl.observe("r3", 2, 2)  # new evidence for one request
-    ctrl.choose(ids)
-    assert len(calls) >= 1
-    calls.clear()
-    ctrl.choose(ids, num_other_tokens=64)  # a prefill chunk joins: a different step
-    assert len(calls) == 16
+    assert calls == []  # every probe failed, so no request was ever evaluated
+    assert all(sum(1 for k in h[-80:] if k) <= 80 // 16 + 1 for h in sim.history.values())
+
+
+def test_a_failed_probe_keeps_a_request_off_whatever_the_prior() -> None:
+    """The population has seen copy-heavy requests (prior ~0.8); a request that copies
+    nothing probes once per interval and drafts nothing in between."""
+    ctrl = SpecController(k_max=8, probe_interval=16)
+    for _ in range(300):
+        ctrl.observe("other", 4, 3)
+    sim = Sim(ctrl, FLAT)
+    sim.run(96, accept=0.0)
+    ks = sim.history["r0"]
+    # probes after 1, 2, 4, 8 steps, then every 16: never more than a probe's k
+    assert sum(1 for k in ks if k) <= 4 + 96 // 16 + 1 and max(ks) <= ctrl.probe_k
