@@ -36,6 +36,8 @@ HELP = {
     "max_model_len": "context length; default: the model's own (capped at 8192)",
     "num_kv_blocks": "KV-cache blocks; default: sized from --kv-cache-memory-mb",
     "kv_cache_memory_mb": "memory for the KV cache in MiB",
+    "kv_cache_dtype": "auto (the model's dtype) | fp8_e4m3 (alias fp8): e4m3 keys/values with "
+    "per-token, per-head scales, about twice the blocks of bf16 for the same memory",
     "max_num_seqs": "most sequences decoded together",
     "max_num_batched_tokens": "token budget of one engine step",
     "max_waiting": "bound of the waiting queue; a full queue answers HTTP 429",

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+FP8_KV_CACHE_DTYPES = ("fp8_e4m3", "fp8")  # e4m3 values + per-token, per-kv-head scales
+KV_CACHE_DTYPES = ("auto", *FP8_KV_CACHE_DTYPES)
 
 
 @dataclass
@@ -23,6 +25,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_mb
     kv_cache_memory_mb: int = 512
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8_e4m3 (alias fp8)
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
@@ -40,6 +43,10 @@ class EngineConfig:
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
             )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            allowed = ", ".join(KV_CACHE_DTYPES)
+            raise ValueError(
+                f"kv_cache_dtype must be one of {allowed}, got {self.kv_cache_dtype!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -19,7 +19,7 @@ from mmserve.config import EngineConfig
 from mmserve.engine.block_manager import BlockManager
 from mmserve.engine.cuda_graphs import DEFAULT_SIZES, DecodeGraphs
 from mmserve.engine.detokenizer import IncrementalDetokenizer
-from mmserve.engine.kv_cache import KVCache
+from mmserve.engine.kv_cache import KVCache, kv_cache_dtype
 from mmserve.engine.outputs import EngineStats, RequestOutput
 from mmserve.engine.request import EmbeddingSpan, Request, Status
 from mmserve.engine.runner import ModelRunner
@@ -42,12 +42,13 @@ class LLMEngine:
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.max_model_len, self.device = max_model_len, device
         bs = config.block_size
+        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
         if config.num_kv_blocks is not None:
             self.kv = KVCache(model.num_layers, config.num_kv_blocks, bs, model.num_kv_heads,
-                              model.head_dim, dtype, device)
+                              model.head_dim, kv_dtype, device)
         else:
             self.kv = KVCache.from_budget(config.kv_cache_memory_mb << 20, model.num_layers, bs,
-                                          model.num_kv_heads, model.head_dim, dtype, device)
+                                          model.num_kv_heads, model.head_dim, kv_dtype, device)
         capacity = self.kv.num_blocks * bs
         if capacity < max_model_len:  # one sequence must always fit alone
             self.max_model_len = capacity

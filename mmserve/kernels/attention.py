@@ -12,6 +12,10 @@ every (tile, chunk) product is one batched matmul of a fixed shape, the max is
 exact, and the per-chunk partial sums are added in chunk order. Chunks past a
 row's context hold only masked keys: they add exact zeros, so a row sees the same
 sequence of floating-point operations whatever else is in its tile or step.
+
+An fp8 cache (``LayerKV`` with scales) is written quantised per token and kv head
+(:mod:`mmserve.kernels.fp8`) and dequantised per gathered slot before the same products,
+so the contract holds for it too.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from mmserve.kernels.fp8 import dequantize_fp8, is_fp8, quantize_fp8
 from mmserve.kernels.triton_dispatch import use_triton
 
 ROW_TILE = 8
@@ -109,37 +114,65 @@ class AttentionMetadata:
 
 
 def write_kv(kv: LayerKV, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store new keys/values (N, Hkv, D) at their slots of the paged cache (blocks, bs, Hkv, D)."""
-    k_cache, v_cache = kv.k, kv.v
+    """Store new keys/values (N, Hkv, D) at their slots of the paged cache (blocks, bs, Hkv, D).
+
+    An fp8 cache (``kv.k_scale`` set) stores each token's vectors quantised with their own
+    per-kv-head scales (:mod:`mmserve.kernels.fp8`).
+    """
     if use_triton(k):  # CUDA: one launch; negative slots (graph padding) are skipped
         from mmserve.kernels.triton_attention import cuda_write_kv
 
-        return cuda_write_kv(k_cache, v_cache, k, v, slot_mapping)
-    hkv, d = k.shape[1], k.shape[2]
-    k_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, hkv, d).index_copy_(0, slot_mapping, v)
+        return cuda_write_kv(kv.k, kv.v, k, v, slot_mapping, kv.k_scale, kv.v_scale)
+    if kv.k_scale is None:
+        _copy_rows(kv.k, k, slot_mapping)
+        _copy_rows(kv.v, v, slot_mapping)
+        return
+    assert kv.v_scale is not None, "an fp8 cache has both scales"
+    for cache, scales, x in ((kv.k, kv.k_scale, k), (kv.v, kv.v_scale, v)):
+        values, scale = quantize_fp8(x)
+        _copy_rows(cache, values, slot_mapping)
+        scales.view(-1, x.shape[1]).index_copy_(0, slot_mapping, scale)
+
+
+def _copy_rows(cache: torch.Tensor, rows: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """cache (blocks, bs, Hkv, D)[slot] = rows (N, Hkv, D), by flat slot."""
+    flat = cache.view(-1, rows.shape[1], rows.shape[2])
+    if is_fp8(cache.dtype):  # index_copy_ has no fp8 kernel on CPU; the bytes are the same
+        flat, rows = flat.view(torch.uint8), rows.view(torch.uint8)
+    flat.index_copy_(0, slot_mapping, rows.to(flat.dtype))  # no-op unless the cache is narrower
 
 
 def paged_attention(
     q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
-    """q: (N, Hq, D) -> (N, Hq, D), reading keys/values from the paged cache."""
-    k_cache, v_cache = kv.k, kv.v
+    """q: (N, Hq, D) -> (N, Hq, D), reading keys/values from the paged cache.
+
+    An fp8 cache is dequantised per gathered slot (values * scale, in ``q.dtype``) before
+    the invariant product, so a row's result still depends only on its own sequence.
+    """
     if use_triton(q):  # CUDA: the Triton kernel (same contract; tests compare the two)
         from mmserve.kernels.triton_attention import cuda_paged_attention
 
-        return cuda_paged_attention(q, k_cache, v_cache, meta, scale, window)
+        return cuda_paged_attention(q, kv.k, kv.v, meta, scale, window, kv.k_scale, kv.v_scale)
     out = torch.empty_like(q)
-    hkv, d = k_cache.shape[2], k_cache.shape[3]
-    flat_k = k_cache.view(-1, hkv, d)
-    flat_v = v_cache.view(-1, hkv, d)
     for s in meta.seqs:
         qs = q[s.start : s.start + s.num_queries]
-        k = flat_k.index_select(0, s.key_slots)  # (Lpad, Hkv, D)
-        v = flat_v.index_select(0, s.key_slots)
+        k = _gather(kv.k, kv.k_scale, s.key_slots, q.dtype)  # (Lpad, Hkv, D)
+        v = _gather(kv.v, kv.v_scale, s.key_slots, q.dtype)
         out[s.start : s.start + s.num_queries] = attend(qs, k, v, s.mask(window), scale)
     return out
+
+
+def _gather(
+    cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The (len(slots), Hkv, D) vectors at flat ``slots``; fp8 ones dequantised to ``dtype``."""
+    hkv, d = cache.shape[2], cache.shape[3]
+    rows = cache.view(-1, hkv, d).index_select(0, slots)
+    if scales is None:
+        return rows.to(dtype)  # no-op unless the cache is narrower than the queries
+    return dequantize_fp8(rows, scales.view(-1, hkv).index_select(0, slots), dtype)
 
 
 def attend(

@@ -17,6 +17,14 @@ last row) adds exact zeros (``alpha = 1``, ``p = 0``). So a token's output is th
 same bits as a decode, as one of k+1 verify rows, inside a prefill chunk, or next
 to any other sequences.
 
+fp8 cache. With per-key scales (``k_scale``/``v_scale``, see :mod:`mmserve.kernels.fp8`)
+the kernel loads e4m3 keys/values, converts them exactly to the query's dtype and
+applies the scales per key: ``scores = dot(q, k8) * k_scale`` and ``p * v_scale`` before
+the PV product (``l`` sums the unscaled ``p``). Scales are per key, so invariance holds;
+without scales the code is the bf16 path unchanged (``FP8`` is a constexpr).
+:func:`cuda_write_kv` quantises with the same float32 arithmetic as the CPU reference
+(correctly rounded divisions, clamp, round-to-nearest-even), so both store the same bits.
+
 Metadata. :class:`PagedMetadata` holds tensors only, so a step built from it can
 be captured in a CUDA graph; :func:`paged_metadata` converts the CPU-path
 :class:`~mmserve.kernels.attention.AttentionMetadata` once per step.
@@ -90,11 +98,11 @@ if triton is not None:
     @triton.jit
     def _paged_attention_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-        scale_log2,
+        ks_ptr, vs_ptr, scale_log2,
         stride_qn, stride_qh, stride_on, stride_oh,
-        stride_kb, stride_ks, stride_kh, stride_bt,
+        stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
         G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr,
     ):
         seq = tl.program_id(0)
         tile = tl.program_id(1)
@@ -126,7 +134,12 @@ if triton is not None:
             blk = tl.load(tables_ptr + seq * stride_bt + kpos // PAGE, mask=k_in, other=0)
             off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale_log2  # (BM, BN) fp32, log2 units
+            if FP8:  # e4m3 -> q's dtype is exact; the per-key scale multiplies the scores
+                soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
+                k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)
+                s = tl.dot(q, tl.trans(k.to(tl.float32).to(q.dtype))) * k_s[None, :]
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale_log2  # (BM, BN) fp32, log2 units
             visible = (kpos[None, :] <= qpos[:, None]) & k_in[None, :]
             if WINDOW > 0:
                 visible = visible & (qpos[:, None] - kpos[None, :] < WINDOW)
@@ -137,7 +150,12 @@ if triton is not None:
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            if FP8:  # fold each value's scale into its weight: sum_j p_j * s_j * v8_j
+                v_s = tl.load(vs_ptr + soff, mask=k_in, other=0.0)
+                pv = (p * v_s[None, :]).to(q.dtype)
+                acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32).to(q.dtype))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(o_ptr + (qstart + tok)[:, None] * stride_on + head[:, None] * stride_oh
@@ -158,14 +176,58 @@ if triton is not None:
             tl.store(vc_ptr + slot * ROW + i, tl.load(v_ptr + n * stride_vn + i, mask=ok),
                      mask=ok)
 
+    @triton.jit
+    def _quantize_store(src_ptr, dst_ptr, scale_ptr, h, d, HKV: tl.constexpr, D: tl.constexpr,
+                        BH: tl.constexpr, BD: tl.constexpr):
+        """One token's (HKV, D) vectors -> e4m3 at ``dst_ptr``, scales (HKV,) at ``scale_ptr``.
+
+        The reference's arithmetic (``kernels.fp8.quantize_fp8``): ``div_rn`` is IEEE
+        division (Triton's ``/`` is approximate); a float downcast rounds to nearest even.
+        """
+        ok = (h[:, None] < HKV) & (d[None, :] < D)
+        x = tl.load(src_ptr + h[:, None] * D + d[None, :], mask=ok, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), 1)  # (BH,)
+        scale = tl.math.div_rn(amax, tl.full([BH], 448.0, tl.float32))
+        safe = tl.where(scale > 0.0, scale, 1.0)  # a zero vector stores zeros and scale 0
+        y = tl.math.div_rn(x, tl.broadcast_to(safe[:, None], [BH, BD]))
+        y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+        tl.store(dst_ptr + h[:, None] * D + d[None, :], y.to(dst_ptr.dtype.element_ty), mask=ok)
+        tl.store(scale_ptr + h, scale, mask=h < HKV)
+
+    @triton.jit
+    def _write_kv_fp8_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
+                             stride_kn, stride_vn, HKV: tl.constexpr, D: tl.constexpr,
+                             BH: tl.constexpr, BD: tl.constexpr):
+        n = tl.program_id(0)
+        slot = tl.load(slot_ptr + n).to(tl.int64)
+        if slot < 0:  # a padding token: write nothing
+            return
+        h = tl.arange(0, BH)
+        d = tl.arange(0, BD)
+        _quantize_store(k_ptr + n * stride_kn, kc_ptr + slot * (HKV * D), ks_ptr + slot * HKV,
+                        h, d, HKV, D, BH, BD)
+        _quantize_store(v_ptr + n * stride_vn, vc_ptr + slot * (HKV * D), vs_ptr + slot * HKV,
+                        h, d, HKV, D, BH, BD)
+
 
 def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         meta, scale: float, window: int | None = None) -> torch.Tensor:
-    """q: (N, Hq, D) -> (N, Hq, D); caches (blocks, bs, Hkv, D). ``meta``: either form."""
+                         meta, scale: float, window: int | None = None,
+                         k_scale: torch.Tensor | None = None,
+                         v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q: (N, Hq, D) -> (N, Hq, D); caches (blocks, bs, Hkv, D). ``meta``: either form.
+
+    ``k_scale``/``v_scale`` (blocks, bs, Hkv) float32: the caches hold e4m3 (fp8 path).
+    """
     n, hq, d = q.shape
     _, page, hkv, dk = k_cache.shape
     assert dk == d and hq % hkv == 0 and d & (d - 1) == 0, "head_dim must be a power of two"
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    fp8 = k_scale is not None
+    if k_scale is None or v_scale is None:
+        assert v_scale is None, "an fp8 cache has both scales"
+        k_scale = v_scale = k_cache  # never read: FP8 is off
+    else:
+        assert k_scale.stride() == v_scale.stride() and k_scale.stride(-1) == 1
     pm = paged_metadata(meta, page)
     g = hq // hkv
     out = torch.empty_like(q)
@@ -175,21 +237,36 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     tiles = -(-pm.max_query_len * g // BLOCK_M)
     _paged_attention_kernel[(b, tiles, hkv)](
         q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
-        pm.query_lens, scale * 1.4426950408889634,
+        pm.query_lens, k_scale, v_scale, scale * 1.4426950408889634,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
-        G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, num_warps=4, num_stages=2)
+        k_scale.stride(0), k_scale.stride(1),
+        G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, FP8=fp8,
+        num_warps=4, num_stages=2)
     return out
 
 
 def cuda_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
-                  v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store k, v (N, Hkv, D) at their flat slots; negative slots (padding) are skipped."""
+                  v: torch.Tensor, slot_mapping: torch.Tensor,
+                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+    """Store k, v (N, Hkv, D) at their flat slots; negative slots (padding) are skipped.
+
+    With ``k_scale``/``v_scale`` (blocks, bs, Hkv) float32 the caches are e4m3: each token's
+    vectors are quantised per kv head, exactly as ``kernels.fp8.quantize_fp8`` does.
+    """
     n, hkv, d = k.shape
     if n == 0:
         return
     assert k.stride(1) == d and k.stride(2) == 1 and v.stride(1) == d and v.stride(2) == 1
     assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    if k_scale is not None or v_scale is not None:
+        assert k_scale is not None and v_scale is not None, "an fp8 cache has both scales"
+        assert k_scale.is_contiguous() and v_scale.is_contiguous()
+        _write_kv_fp8_kernel[(n,)](
+            k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k.stride(0), v.stride(0),
+            HKV=hkv, D=d, BH=triton.next_power_of_2(hkv), BD=triton.next_power_of_2(d),
+            num_warps=4)
+        return
     row = hkv * d
     block = min(1024, triton.next_power_of_2(row))
     _write_kv_kernel[(n,)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0),
