@@ -22,6 +22,8 @@ from mmserve.bench.limits import copy_bandwidth
 from mmserve.bench.report import plot, table
 from mmserve.bench.shapes import SHAPES, shape
 
+VARIANTS = ("invariant", "unfused", "cublas")
+
 
 @dataclass
 class ThroughputConfig:
@@ -30,9 +32,10 @@ class ThroughputConfig:
     prompt_len: int = 128
     decode_steps: int = 128
     prefill_len: int = 2048
-    # "invariant": the engine's CUDA path (Triton GEMMs, attention, norm, rope);
-    # "cublas": batch invariance off (cuBLAS GEMMs), everything else the same
-    variants: tuple[str, ...] = ("invariant", "cublas")
+    # "invariant": the engine's CUDA path (Triton GEMMs with the fused layer kernels,
+    # attention); "unfused": the same with kernels.fused off (norm, rope, write_kv, silu,
+    # residual adds as separate launches); "cublas": batch invariance off (cuBLAS GEMMs)
+    variants: tuple[str, ...] = VARIANTS
     eager_steps: int = 32  # batch-1 decode without graphs (0: skip)
     hf: bool = True
     hf_batch_sizes: tuple[int, ...] = (1, 32, 128)
@@ -47,8 +50,8 @@ class ThroughputConfig:
             if m not in SHAPES:
                 raise ValueError(f"unknown model shape {m!r}; known: {', '.join(SHAPES)}")
         for v in self.variants:
-            if v not in ("invariant", "cublas"):
-                raise ValueError(f"variant {v!r}: use invariant or cublas")
+            if v not in VARIANTS:
+                raise ValueError(f"variant {v!r}: use one of {', '.join(VARIANTS)}")
         if min(self.batch_sizes) < 1 or self.prompt_len < 1 or self.decode_steps < 1:
             raise ValueError("batch sizes, prompt_len and decode_steps must be >= 1")
 
@@ -142,13 +145,16 @@ def run_shape(cfg: ThroughputConfig, name: str, bandwidth: float) -> dict:
 
 
 def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict:
+    from mmserve.kernels.fused import set_fused_enabled
     from mmserve.kernels.linear import set_batch_invariant
 
-    set_batch_invariant(variant == "invariant")
+    set_batch_invariant(variant != "cublas")
+    set_fused_enabled(variant != "unfused")
     try:
         return measure_engine(cfg, dec, vocab)
     finally:
         set_batch_invariant(True)
+        set_fused_enabled(True)
 
 
 def measure_engine(cfg: ThroughputConfig, dec, vocab: int) -> dict:

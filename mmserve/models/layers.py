@@ -1,7 +1,12 @@
 """Building blocks shared by the model families: paged self-attention and gated MLP.
 
-Every product goes through :func:`mmserve.kernels.linear.linear` and attention
-through the paged kernel, so a token's hidden states never depend on the batch.
+Every product goes through :func:`mmserve.kernels.linear.linear` (or a fused op of
+:mod:`mmserve.kernels.fused` built on the same invariant GEMM) and attention through
+the paged kernel, so a token's hidden states never depend on the batch.
+
+``forward`` takes an already-normed input and returns the block's output (Gemma's
+sandwich norms need that); ``residual_forward`` is the pre-norm block
+``x + block(rms_norm(x))`` with the norm and the residual add fused into the products.
 """
 
 from __future__ import annotations
@@ -9,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from mmserve.kernels.attention import AttentionMetadata, LayerKV, paged_attention, write_kv
+from mmserve.kernels.attention import AttentionMetadata, LayerKV, paged_attention
+from mmserve.kernels.fused import linear_residual, norm_gate_up_silu, norm_linear, rope_write_kv
 from mmserve.kernels.linear import linear
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
@@ -36,19 +43,31 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
                 meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:
-        n = x.shape[0]
+        """Attention of an already-normed x (N, hidden) -> (N, hidden)."""
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        return linear(self.attend(qkv, positions, rope, meta, kv), self.o_weight)
+
+    def residual_forward(self, x: torch.Tensor, norm: torch.Tensor, eps: float,
+                         positions: torch.Tensor, rope: RotaryTable, meta: AttentionMetadata,
+                         kv: LayerKV, offset: float = 0.0) -> torch.Tensor:
+        """``x + forward(rms_norm(x, norm, eps, offset))``: the norm and the add fused."""
+        qkv = norm_linear(x, norm, eps, offset, self.qkv_weight, self.qkv_bias)
+        return linear_residual(self.attend(qkv, positions, rope, meta, kv), self.o_weight, x)
+
+    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
+               meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:
+        """(N, q + 2 kv) projections -> (N, Hq * D) attention output; caches this step's K/V."""
+        n = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(n, self.heads, self.head_dim)  # (N, Hq, D)
+        q = q.reshape(n, self.heads, self.head_dim)  # (N, Hq, D), a view of qkv
         k = k.reshape(n, self.kv_heads, self.head_dim)  # (N, Hkv, D)
         v = v.reshape(n, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q = rms_norm(q, self.q_norm, self.norm_eps, self.norm_offset)
             k = rms_norm(k, self.k_norm, self.norm_eps, self.norm_offset)
-        q, k = rope.rotate(q, positions), rope.rotate(k, positions)
-        write_kv(kv, k, v, meta.slot_mapping)
+        q = rope_write_kv(q, k, v, positions, rope, kv, meta.slot_mapping)
         out = paged_attention(q, kv, meta, self.scale, self.window)
-        return linear(out.reshape(n, self.q_size), self.o_weight)
+        return out.reshape(n, self.q_size)
 
 
 class GatedMLP(nn.Module):
@@ -61,8 +80,20 @@ class GatedMLP(nn.Module):
         self.down_weight = nn.Parameter(torch.empty(hidden, inter))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """MLP of an already-normed x (N, hidden) -> (N, hidden)."""
         gate, up = linear(x, self.gate_up_weight).split(self.inter, dim=-1)
         return linear(self.act(gate) * up, self.down_weight)
+
+    def residual_forward(self, x: torch.Tensor, norm: torch.Tensor, eps: float,
+                         offset: float = 0.0) -> torch.Tensor:
+        """``x + forward(rms_norm(x, norm, eps, offset))``: norm, activation and add fused."""
+        if self.act is F.silu:
+            h = norm_gate_up_silu(x, norm, eps, offset, self.gate_up_weight)
+        else:
+            gate, up = norm_linear(x, norm, eps, offset, self.gate_up_weight).split(
+                self.inter, dim=-1)
+            h = self.act(gate) * up
+        return linear_residual(h, self.down_weight, x)
 
 
 def fuse_attention(sd: dict[str, torch.Tensor], prefix: str, out: str) -> dict[str, torch.Tensor]:

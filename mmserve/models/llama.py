@@ -44,8 +44,9 @@ class LlamaLayer(nn.Module):
         self.post_attn_norm = nn.Parameter(torch.empty(h))
 
     def forward(self, x, positions, rope, meta, kv):
-        x = x + self.attn(rms_norm(x, self.input_norm, self.eps), positions, rope, meta, kv)
-        return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps))
+        # x + attn(norm(x)), then x + mlp(norm(x)): on CUDA six launches (kernels.fused)
+        x = self.attn.residual_forward(x, self.input_norm, self.eps, positions, rope, meta, kv)
+        return self.mlp.residual_forward(x, self.post_attn_norm, self.eps)
 
 
 class LlamaForCausalLM(CausalLM):

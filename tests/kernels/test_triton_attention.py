@@ -6,7 +6,12 @@ import pytest
 import torch
 from triton_kit import DEVICE, DTYPE, ON_CUDA, TOL, needs_triton
 
-from mmserve.kernels.attention import AttentionMetadata, paged_attention, reference_attention
+from mmserve.kernels.attention import (
+    AttentionMetadata,
+    LayerKV,
+    paged_attention,
+    reference_attention,
+)
 
 pytestmark = needs_triton
 
@@ -64,7 +69,7 @@ def test_matches_textbook(hkv, g, d, window):
 
 def test_matches_plain_torch_kernel():
     q, kc, vc, _, meta, out = _run([1, 3, 1], [90, 33, 129], 2, 4, 64, seed=5)
-    want = paged_attention(q.float(), kc.float(), vc.float(), meta, 64**-0.5)
+    want = paged_attention(q.float(), LayerKV(kc.float(), vc.float()), meta, 64**-0.5)
     torch.testing.assert_close(out.float(), want, atol=TOL, rtol=TOL)
 
 
@@ -97,7 +102,7 @@ def test_row_bits_independent_of_step_shape():
 
 
 def test_write_kv_matches_index_copy_and_skips_padding():
-    from mmserve.kernels.attention import LayerKV, write_kv
+    from mmserve.kernels.attention import write_kv
     from mmserve.kernels.triton_attention import cuda_write_kv
 
     torch.manual_seed(3)
@@ -118,4 +123,4 @@ def test_write_kv_matches_index_copy_and_skips_padding():
 @pytest.mark.skipif(not ON_CUDA, reason="dispatch is by device: CUDA only")
 def test_attention_module_dispatches_to_triton_on_cuda():
     q, kc, vc, _, meta, out = _run([1, 4], [50, 70], 2, 2, 64, seed=9)
-    assert torch.equal(paged_attention(q, kc, vc, meta, 64**-0.5), out)
+    assert torch.equal(paged_attention(q, LayerKV(kc, vc), meta, 64**-0.5), out)

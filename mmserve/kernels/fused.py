@@ -1,0 +1,99 @@
+"""Fused decoder-layer ops: fewer kernel launches per layer on CUDA, the same ops elsewhere.
+
+A batch-1 decode step of a small model is launch-bound (bench/NOTES.md, issue 6: ~14
+kernels a layer at ~3 us each). These four ops cut a Llama layer to six launches:
+``norm_linear`` (RMSNorm + QKV product), ``rope_write_kv``, attention, ``linear_residual``
+(o product + residual), ``norm_gate_up_silu`` (RMSNorm + gate/up product + silu * up),
+``linear_residual`` (down product + residual).
+
+Each op hands its call to :mod:`mmserve.kernels.triton_fused` when the tensors live on
+CUDA with Triton (``use_triton``), fusion is on, and the dtype is bf16/fp16; the GEMM
+fusions also need batch-invariant mode (they are the invariant Triton GEMM). Otherwise
+each composes the plain functions exactly as the models did before fusion, so the CPU
+path (compared token for token against HF transformers) is bit-for-bit unchanged.
+
+``set_fused_enabled(False)`` (or ``MMSERVE_FUSED=0``) sends every call to the unfused
+composition: benchmarks compare the two in one run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from mmserve.kernels.attention import LayerKV, write_kv
+from mmserve.kernels.linear import batch_invariant, linear
+from mmserve.kernels.norm import rms_norm
+from mmserve.kernels.rope import RotaryTable
+from mmserve.kernels.triton_dispatch import use_triton
+
+_state = {"enabled": os.environ.get("MMSERVE_FUSED", "1") != "0"}
+HALF = (torch.bfloat16, torch.float16)
+
+
+def set_fused_enabled(enabled: bool) -> None:
+    """Switch every fused op in the process between the fused kernels and the composition."""
+    _state["enabled"] = enabled
+
+
+def fused_enabled() -> bool:
+    return _state["enabled"]
+
+
+def _fused_gemm(x: torch.Tensor) -> bool:
+    return _state["enabled"] and batch_invariant() and x.dtype in HALF and use_triton(x)
+
+
+def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
+                weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear(rms_norm(x, norm_weight, eps, offset), weight, bias)``; x (M, K) -> (M, N)."""
+    if _fused_gemm(x):
+        from mmserve.kernels import triton_fused
+
+        return triton_fused.norm_linear(x, norm_weight, eps, offset, weight, bias)
+    return linear(rms_norm(x, norm_weight, eps, offset), weight, bias)
+
+
+def linear_residual(x: torch.Tensor, weight: torch.Tensor,
+                    residual: torch.Tensor) -> torch.Tensor:
+    """``residual + linear(x, weight)``, the same bits fused or not; x (M, K) -> (M, N)."""
+    if _fused_gemm(x):
+        from mmserve.kernels import triton_fused
+
+        return triton_fused.linear_residual(x, weight, residual)
+    return residual + linear(x, weight)
+
+
+def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
+                      gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` where ``gate, up`` = halves of ``linear(rms_norm(x), gate_up)``.
+
+    x: (M, K), gate_up: (2 * inter, K), gate rows first -> (M, inter).
+    """
+    if _fused_gemm(x):
+        from mmserve.kernels import triton_fused
+
+        return triton_fused.norm_gate_up_silu(x, norm_weight, eps, offset, gate_up)
+    gate, up = linear(rms_norm(x, norm_weight, eps, offset), gate_up).split(
+        gate_up.shape[0] // 2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  rope: RotaryTable, kv: LayerKV, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Rotate q (N, Hq, D) and k (N, Hkv, D), store k and v in the paged cache -> rotated q.
+
+    One launch for bf16 on CUDA with the bits of ``rope.rotate`` + ``write_kv`` (so it does
+    not need batch-invariant mode); an fp8 cache (``kv.k_scale``) takes the unfused calls.
+    """
+    if (_state["enabled"] and q.dtype == torch.bfloat16 and kv.k_scale is None
+            and kv.k.dtype == q.dtype and use_triton(q)):
+        from mmserve.kernels import triton_fused
+
+        return triton_fused.rope_write_kv(q, k, v, positions, rope.cos, rope.sin, kv.k, kv.v,
+                                          slot_mapping)
+    q, k = rope.rotate(q, positions), rope.rotate(k, positions)
+    write_kv(kv, k, v, slot_mapping)
+    return q

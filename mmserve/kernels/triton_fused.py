@@ -1,0 +1,280 @@
+"""Fused decoder-layer kernels on CUDA in Triton: fewer launches per layer, same invariance.
+
+References (tests compare on random inputs): :mod:`mmserve.kernels.fused`'s unfused
+compositions of ``rms_norm``, ``linear``, ``F.silu``, ``RotaryTable.rotate`` and ``write_kv``.
+
+The GEMMs are :mod:`mmserve.kernels.triton_matmul`'s: every output element is one chain
+of tensor-core k16 steps over K in ascending order, accumulated in fp32, no split-K,
+tile shape by row count (``pick_config``), so an element's arithmetic never depends on
+M or the tile shape. The fusions keep that true:
+
+- RMSNorm prologue: a program first sums its rows' squares elementwise over K in chunks
+  of ``NORM_CHUNK`` (ascending), then adds the chunk's columns in index order (an FMA
+  dot, not ``tl.sum``, whose order follows the register layout and so the tile shape
+  and the warp count). In the K loop each x tile is scaled by
+  ``rstd * (offset + w)`` in fp32 and rounded to the activation dtype before the dot,
+  as the unfused path rounds the norm's output.
+- Residual epilogue: the accumulator is rounded to the output dtype, then the residual
+  is added in fp32 and rounded once more: the bits of torch's ``residual + linear(x, W)``
+  (a half-precision add computes in fp32 and rounds).
+- Gated epilogue: a program owns gate columns ``n`` and the matching up columns
+  ``n + inter``; it rounds both, applies silu in fp32, rounds, multiplies and rounds,
+  as the unfused ``F.silu(gate) * up`` does (silu's exp may differ by an ulp from
+  torch's, so this one is close, not bit-identical).
+- ``rope_write_kv``: one program per token rotates its q and k heads with the rounding
+  of :mod:`mmserve.kernels.triton_rope` (bit-identical for bf16), stores the rotated k
+  and v at the token's cache slot (a negative slot is padding: nothing written) and
+  the rotated q to a new tensor.
+
+Roundings to bf16 are done on the bits (``_bf16``) so no compiler rewrite can drop one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmserve.kernels.triton_matmul import TileConfig, pick_config
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+NORM_CHUNK = 64  # columns per step of the sum of squares: fixed, so is a row's reduction order
+ROUND_NONE, ROUND_BF16, ROUND_FP16 = 0, 1, 2
+
+
+def _round_mode(dtype: torch.dtype) -> int:
+    return {torch.bfloat16: ROUND_BF16, torch.float16: ROUND_FP16}.get(dtype, ROUND_NONE)
+
+
+def fused_config(m: int, n: int, gated: bool) -> TileConfig:
+    """``pick_config`` (for the gate_up width when gated), narrowed where the norm's fp32
+    tile or a second accumulator would spill registers (ptxas, sm_90). Speed only: an
+    element's bits do not depend on the tile shape."""
+    cfg = pick_config(m, 2 * n if gated else n)
+    if gated:
+        return cfg._replace(bn=max(16, min(cfg.bn // 2, 8192 // cfg.bm)), bk=max(32, cfg.bk // 2))
+    return cfg._replace(bk=cfg.bk // 2) if cfg.bm >= 64 else cfg
+
+
+if triton is not None:
+
+    @triton.jit
+    def _bf16(f):
+        """Round fp32 to the nearest bf16 (ties to even), kept as fp32; finite inputs."""
+        u = f.to(tl.uint32, bitcast=True)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        return u.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _round(f, MODE: tl.constexpr):
+        """fp32 -> the activation dtype's value, kept as fp32 (MODE: ROUND_*)."""
+        if MODE == 1:
+            return _bf16(f)
+        elif MODE == 2:
+            return f.to(tl.float16).to(tl.float32)
+        else:
+            return f
+
+    @triton.jit
+    def _rstd(sq, K, eps, BM: tl.constexpr, CH: tl.constexpr):
+        """(BM, CH) column sums of squares -> (BM,) 1 / rms, added in a fixed order.
+
+        An fp32 "ieee" dot runs on FMA units, one thread per output element, k in
+        ascending order: ``((sq0 + sq1) + sq2) + ...`` whatever the layout (``tl.sum``
+        follows the register layout, so the tile shape and the warp count). The 16 equal
+        columns (dots are >= 16 wide) are collapsed by ``max``, which is exact.
+        """
+        ones = tl.full([CH, 16], 1.0, tl.float32)
+        total = tl.max(tl.dot(sq, ones, input_precision="ieee"), 1)
+        return tl.rsqrt(total / K + eps)
+
+    @triton.jit
+    def _fused_gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
+                           stride_am, stride_wn, stride_om, stride_rm, eps, offset,
+                           NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+                           GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
+                           BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                           CH: tl.constexpr):
+        pid = tl.program_id(0)
+        grid_m = tl.cdiv(M, BM)
+        grid_n = tl.cdiv(N, BN)
+        group = pid // (GROUP_M * grid_n)  # row-tile groups share weight tiles in L2
+        first_m = group * GROUP_M
+        size_m = tl.minimum(grid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * grid_n)) % size_m
+        pid_n = (pid % (GROUP_M * grid_n)) // size_m
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        row_ok = rm < M
+        a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
+        w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+        u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: the up rows
+        if NORM:  # each row's squares, summed elementwise over K chunks in ascending order
+            ck = tl.arange(0, CH)
+            sq = tl.zeros([BM, CH], tl.float32)
+            for k in range(0, K, CH):
+                kk = k + ck
+                x = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < K),
+                            other=0.0).to(tl.float32)
+                sq += x * x
+            rstd = _rstd(sq, K, eps, BM, CH)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+        for k in range(0, K, BK):
+            kk = k + rk
+            k_ok = kk < K
+            a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            if NORM:  # the unfused norm's float32 math, rounded as its output is
+                nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+                a = (a.to(tl.float32) * rstd[:, None] * (offset + nw)[None, :]).to(
+                    a_ptr.dtype.element_ty)
+            w_ok = (rn[:, None] < N) & k_ok[None, :]
+            w = tl.load(w_rows + kk[None, :], mask=w_ok, other=0.0)
+            acc = tl.dot(a, tl.trans(w), acc)
+            if GATED:
+                u = tl.load(u_rows + kk[None, :], mask=w_ok, other=0.0)
+                acc_u = tl.dot(a, tl.trans(u), acc_u)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        out_ok = row_ok[:, None] & (rn[None, :] < N)
+        if RESIDUAL:  # round as linear's output, then torch's half add: fp32 add, round
+            r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
+                        mask=out_ok, other=0.0).to(tl.float32)
+            acc = _round(acc, ROUND) + r
+        if GATED:  # F.silu(gate) * up on the rounded gate and up, each op rounded
+            g = _round(acc, ROUND)
+            acc = _round(g / (1.0 + tl.exp(-g)), ROUND) * _round(acc_u, ROUND)
+        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
+                 acc.to(o_ptr.dtype.element_ty), mask=out_ok)
+
+    @triton.jit
+    def _rotate_heads(x_ptr, o_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr,
+                      BLOCK_H: tl.constexpr, ROUND: tl.constexpr):
+        """Rotate H heads at x_ptr (head stride 2*HALF) into o_ptr, rounding as torch does."""
+        h = tl.arange(0, BLOCK_H)
+        i = tl.arange(0, HALF)
+        ok = (h < H)[:, None]
+        src = x_ptr + h[:, None] * 2 * HALF
+        f1 = tl.load(src + i[None, :], mask=ok, other=0.0).to(tl.float32)
+        f2 = tl.load(src + HALF + i[None, :], mask=ok, other=0.0).to(tl.float32)
+        # torch: x * cos + cat(-x2, x1) * sin, each op rounded to the activation dtype
+        o1 = _round(_round(f1 * c1, ROUND) + _round(-f2 * s1, ROUND), ROUND)
+        o2 = _round(_round(f2 * c2, ROUND) + _round(f1 * s2, ROUND), ROUND)
+        dst = o_ptr + h[:, None] * 2 * HALF
+        tl.store(dst + i[None, :], o1.to(o_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst + HALF + i[None, :], o2.to(o_ptr.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr,
+                              pos_ptr, slot_ptr, HQ, HKV, stride_qn, stride_kn, stride_vn,
+                              HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                              BLOCK_HKV: tl.constexpr, ROUND: tl.constexpr):
+        n = tl.program_id(0).to(tl.int64)
+        pos = tl.load(pos_ptr + n).to(tl.int64)
+        i = tl.arange(0, HALF)
+        table = pos * 2 * HALF
+        # the table repeats its frequencies, but read both halves as the reference does
+        c1 = _round(tl.load(cos_ptr + table + i), ROUND)[None, :]
+        s1 = _round(tl.load(sin_ptr + table + i), ROUND)[None, :]
+        c2 = _round(tl.load(cos_ptr + table + HALF + i), ROUND)[None, :]
+        s2 = _round(tl.load(sin_ptr + table + HALF + i), ROUND)[None, :]
+        _rotate_heads(q_ptr + n * stride_qn, qo_ptr + n * HQ * 2 * HALF, HQ, c1, s1, c2, s2,
+                      HALF, BLOCK_HQ, ROUND)
+        slot = tl.load(slot_ptr + n).to(tl.int64)
+        if slot >= 0:  # negative: a padding token, nothing written
+            row = slot * HKV * 2 * HALF
+            _rotate_heads(k_ptr + n * stride_kn, kc_ptr + row, HKV, c1, s1, c2, s2,
+                          HALF, BLOCK_HKV, ROUND)
+            h = tl.arange(0, BLOCK_HKV)[:, None]
+            d = tl.arange(0, 2 * HALF)[None, :]
+            ok = h < HKV
+            tl.store(vc_ptr + row + h * 2 * HALF + d,
+                     tl.load(v_ptr + n * stride_vn + h * 2 * HALF + d, mask=ok), mask=ok)
+
+
+def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
+          norm: tuple[torch.Tensor, float, float] | None = None,
+          bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+          gated: bool = False) -> torch.Tensor:
+    """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated)."""
+    k = x.shape[-1]
+    a = x.reshape(-1, k)  # (M, K)
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    assert weight.stride(-1) == 1 and weight.shape[1] == k
+    m = a.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if not m:
+        return out.view(*x.shape[:-1], n)
+    if cfg is None:
+        cfg = fused_config(m, n, gated) if norm is not None else pick_config(m, n)
+    res = out
+    if residual is not None:
+        res = residual.reshape(m, n)
+        assert res.stride(-1) == 1 and res.dtype == x.dtype
+    nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
+    tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
+    _fused_gemm_kernel[(tiles,)](
+        a, weight, out, bias if bias is not None else out, res, nw, m, n, k, n,
+        a.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset,
+        NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
+        GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
+        CH=NORM_CHUNK, num_warps=cfg.warps, num_stages=cfg.stages)
+    return out.view(*x.shape[:-1], n)
+
+
+def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
+                weight: torch.Tensor, bias: torch.Tensor | None = None,
+                config: TileConfig | None = None) -> torch.Tensor:
+    """``linear(rms_norm(x, norm_weight, eps, offset), weight, bias)`` in one launch.
+
+    x: (..., K), weight: (N, K) -> (..., N). ``config``: tile shape (tests; bits do not move).
+    """
+    return _gemm(x, weight, weight.shape[0], config, norm=(norm_weight, eps, offset),
+                 bias=bias)
+
+
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                    config: TileConfig | None = None) -> torch.Tensor:
+    """``residual + linear(x, weight)`` in one launch; x (..., K), residual (..., N)."""
+    return _gemm(x, weight, weight.shape[0], config, residual=residual)
+
+
+def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
+                      gate_up: torch.Tensor, config: TileConfig | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` of ``linear(rms_norm(x), gate_up)`` split in halves, one launch.
+
+    x: (..., K), gate_up: (2 * inter, K) (gate rows first) -> (..., inter).
+    """
+    assert gate_up.shape[0] % 2 == 0
+    return _gemm(x, gate_up, gate_up.shape[0] // 2, config, norm=(norm_weight, eps, offset),
+                 gated=True)
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Rotate q (N, Hq, D) and k (N, Hkv, D) at ``positions``; store rotated k and v at their
+    slots of the caches (blocks, bs, Hkv, D) (negative slot: skipped); -> rotated q.
+
+    q/k/v may be strided views of the QKV product (token stride free, heads packed).
+    cos/sin: (P, D) float32 tables.
+    """
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    for t in (q, k, v):
+        assert t.stride(-1) == 1 and t.stride(1) == d, "heads must be packed within a token"
+    assert cos.is_contiguous() and sin.is_contiguous() and d % 2 == 0
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-1] == d
+    out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
+    if n:
+        _rope_write_kv_kernel[(n,)](
+            q, k, v, out, k_cache, v_cache, cos, sin, positions, slot_mapping, hq, hkv,
+            q.stride(0), k.stride(0), v.stride(0), HALF=d // 2,
+            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
+            ROUND=_round_mode(q.dtype), num_warps=4)
+    return out
