@@ -22,8 +22,8 @@ from mmserve.engine.detokenizer import IncrementalDetokenizer
 from mmserve.engine.kv_cache import KVCache, kv_cache_dtype
 from mmserve.engine.outputs import EngineStats, RequestOutput
 from mmserve.engine.request import EmbeddingSpan, Request, Status
-from mmserve.engine.runner import ModelRunner
-from mmserve.engine.sampler import Sampler, SamplingState
+from mmserve.engine.runner import ModelRunner, StepLogits
+from mmserve.engine.sampler import Sampler, SampleResult, SamplingState
 from mmserve.engine.scheduler import ScheduledSeq, Scheduler
 from mmserve.engine.speculation import Speculator
 from mmserve.engine.stop import StopChecker
@@ -144,24 +144,24 @@ class LLMEngine:
         if not schedule.seqs:
             return []
         result = self.runner.run(schedule.seqs)
-        plain = [(s, r) for s, r in zip(schedule.seqs, result.rows, strict=True)
-                 if r and not s.draft]
-        sampled = self.sampler.sample(result.logits[[r[0] for _, r in plain]],
-                                      [s.req.sampling for s, _ in plain]) if plain else None
-        outputs, now, k = [], time.monotonic(), 0
-        for s, rows in zip(schedule.seqs, result.rows, strict=True):
+        sampled, picks = self._sample(schedule.seqs, result)
+        outputs, now = [], time.monotonic()
+        for s, rows, pick in zip(schedule.seqs, result.rows, picks, strict=True):
             req = s.req
             if not rows:  # a prefill chunk that has not reached the end of the prompt
                 req.num_computed = s.start + s.num_tokens
                 self._commit(req)
                 continue
             if s.draft:
-                tokens = self.spec.verify(s, result.logits[rows], self.sampler)  # type: ignore[union-attr]
+                assert self.spec is not None
+                if pick is not None:  # greedy: the target's tokens came from the batch call
+                    tokens = self.spec.verify_greedy(s, sampled.token_ids[pick])  # type: ignore[union-attr]
+                else:
+                    tokens = self.spec.verify(s, result.logits[rows], self.sampler)
                 logprobs: list = [None] * len(tokens)
             else:
-                assert sampled is not None
-                tokens, logprobs = [sampled.token_ids[k]], [sampled.logprobs[k]]
-                k += 1
+                assert sampled is not None and isinstance(pick, slice)
+                tokens, logprobs = sampled.token_ids[pick], sampled.logprobs[pick]
             # KV is valid for the real tokens and the accepted drafts, not the rejected ones
             req.num_computed = s.start + s.num_real + len(tokens) - 1
             if s.draft:
@@ -174,8 +174,31 @@ class LLMEngine:
             outputs.append(req.take_output())
         if self.spec is not None:  # the whole step: on CUDA the forward alone is asynchronous
             self.spec.record_step(result.num_rows, time.perf_counter() - start,
-                                  any(s.draft for s in schedule.seqs))
+                                  any(s.draft for s in schedule.seqs), result.graph)
         return outputs
+
+    def _sample(self, seqs: list[ScheduledSeq], result: StepLogits
+                ) -> tuple[SampleResult | None, list[slice | None]]:
+        """One sampler call for every plain row and every row of a greedy verify; the
+        second list says which of its tokens are each sequence's (None: not sampled here:
+        a prefill chunk, or a sampled verify that does its own rejection sampling).
+        One call means one device sync a step, not one per speculating request."""
+        rows: list[int] = []
+        states: list[SamplingState] = []
+        extra: list[list[int]] = []
+        picks: list[slice | None] = []
+        for s, r in zip(seqs, result.rows, strict=True):
+            if not r or (s.draft and not s.req.params.greedy):
+                picks.append(None)
+                continue
+            mine = r if s.draft else r[:1]
+            picks.append(slice(len(rows), len(rows) + len(mine)))
+            rows += mine
+            states += [s.req.sampling] * len(mine)
+            extra += [s.draft[:j] for j in range(len(mine))]  # penalties see earlier drafts
+        if not rows:
+            return None, picks
+        return self.sampler.sample(result.logits[rows], states, extra), picks
 
     def _commit(self, req: Request) -> None:
         """Offer the newly full blocks of computed tokens to the prefix cache."""

@@ -25,6 +25,7 @@ class StepLogits(NamedTuple):
     logits: torch.Tensor  # (M, V) float32
     rows: list[list[int]]  # per scheduled seq: its rows in ``logits`` (empty: no tokens yet)
     num_rows: int  # query rows the forward computed (padding included), for cost models
+    graph: bool = False  # the step replayed a captured CUDA graph
 
 
 class ModelRunner:
@@ -81,7 +82,7 @@ class ModelRunner:
             [[s.req.all_ids[s.start], *s.draft] for s in seqs], [s.start for s in seqs], tables,
             self.block_size)
         return StepLogits(logits, [list(range(i * q, i * q + s.num_tokens))
-                                   for i, s in enumerate(seqs)], len(seqs) * q)
+                                   for i, s in enumerate(seqs)], len(seqs) * q, graph=True)
 
     def _embeds(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> torch.Tensor | None:
         """Token embeddings with span vectors spliced in, or None when no span is in play."""

@@ -60,21 +60,27 @@ class Speculator:
         extra = [draft[:j] for j in range(len(draft) + 1)]  # penalties see earlier drafts
         q = self._probs.pop(req.request_id, None)
         if req.params.greedy:
-            target = sampler.sample(logits, states, extra).token_ids
-            tokens = greedy_verify(target, draft)
-        else:
-            p = sampler.probs(logits, states, extra)
-            q = q[: len(draft)] if q is not None else None
-            tokens = rejection_sample(p, draft, q, req.sampling.generator)
-        accepted = len(tokens) - 1
-        self.controller.observe(req.request_id, len(draft), accepted)
-        req.num_draft_tokens += len(draft)
+            return self.verify_greedy(seq, sampler.sample(logits, states, extra).token_ids)
+        p = sampler.probs(logits, states, extra)
+        q = q[: len(draft)] if q is not None else None
+        return self._account(seq, rejection_sample(p, draft, q, req.sampling.generator))
+
+    def verify_greedy(self, seq: ScheduledSeq, target: list[int]) -> list[int]:
+        """Greedy verify from the target's own tokens at the k+1 positions (sampled by the
+        engine in one batch call with everyone else's rows)."""
+        self._probs.pop(seq.req.request_id, None)
+        return self._account(seq, greedy_verify(target, seq.draft))
+
+    def _account(self, seq: ScheduledSeq, tokens: list[int]) -> list[int]:
+        req, drafted, accepted = seq.req, len(seq.draft), len(tokens) - 1
+        self.controller.observe(req.request_id, drafted, accepted)
+        req.num_draft_tokens += drafted
         req.num_accepted_tokens += accepted
         return tokens
 
-    def record_step(self, num_tokens: int, seconds: float, verify: bool) -> None:
+    def record_step(self, num_tokens: int, seconds: float, verify: bool, graph: bool) -> None:
         """A whole engine step's wall time (from before ``propose`` to its outputs)."""
-        self.controller.record_step(num_tokens, seconds, verify)
+        self.controller.record_step(num_tokens, seconds, verify, graph)
 
     def forget(self, request_id: str) -> None:
         self.controller.forget(request_id)

@@ -122,6 +122,10 @@ class SpecController:
         state of each request.
         """
         tokens = len(request_ids) + num_other_tokens
+        if self.padded and num_other_tokens:
+            # with CUDA graphs a step that carries a prefill chunk runs eagerly: its cost
+            # is not the graph verify step's the curves know, so it does not draft
+            return [0] * len(request_ids)
         if (self._verify_cost.measured and not self._cost.has_bucket(tokens)
                 and self._since_plain >= 2):
             # measure the baseline at this size with one plain step: when every step
@@ -181,9 +185,15 @@ class SpecController:
                     state.wait = self.probe_interval
                 state.probing = False
 
-    def record_step(self, num_query_tokens: int, seconds: float, verify: bool = False) -> None:
+    def record_step(self, num_query_tokens: int, seconds: float, verify: bool = False,
+                    graph: bool = False) -> None:
         """Measured wall time of one whole engine step whose forward ran ``num_query_tokens``
-        rows (drafting and sampling included); ``verify``: the step carried draft tokens."""
+        rows (drafting and sampling included); ``verify``: the step carried draft tokens;
+        ``graph``: it replayed a CUDA graph. With graphs (``padded``) a verify step that
+        ran eagerly (a prefill chunk shared it) is not what a graph verify step costs:
+        left out of the verify curve, which would otherwise price drafting at 2x."""
+        if verify and self.padded and not graph:
+            return
         (self._verify_cost if verify else self._cost).record(num_query_tokens, seconds)
 
     def forget(self, request_id: str) -> None:

@@ -207,3 +207,16 @@ def test_a_failed_probe_keeps_a_request_off_whatever_the_prior() -> None:
     ks = sim.history["r0"]
     # probes after 1, 2, 4, 8 steps, then every 16: never more than a probe's k
     assert sum(1 for k in ks if k) <= 4 + 96 // 16 + 1 and max(ks) <= ctrl.probe_k
+
+
+def test_with_graphs_eager_verify_steps_do_not_price_drafting() -> None:
+    """With CUDA graphs (padded), a verify step that shared an eager prefill step is left
+    out of the verify curve, and a step carrying a prefill chunk drafts nothing."""
+    ctrl = SpecController(k_max=4)
+    ctrl.padded = True
+    for _ in range(5):
+        ctrl.record_step(3, 0.0015, verify=True, graph=True)
+        ctrl.record_step(300, 0.010, verify=True, graph=False)  # prefill + verify, eager
+    assert ctrl.step_cost(3, verify=True) == pytest.approx(0.0015)
+    assert not ctrl._verify_cost.has_bucket(300)
+    assert ctrl.choose(["a", "b"], num_other_tokens=128) == [0, 0]
