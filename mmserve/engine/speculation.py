@@ -51,6 +51,8 @@ class Speculator:
             if d.tokens:
                 out[b.request_id] = list(d.tokens)
                 self._probs[b.request_id] = d.probs
+            else:
+                self.controller.no_draft(b.request_id)
         return out
 
     def verify(self, seq: ScheduledSeq, logits: torch.Tensor, sampler: Sampler) -> list[int]:

@@ -42,14 +42,22 @@ def fused_enabled() -> bool:
     return _state["enabled"]
 
 
-def _fused_gemm(x: torch.Tensor) -> bool:
-    return _state["enabled"] and batch_invariant() and x.dtype in HALF and use_triton(x)
+# Fused GEMMs pay where a step is launch-bound (small hidden sizes) and cost where it is
+# bandwidth- or compute-bound. H200, same run (bench/NOTES.md): SmolLM2-135M (hidden 576)
+# batch 1 908 vs 789 tok/s unfused, prefill 199k vs 122k; the Llama-3-8B shape (hidden
+# 4096) batch 1 139 vs 198, batch 64 5.9k vs 9.7k, prefill 10k vs 29k.
+FUSE_MAX_HIDDEN = 2048
+
+
+def _fused_gemm(x: torch.Tensor, hidden: int) -> bool:
+    return (_state["enabled"] and hidden <= FUSE_MAX_HIDDEN and batch_invariant()
+            and x.dtype in HALF and use_triton(x))
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
                 weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``linear(rms_norm(x, norm_weight, eps, offset), weight, bias)``; x (M, K) -> (M, N)."""
-    if _fused_gemm(x):
+    if _fused_gemm(x, x.shape[-1]):
         from mmserve.kernels import triton_fused
 
         return triton_fused.norm_linear(x, norm_weight, eps, offset, weight, bias)
@@ -59,7 +67,7 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: 
 def linear_residual(x: torch.Tensor, weight: torch.Tensor,
                     residual: torch.Tensor) -> torch.Tensor:
     """``residual + linear(x, weight)``, the same bits fused or not; x (M, K) -> (M, N)."""
-    if _fused_gemm(x):
+    if _fused_gemm(x, residual.shape[-1]):
         from mmserve.kernels import triton_fused
 
         return triton_fused.linear_residual(x, weight, residual)
@@ -72,7 +80,7 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
 
     x: (M, K), gate_up: (2 * inter, K), gate rows first -> (M, inter).
     """
-    if _fused_gemm(x):
+    if _fused_gemm(x, x.shape[-1]):
         from mmserve.kernels import triton_fused
 
         return triton_fused.norm_gate_up_silu(x, norm_weight, eps, offset, gate_up)

@@ -189,12 +189,28 @@ class SpecController:
                     graph: bool = False) -> None:
         """Measured wall time of one whole engine step whose forward ran ``num_query_tokens``
         rows (drafting and sampling included); ``verify``: the step carried draft tokens;
-        ``graph``: it replayed a CUDA graph. With graphs (``padded``) a verify step that
-        ran eagerly (a prefill chunk shared it) is not what a graph verify step costs:
-        left out of the verify curve, which would otherwise price drafting at 2x."""
-        if verify and self.padded and not graph:
+        ``graph``: it replayed a CUDA graph. With graphs (``padded``) only graph steps are
+        recorded: steps that carry a prefill chunk run eagerly and never draft, and their
+        costs (5-15 ms, seconds when a kernel compiles) interpolated into the small sizes
+        priced a 3-row verify at ~2x a decode step on the H200, so no probe ever fit."""
+        if self.padded and not graph:
             return
         (self._verify_cost if verify else self._cost).record(num_query_tokens, seconds)
+
+    def no_draft(self, request_id: str) -> None:
+        """The drafter found nothing for a request given k > 0 (no verify happens). A
+        probe that drafts nothing counts as failed; a drafting request that keeps finding
+        nothing winds down like one that keeps missing (its choice still costs time)."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return
+        if state.probing:
+            state.probing, state.k, state.steps_off = False, 0, 0
+            state.wait = min(2 * state.wait, self.probe_interval)
+            return
+        state.misses += 1
+        if state.misses >= self.miss_limit:
+            state.winding_down, state.misses, state.wait = True, 0, self.probe_interval
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's state (unknown ids are ignored)."""

@@ -78,7 +78,8 @@ def test_linear_residual_matches_composition(m, n, k):
     if ON_CUDA:  # the epilogue rounds as linear's output and torch's bf16 add do
         assert torch.equal(got, r + invariant_linear(x, w))
     want = r.double() + F.linear(x.double(), w.double())
-    torch.testing.assert_close(got.double(), want, atol=TOL, rtol=TOL)
+    # one rounding of a sum of magnitude ~|r| (scale 4): an ulp of bf16 there is ~0.03
+    torch.testing.assert_close(got.double(), want, atol=4 * TOL, rtol=TOL)
 
 
 @needs_triton

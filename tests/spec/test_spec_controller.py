@@ -210,13 +210,29 @@ def test_a_failed_probe_keeps_a_request_off_whatever_the_prior() -> None:
 
 
 def test_with_graphs_eager_verify_steps_do_not_price_drafting() -> None:
-    """With CUDA graphs (padded), a verify step that shared an eager prefill step is left
-    out of the verify curve, and a step carrying a prefill chunk drafts nothing."""
+    """With CUDA graphs (padded), eager steps (prefill chunks, kernel compiles) stay out of
+    the cost curves, and a step carrying a prefill chunk drafts nothing."""
     ctrl = SpecController(k_max=4)
     ctrl.padded = True
     for _ in range(5):
-        ctrl.record_step(3, 0.0015, verify=True, graph=True)
+        ctrl.record_step(2, 0.0015, graph=True)
+        ctrl.record_step(3, 0.0016, verify=True, graph=True)
+        ctrl.record_step(300, 2.5, verify=False, graph=False)  # prefill + a Triton compile
         ctrl.record_step(300, 0.010, verify=True, graph=False)  # prefill + verify, eager
-    assert ctrl.step_cost(3, verify=True) == pytest.approx(0.0015)
-    assert not ctrl._verify_cost.has_bucket(300)
+    assert ctrl.step_cost(3, verify=True) == pytest.approx(0.0016)
+    assert ctrl.step_cost(3) < 0.002
+    assert not ctrl._verify_cost.has_bucket(300) and not ctrl._cost.has_bucket(300)
     assert ctrl.choose(["a", "b"], num_other_tokens=128) == [0, 0]
+    assert ctrl.choose(["a", "b"]) == [2, 2]  # new requests probe at their first decode step
+
+
+def test_a_probe_that_drafts_nothing_backs_off() -> None:
+    ctrl = SpecController(k_max=4)
+    assert ctrl.choose(["a"]) == [2]
+    ctrl.no_draft("a")  # no suffix match: the probe tested nothing
+    ks = []
+    for _ in range(6):
+        ks.append(ctrl.choose(["a"])[0])
+        if ks[-1]:
+            ctrl.no_draft("a")
+    assert ks == [0, 2, 0, 0, 0, 2]  # the wait doubles: 2 steps, then 4
