@@ -28,8 +28,8 @@ must not cost it 16 steps); after ``miss_limit`` drafts in a row that accept not
 the request ramps down to 0 and waits the whole interval. A probe runs only when
 perfect acceptance would pay at this step's cost, when it costs at most
 ``probe_max_overhead`` of the step, and from a budget that refills by
-``probe_budget_per_step`` a step (one that does not fit is retried after half the
-wait). The prior cannot turn a request on by itself: posterior means decay toward a
+``probe_budget_per_step`` a step (one that does not fit is retried a quarter
+interval later). The prior cannot turn a request on by itself: posterior means decay toward a
 population prior that may come from other, copy-heavy requests, and with ~10
 effective observations its floor (~0.13 at a 0.8 prior) kept a request that copies
 nothing drafting 5-6 tokens a step (simulated: 0.85x plain). An off request costs
@@ -253,7 +253,8 @@ class SpecController:
         if state.steps_off + 1 < state.wait:
             return False
         if not self._probe_fits(plan):
-            state.steps_off -= max(1, state.wait // 2)  # try again in half the wait
+            # try again later (each try costs a full evaluation)
+            state.steps_off -= max(self.probe_interval // 4, state.wait // 2)
             return False
         state.acceptance.shrink(self.probe_forget)
         plan.probe_tokens += self.probe_k
@@ -262,13 +263,20 @@ class SpecController:
 
     def _probe_fits(self, plan: _StepPlan) -> bool:
         """Whether a probe could pay at all (with every draft token accepted), costs at most
-        ``probe_max_overhead`` of the step, and fits the refilling probe budget."""
+        ``probe_max_overhead`` of the step, and fits the refilling probe budget.
+
+        While verify steps of the probe's size were never measured, the plain curve's
+        extrapolation is all there is, and it prices rows by what more *requests* cost
+        (their sampling and bookkeeping): a probe that could pay then goes ahead, charged
+        ``probe_max_overhead / 2`` to the budget, so the verify curve gets measured."""
         best_case = max(self._ratio(float(k), k, plan) for k in range(1, self.k_max + 1))
         if best_case < 1.0 + self.margin:
             return False  # the step is too expensive for speculation: nothing to learn
-        without = plan.cost(plan.tokens_with(0))
-        with_probe = plan.verify_cost(plan.tokens_with(self.probe_k))
-        overhead = with_probe / without - 1.0
+        probe_rows = plan.tokens_with(self.probe_k)
+        if self._verify_cost.has_bucket(probe_rows):
+            overhead = plan.verify_cost(probe_rows) / plan.cost(plan.tokens_with(0)) - 1.0
+        else:
+            overhead = self.probe_max_overhead / 2  # unmeasured: explore, at a nominal price
         if overhead > min(self.probe_max_overhead, self._probe_budget):
             return False
         self._probe_budget -= max(overhead, 0.0)
