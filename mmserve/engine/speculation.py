@@ -40,8 +40,9 @@ class Speculator:
             ks = self.controller.choose([r.request_id for r in decoding], max(0, others))
         else:
             ks = [self.config.max_tokens_per_step] * len(decoding)
+        # only requests given k > 0: all_ids copies the whole context
         batch = [DraftRequest(r.request_id, r.all_ids, min(k, r.max_total_len - r.num_tokens - 1))
-                 for r, k in zip(decoding, ks, strict=True)]
+                 for r, k in zip(decoding, ks, strict=True) if k > 0]
         batch = [b for b in batch if b.k > 0]
         if not batch:
             return {}
