@@ -23,9 +23,10 @@ target by at most ``max_step_change`` per step (no cliffs).
 A request that is off (and every new request) comes back only through a probe: a
 few draft tokens, after forgetting part of its old evidence. A new request probes at
 its first decode step. After a probe that accepts nothing the wait to the next one
-doubles (1, 2, 4, .. ``probe_interval`` steps: one unlucky probe of a copying request
-must not cost it 16 steps); after ``miss_limit`` drafts in a row that accept nothing
-the request ramps down to 0 and waits the whole interval. A probe runs only when
+is what the probe budget takes to refill twice the probe's cost (1 step when a probe
+is nearly free, as at batch 1 on a GPU, up to ``probe_interval``); after
+``miss_limit`` drafts in a row that accept nothing the request ramps down to 0 and
+waits the whole interval. A probe runs only when
 perfect acceptance would pay at this step's cost, when it costs at most
 ``probe_max_overhead`` of the step, and from a budget that refills by
 ``probe_budget_per_step`` a step (one that does not fit is retried a quarter
@@ -40,6 +41,7 @@ Everything is a deterministic function of the calls made.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -57,7 +59,8 @@ class _RequestState:
     acceptance: RequestAcceptance
     k: int = 0  # the k chosen at the previous step
     steps_off: int = 0  # consecutive steps with k == 0
-    wait: int = 1  # off steps before the next probe: 1, 2, 4, .. probe_interval
+    wait: int = 1  # off steps before the next probe (1 .. probe_interval)
+    probe_cost: float = 0.0  # the last probe's expected overhead, a fraction of a step
     probing: bool = False  # the last k was a probe whose outcome is not yet observed
     winding_down: bool = False  # target 0 until k reaches 0 (after misses)
     misses: int = 0  # consecutive verified drafts with nothing accepted
@@ -177,7 +180,7 @@ class SpecController:
                 state.misses = 0 if num_accepted else state.misses + 1
                 if num_accepted == 0 and state.probing:  # the probe is the test: off
                     state.k, state.steps_off, state.misses = 0, 0, 0
-                    state.wait = min(2 * state.wait, self.probe_interval)  # back off
+                    state.wait = self._backoff(state)
                 elif state.probing:
                     state.wait = 1
                 elif state.misses >= self.miss_limit:  # ramp down, then wait for a probe
@@ -206,7 +209,7 @@ class SpecController:
             return
         if state.probing:
             state.probing, state.k, state.steps_off = False, 0, 0
-            state.wait = min(2 * state.wait, self.probe_interval)
+            state.wait = self._backoff(state)
             return
         state.misses += 1
         if state.misses >= self.miss_limit:
@@ -252,18 +255,30 @@ class SpecController:
         """Whether an off request probes this step: the only way back to drafting."""
         if state.steps_off + 1 < state.wait:
             return False
-        if not self._probe_fits(plan):
+        cost = self._probe_fits(plan)
+        if cost is None:
             # try again later (each try costs a full evaluation)
             state.steps_off -= max(self.probe_interval // 4, state.wait // 2)
             return False
+        state.probe_cost = cost
         state.acceptance.shrink(self.probe_forget)
         plan.probe_tokens += self.probe_k
         state.probing = True
         return True
 
-    def _probe_fits(self, plan: _StepPlan) -> bool:
-        """Whether a probe could pay at all (with every draft token accepted), costs at most
-        ``probe_max_overhead`` of the step, and fits the refilling probe budget.
+    def _backoff(self, state: _RequestState) -> int:
+        """Steps to wait after a probe that found nothing: as many as the probe budget
+        takes to refill twice its cost. On a GPU at batch 1 a 3-row verify costs what a
+        decode step costs, so a copying request may probe again at once (a doubling wait
+        cost short edit responses most of their speed-up); at 16 rows padded to 48 the
+        wait grows toward ``probe_interval``."""
+        steps = math.ceil(max(state.probe_cost, 0.0) / (2 * self.probe_budget_per_step))
+        return max(1, min(self.probe_interval, steps))
+
+    def _probe_fits(self, plan: _StepPlan) -> float | None:
+        """The probe's expected overhead (a fraction of the step) if it could pay at all
+        (with every draft token accepted), costs at most ``probe_max_overhead`` of the
+        step, and fits the refilling probe budget; else None.
 
         While verify steps of the probe's size were never measured, the plain curve's
         extrapolation is all there is, and it prices rows by what more *requests* cost
@@ -271,16 +286,16 @@ class SpecController:
         ``probe_max_overhead / 2`` to the budget, so the verify curve gets measured."""
         best_case = max(self._ratio(float(k), k, plan) for k in range(1, self.k_max + 1))
         if best_case < 1.0 + self.margin:
-            return False  # the step is too expensive for speculation: nothing to learn
+            return None  # the step is too expensive for speculation: nothing to learn
         probe_rows = plan.tokens_with(self.probe_k)
         if self._verify_cost.has_bucket(probe_rows):
             overhead = plan.verify_cost(probe_rows) / plan.cost(plan.tokens_with(0)) - 1.0
         else:
             overhead = self.probe_max_overhead / 2  # unmeasured: explore, at a nominal price
         if overhead > min(self.probe_max_overhead, self._probe_budget):
-            return False
+            return None
         self._probe_budget -= max(overhead, 0.0)
-        return True
+        return overhead
 
 
 @dataclass

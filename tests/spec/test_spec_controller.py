@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable, Sequence
 
@@ -73,8 +74,8 @@ def test_low_acceptance_turns_off_reprobes_and_comes_back() -> None:
     first_off = ks.index(0)
     assert first_off <= 15
     probes = [i for i in range(first_off, 120) if ks[i] > 0 and ks[i - 1] == 0]
-    gaps = [b - a for a, b in itertools.pairwise(probes)]  # backing off to the interval
-    assert len(probes) >= 3 and gaps == sorted(gaps) and gaps[-1] >= 32
+    gaps = [b - a for a, b in itertools.pairwise(probes)]  # paced by what a probe costs
+    assert len(probes) >= 3 and min(gaps) >= 3
     assert sum(ks[first_off:]) <= 3 * 2 * len(probes)  # off except short probes
     sim.run(140, accept=0.9)  # the text became copyable: a probe brings speculation back
     assert max(sim.history["r0"][-20:]) >= 6 and min(sim.history["r0"][-10:]) >= 4
@@ -83,7 +84,7 @@ def test_low_acceptance_turns_off_reprobes_and_comes_back() -> None:
 def test_large_compute_bound_batch_turns_speculation_off() -> None:
     ctrl = SpecController(k_max=8)
     sim = Sim(ctrl, STEEP)
-    sim.run(20, accept=0.7)  # alone, the same request speculates deeply
+    sim.run(40, accept=0.7)  # alone, the same request speculates deeply
     assert sim.history["r0"][-1] >= 6
     sim.run(3, accept=0.7, ids=["r0"], prefill=480)  # prefill steps measure large sizes
     ids = ["r0"] + [f"b{i}" for i in range(63)]
@@ -230,9 +231,8 @@ def test_a_probe_that_drafts_nothing_backs_off() -> None:
     ctrl = SpecController(k_max=4)
     assert ctrl.choose(["a"]) == [2]
     ctrl.no_draft("a")  # no suffix match: the probe tested nothing
-    ks = []
-    for _ in range(6):
-        ks.append(ctrl.choose(["a"])[0])
-        if ks[-1]:
-            ctrl.no_draft("a")
-    assert ks == [0, 2, 0, 0, 0, 2]  # the wait doubles: 2 steps, then 4
+    # verify steps never measured: the probe was priced at probe_max_overhead / 2 = 0.25
+    # of a step: the budget (1 % a step) refills twice that in 13 steps
+    wait = min(ctrl.probe_interval, math.ceil(0.25 / (2 * ctrl.probe_budget_per_step)))
+    ks = [ctrl.choose(["a"])[0] for _ in range(wait)]
+    assert ks == [0] * (wait - 1) + [2]
