@@ -26,7 +26,7 @@ M or the tile shape. The fusions keep that true:
   and v at the token's cache slot (a negative slot is padding: nothing written) and
   the rotated q to a new tensor.
 
-Roundings to bf16 are done on the bits (``_bf16``) so no compiler rewrite can drop one.
+Roundings to bf16 are done on the bits (``round_bf16``) so no compiler rewrite can drop one.
 """
 
 from __future__ import annotations
@@ -60,19 +60,14 @@ def fused_config(m: int, n: int, gated: bool) -> TileConfig:
 
 
 if triton is not None:
-
-    @triton.jit
-    def _bf16(f):
-        """Round fp32 to the nearest bf16 (ties to even), kept as fp32; finite inputs."""
-        u = f.to(tl.uint32, bitcast=True)
-        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-        return u.to(tl.float32, bitcast=True)
+    from mmserve.kernels.triton_matmul import tile_rows_cols
+    from mmserve.kernels.triton_rope import round_bf16
 
     @triton.jit
     def _round(f, MODE: tl.constexpr):
         """fp32 -> the activation dtype's value, kept as fp32 (MODE: ROUND_*)."""
         if MODE == 1:
-            return _bf16(f)
+            return round_bf16(f)
         elif MODE == 2:
             return f.to(tl.float16).to(tl.float32)
         else:
@@ -98,16 +93,7 @@ if triton is not None:
                            GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                            CH: tl.constexpr):
-        pid = tl.program_id(0)
-        grid_m = tl.cdiv(M, BM)
-        grid_n = tl.cdiv(N, BN)
-        group = pid // (GROUP_M * grid_n)  # row-tile groups share weight tiles in L2
-        first_m = group * GROUP_M
-        size_m = tl.minimum(grid_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % (GROUP_M * grid_n)) % size_m
-        pid_n = (pid % (GROUP_M * grid_n)) // size_m
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
+        rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         row_ok = rm < M
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am

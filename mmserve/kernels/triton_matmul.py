@@ -69,19 +69,23 @@ def pick_config(m: int, n: int) -> TileConfig:
 if triton is not None:
 
     @triton.jit
-    def _gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, M, N, K, stride_am, stride_wn, stride_om,
-                     HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, GROUP_M: tl.constexpr):
-        pid = tl.program_id(0)
+    def tile_rows_cols(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+        """Program ``pid``'s output rows and columns; row-tile groups of ``GROUP_M`` walk
+        the columns together so they share weight tiles in L2."""
         grid_m = tl.cdiv(M, BM)
         grid_n = tl.cdiv(N, BN)
-        group = pid // (GROUP_M * grid_n)  # row-tile groups share weight tiles in L2
+        group = pid // (GROUP_M * grid_n)
         first_m = group * GROUP_M
         size_m = tl.minimum(grid_m - first_m, GROUP_M)
         pid_m = first_m + (pid % (GROUP_M * grid_n)) % size_m
         pid_n = (pid % (GROUP_M * grid_n)) // size_m
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
+        return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
+
+    @triton.jit
+    def _gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, M, N, K, stride_am, stride_wn, stride_om,
+                     HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr, GROUP_M: tl.constexpr):
+        rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn

@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - CPU-only installs
 if triton is not None:
 
     @triton.jit
-    def _bf16(f):
+    def round_bf16(f):
         """Round fp32 to the nearest bf16 (ties to even), kept as fp32; finite inputs."""
         u = f.to(tl.uint32, bitcast=True)
         u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
@@ -41,14 +41,14 @@ if triton is not None:
         x1 = tl.load(base + i[None, :], mask=ok, other=0.0)  # (BH, HALF) first half
         x2 = tl.load(base + HALF + i[None, :], mask=ok, other=0.0)
         # the table repeats its frequencies, but read both halves as the reference does
-        c1 = _bf16(tl.load(cos_ptr + pos * 2 * HALF + i))[None, :]
-        s1 = _bf16(tl.load(sin_ptr + pos * 2 * HALF + i))[None, :]
-        c2 = _bf16(tl.load(cos_ptr + pos * 2 * HALF + HALF + i))[None, :]
-        s2 = _bf16(tl.load(sin_ptr + pos * 2 * HALF + HALF + i))[None, :]
+        c1 = round_bf16(tl.load(cos_ptr + pos * 2 * HALF + i))[None, :]
+        s1 = round_bf16(tl.load(sin_ptr + pos * 2 * HALF + i))[None, :]
+        c2 = round_bf16(tl.load(cos_ptr + pos * 2 * HALF + HALF + i))[None, :]
+        s2 = round_bf16(tl.load(sin_ptr + pos * 2 * HALF + HALF + i))[None, :]
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         # torch: x * cos + cat(-x2, x1) * sin, each op rounded to bf16
-        o1 = _bf16(_bf16(f1 * c1) + _bf16(-f2 * s1))
-        o2 = _bf16(_bf16(f2 * c2) + _bf16(f1 * s2))
+        o1 = round_bf16(round_bf16(f1 * c1) + round_bf16(-f2 * s1))
+        o2 = round_bf16(round_bf16(f2 * c2) + round_bf16(f1 * s2))
         out = o_ptr + n * H * 2 * HALF + h[:, None] * 2 * HALF
         tl.store(out + i[None, :], o1.to(tl.bfloat16), mask=ok)
         tl.store(out + HALF + i[None, :], o2.to(tl.bfloat16), mask=ok)

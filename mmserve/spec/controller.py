@@ -155,7 +155,7 @@ class SpecController:
             if state.probing and state.k == 0:
                 k = self.probe_k
             else:
-                target = 0 if state.winding_down else self._target(expected, state.k, plan)
+                target = 0 if state.winding_down else self._target(expected, plan)
                 k = state.k + max(-self.max_step_change,
                                   min(self.max_step_change, target - state.k))
             state.steps_off = 0 if k else state.steps_off + 1
@@ -247,7 +247,7 @@ class SpecController:
         spec_cost = plan.verify_cost(plan.tokens_with(k)) if k else plan.cost(t)
         return (plan.emitted + expected_k) / spec_cost * plan.cost(t) / plan.emitted
 
-    def _target(self, expected: list[float], prev_k: int, plan: _StepPlan) -> int:
+    def _target(self, expected: list[float], plan: _StepPlan) -> int:
         ratios = [self._ratio(expected[k], k, plan) for k in range(self.k_max + 1)]
         best = max(range(self.k_max + 1), key=lambda k: (ratios[k], -k))
         return best if ratios[best] >= 1.0 + self.margin / 2 else 0
@@ -267,7 +267,6 @@ class SpecController:
             return False
         state.probe_cost = cost
         state.acceptance.shrink(self.probe_forget)
-        plan.probe_tokens += self.probe_k
         state.probing = True
         return True
 
@@ -316,7 +315,6 @@ class _StepPlan:
     num_decoding: int = 0
     num_other: int = 0  # prefill tokens of the step
     max_k: int = 0  # the longest draft given so far
-    probe_tokens: int = 0  # draft tokens given to probes so far
     probe_denied: bool = False  # a probe did not fit this step as planned so far
     _costs: dict[tuple[bool, int], float] = field(default_factory=dict)  # memo per call
 
