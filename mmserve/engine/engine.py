@@ -202,8 +202,13 @@ class LLMEngine:
 
     def _commit(self, req: Request) -> None:
         """Offer the newly full blocks of computed tokens to the prefix cache."""
-        self.blocks.commit_full_blocks(req.table, req.all_ids[: req.num_computed],  # type: ignore[arg-type]
-                                       req.extra_keys(self.config.block_size))
+        table, bs = req.table, self.config.block_size
+        assert table is not None
+        if (not self.blocks.enable_prefix_caching
+                or req.num_computed // bs <= len(table.block_hashes)):
+            return  # no block filled up this step (most steps): skip copying the context
+        self.blocks.commit_full_blocks(table, req.all_ids[: req.num_computed],
+                                       req.extra_keys(bs))
 
     def _finish(self, req: Request) -> None:
         self.scheduler.finish(req)

@@ -79,7 +79,7 @@ class ModelRunner:
             ids = s.req.table.block_ids  # type: ignore[union-attr]
             tables[i, : len(ids)] = ids
         logits, q = self.graphs.run_verify(
-            [[s.req.all_ids[s.start], *s.draft] for s in seqs], [s.start for s in seqs], tables,
+            [[s.req.token(s.start), *s.draft] for s in seqs], [s.start for s in seqs], tables,
             self.block_size)
         return StepLogits(logits, [list(range(i * q, i * q + s.num_tokens))
                                    for i, s in enumerate(seqs)], len(seqs) * q, graph=True)

@@ -42,16 +42,20 @@ def fused_enabled() -> bool:
     return _state["enabled"]
 
 
-# Fused GEMMs pay where a step is launch-bound (small hidden sizes) and cost where it is
-# bandwidth- or compute-bound. H200, same run (bench/NOTES.md): SmolLM2-135M (hidden 576)
-# batch 1 908 vs 789 tok/s unfused, prefill 199k vs 122k; the Llama-3-8B shape (hidden
-# 4096) batch 1 139 vs 198, batch 64 5.9k vs 9.7k, prefill 10k vs 29k.
+# The RMSNorm-prologue GEMMs pay where a step is launch-bound (small hidden sizes) and
+# cost where it is bandwidth- or compute-bound (their tiles are narrowed, and each
+# program reads its rows twice). H200, same run (bench/NOTES.md): SmolLM2-135M (hidden
+# 576) batch 1 908 vs 789 tok/s unfused, prefill 199k vs 122k; the Llama-3-8B shape
+# (hidden 4096) batch 1 139 vs 198, batch 64 5.9k vs 9.7k, prefill 10k vs 29k. The
+# choice is per model, never per batch: the fused norm's bits are its own.
 FUSE_MAX_HIDDEN = 2048
 
 
-def _fused_gemm(x: torch.Tensor, hidden: int) -> bool:
-    return (_state["enabled"] and hidden <= FUSE_MAX_HIDDEN and batch_invariant()
-            and x.dtype in HALF and use_triton(x))
+def _fused_gemm(x: torch.Tensor, hidden: int | None) -> bool:
+    """Whether the Triton fused GEMM runs; ``hidden`` None: no norm prologue (the residual
+    epilogue keeps the plain GEMM's tiles and bits, so it is used at every size)."""
+    return (_state["enabled"] and (hidden is None or hidden <= FUSE_MAX_HIDDEN)
+            and batch_invariant() and x.dtype in HALF and use_triton(x))
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
@@ -67,7 +71,7 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: 
 def linear_residual(x: torch.Tensor, weight: torch.Tensor,
                     residual: torch.Tensor) -> torch.Tensor:
     """``residual + linear(x, weight)``, the same bits fused or not; x (M, K) -> (M, N)."""
-    if _fused_gemm(x, residual.shape[-1]):
+    if _fused_gemm(x, None):
         from mmserve.kernels import triton_fused
 
         return triton_fused.linear_residual(x, weight, residual)
