@@ -4,7 +4,9 @@ This is the engine's forward (``LLMEngine`` -> ``ModelRunner`` -> model) without
 scheduler, sampler and detokenizer around it: prefill is one eager forward over
 the batch's prompts; decode is :class:`~mmserve.engine.cuda_graphs.DecodeGraphs`
 (or the same forward, eager), greedy, with the sampled ids brought to the host
-every step as the engine must (for stop checks and streaming).
+every step as the engine must (for stop checks and streaming). The KV cache is a plain
+tensor in the model's dtype, or (``kv_dtype=FP8_DTYPE``) the engine's fp8 ``KVCache``
+with per-token scales, as ``--kv-cache-dtype fp8_e4m3`` gives the engine.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import numpy as np
 import torch
 
 from mmserve.engine.cuda_graphs import DecodeGraphs
+from mmserve.engine.kv_cache import KVCache
+from mmserve.kernels.attention import KVLike
+from mmserve.kernels.fp8 import is_fp8
 from mmserve.kernels.triton_attention import PagedMetadata
 from mmserve.models.base import CausalLM
 
@@ -38,18 +43,41 @@ class DecodeResult:
         return self.batch * self.steps / self.seconds
 
 
+def make_kv(model: CausalLM, blocks: int, dtype: torch.dtype) -> KVLike:
+    """``blocks`` blocks of KV for ``model``: a plain (L, 2, blocks, BLOCK_SIZE, Hkv, D) tensor
+    in the model's dtype, or an fp8 ``KVCache`` (e4m3 values + float32 scales)."""
+    p = next(model.parameters())
+    layers, heads, dim = model.num_layers, model.num_kv_heads, model.head_dim
+    if is_fp8(dtype):
+        return KVCache(layers, blocks, BLOCK_SIZE, heads, dim, dtype=dtype, device=p.device)
+    if dtype != p.dtype:
+        raise ValueError(f"KV dtype {dtype}: use the model's ({p.dtype}) or fp8 (e4m3fn)")
+    return torch.zeros(layers, 2, blocks, BLOCK_SIZE, heads, dim, dtype=dtype, device=p.device)
+
+
+def kv_nbytes(kv: KVLike) -> int:
+    """Bytes the cache holds (an fp8 cache's scales included)."""
+    if isinstance(kv, torch.Tensor):
+        return kv.numel() * kv.element_size()
+    assert isinstance(kv, KVCache)
+    return kv.nbytes
 
 
 class PagedDecoder:
-    """Fixed block tables: sequence ``i`` owns blocks ``1 + i * per_seq ..`` (block 0 spare)."""
+    """Fixed block tables: sequence ``i`` owns blocks ``1 + i * per_seq ..`` (block 0 spare).
 
-    def __init__(self, model: CausalLM, max_batch: int, max_len: int) -> None:
+    ``kv_dtype`` (default: the model's dtype) picks the cache: the model's dtype gives a
+    plain tensor, ``FP8_DTYPE`` an fp8 ``KVCache`` with the same number of blocks.
+    """
+
+    def __init__(self, model: CausalLM, max_batch: int, max_len: int,
+                 kv_dtype: torch.dtype | None = None) -> None:
         p = next(model.parameters())
         self.model, self.device = model, p.device
         self.per_seq = -(-max_len // BLOCK_SIZE)
-        blocks = 1 + max_batch * self.per_seq
-        self.kv = torch.zeros(model.num_layers, 2, blocks, BLOCK_SIZE, model.num_kv_heads,
-                              model.head_dim, dtype=p.dtype, device=p.device)
+        self.kv_dtype = p.dtype if kv_dtype is None else kv_dtype
+        self.kv = make_kv(model, 1 + max_batch * self.per_seq, self.kv_dtype)
+        self.kv_bytes = kv_nbytes(self.kv)
         self.tables = 1 + np.arange(max_batch * self.per_seq).reshape(max_batch, self.per_seq)
         self.graphs = DecodeGraphs(model, self.kv, self.per_seq, (1,))  # eager until capture
 

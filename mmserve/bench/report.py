@@ -1,4 +1,9 @@
-"""The throughput result as a short text table and a PNG (when matplotlib is installed)."""
+"""The throughput result as a short text table and a PNG (when matplotlib is installed).
+
+Rows and lines follow the variants in the result, whatever they are; the row-0 line says
+whether the exact-cache variants gave the same tokens, and how far a lossy (fp8) KV cache's
+tokens agree with the reference variant's.
+"""
 
 from __future__ import annotations
 
@@ -33,9 +38,27 @@ def table(result: dict) -> str:
         eager = first.get("eager_b1")
         if eager:
             lines.append(f"{name:<14} {'eager (no graphs)':<18} {_cell(eager):>9}")
+        row0 = _row0_line(m)
+        if row0:
+            lines.append(f"{name:<14} row 0 tokens: {row0}")
         lines.append(f"{name:<14} roofline b1 {m['roofline_tok_s']:,.0f} tok/s "
                      f"({m['weight_bytes'] / 1e9:.2f} GB of weights)")
     return "\n".join(lines)
+
+
+def _row0_line(m: dict) -> str:
+    """Row 0's tokens across variants: equality (exact caches), agreement (lossy caches)."""
+    parts = []
+    equal = m.get("row0_tokens_equal_across_variants", {})
+    if len(equal) > 1:
+        same = all(equal.values())
+        parts.append(f"{'equal' if same else 'NOT equal'} across {', '.join(equal)}")
+    for v, a in m.get("row0_lossy_kv_agreement", {}).items():
+        first = a["first_mismatch"]
+        where = "none differ" if first is None else f"first differs at step {first}"
+        parts.append(f"{v} vs {a['reference']} {100 * a['equal_fraction']:.0f}% equal "
+                     f"({where}; lossy, not required equal)")
+    return "; ".join(parts)
 
 
 def plot(result: dict, path: Path) -> str:
