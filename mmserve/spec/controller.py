@@ -18,7 +18,9 @@ bound.
 
 For a request that is drafting, the best ``k`` becomes the target if
 ``R >= 1 + margin / 2``, else the target is 0; the chosen ``k`` moves toward the
-target by at most ``max_step_change`` per step (no cliffs).
+target by at most ``max_step_change`` per step (no cliffs), or up to twice its last k
+when that whole draft was accepted (slow start: a copying request reaches k_max from a
+2-token probe in 2 steps, not 3; on the H200 a 54-token edit answer is ~10 steps).
 
 A request that is off (and every new request) comes back only through a probe: a
 few draft tokens, after forgetting part of its old evidence. A new request probes at
@@ -64,6 +66,7 @@ class _RequestState:
     probing: bool = False  # the last k was a probe whose outcome is not yet observed
     winding_down: bool = False  # target 0 until k reaches 0 (after misses)
     misses: int = 0  # consecutive verified drafts with nothing accepted
+    full: bool = False  # the last verified draft was accepted whole
 
 
 class SpecController:
@@ -156,8 +159,8 @@ class SpecController:
                 k = self.probe_k
             else:
                 target = 0 if state.winding_down else self._target(expected, plan)
-                k = state.k + max(-self.max_step_change,
-                                  min(self.max_step_change, target - state.k))
+                up = max(self.max_step_change, state.k) if state.full else self.max_step_change
+                k = state.k + max(-self.max_step_change, min(up, target - state.k))
             state.steps_off = 0 if k else state.steps_off + 1
             state.winding_down = state.winding_down and k > 0
             state.k = k
@@ -179,6 +182,7 @@ class SpecController:
             state.acceptance.observe(num_drafted, num_accepted, self.decay)
             if num_drafted:
                 state.misses = 0 if num_accepted else state.misses + 1
+                state.full = num_accepted == num_drafted
                 if num_accepted == 0 and state.probing:  # the probe is the test: off
                     state.k, state.steps_off, state.misses = 0, 0, 0
                     state.wait = self._backoff(state)
@@ -287,15 +291,18 @@ class SpecController:
         While verify steps of the probe's size were never measured, the plain curve's
         extrapolation is all there is, and it prices rows by what more *requests* cost
         (their sampling and bookkeeping): a probe that could pay then goes ahead, charged
-        ``probe_max_overhead / 2`` to the budget, so the verify curve gets measured."""
+        ``probe_max_overhead / 2`` to the budget (or less, if the one step seen of that
+        size cost less), so the verify curve gets measured."""
         best_case = max(self._ratio(float(k), k, plan) for k in range(1, self.k_max + 1))
         if best_case < 1.0 + self.margin:
             return None  # the step is too expensive for speculation: nothing to learn
         probe_rows = plan.tokens_with(self.probe_k)
-        if self._verify_cost.has_bucket(probe_rows):
-            overhead = plan.verify_cost(probe_rows) / plan.cost(plan.tokens_with(0)) - 1.0
-        else:
-            overhead = self.probe_max_overhead / 2  # unmeasured: explore, at a nominal price
+        overhead = self.probe_max_overhead / 2  # unmeasured: explore, at a nominal price
+        if self._verify_cost.samples(probe_rows):
+            measured = plan.verify_cost(probe_rows) / plan.cost(plan.tokens_with(0)) - 1.0
+            # one step of a shape may carry one-off costs: it can lower the price, not raise it
+            overhead = measured if self._verify_cost.has_bucket(probe_rows) else min(
+                measured, overhead)
         if overhead > min(self.probe_max_overhead, self._probe_budget):
             return None
         self._probe_budget -= max(overhead, 0.0)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 class _Point:
     tokens: float  # EWMA of the token counts recorded in this bucket
     seconds: float  # EWMA of their step times
+    count: int = 1  # steps recorded (the first is replaced by the second)
 
 
 def _bucket(num_tokens: int) -> int:
@@ -56,19 +57,33 @@ class StepCostModel:
         return bool(self._xs)
 
     def has_bucket(self, num_tokens: int) -> bool:
-        """Whether steps of about this size have been measured."""
-        return _bucket(max(num_tokens, 1)) in self._points
+        """Whether steps of about this size have been measured (twice: see ``record``)."""
+        point = self._points.get(_bucket(max(num_tokens, 1)))
+        return point is not None and point.count >= 2
+
+    def samples(self, num_tokens: int) -> int:
+        """Steps recorded in this size's bucket (the replaced first one included)."""
+        point = self._points.get(_bucket(max(num_tokens, 1)))
+        return point.count if point is not None else 0
 
     def record(self, num_tokens: int, seconds: float) -> None:
-        """Fold in one measured step of ``num_tokens`` query tokens taking ``seconds``."""
+        """Fold in one measured step of ``num_tokens`` query tokens taking ``seconds``.
+
+        A bucket's first step stands only until its second replaces it: the first step
+        of a shape carries one-off costs (on the H200 the first replay of a CUDA graph
+        took 2.5 ms against 1.6 ms after; measured: bench/NOTES.md), and a bucket a
+        controller then avoids would never be corrected."""
         if num_tokens < 1 or not seconds > 0.0:
             return  # nothing to learn from an empty or unmeasured step
         point = self._points.get(_bucket(num_tokens))
         if point is None:
             self._points[_bucket(num_tokens)] = _Point(float(num_tokens), seconds)
+        elif point.count == 1:
+            point.tokens, point.seconds, point.count = float(num_tokens), seconds, 2
         else:
             point.tokens += self.alpha * (num_tokens - point.tokens)
             point.seconds += self.alpha * (seconds - point.seconds)
+            point.count += 1
         self._refresh()
 
     def cost(self, num_tokens: int) -> float:
