@@ -49,11 +49,13 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                 llm.engine.blocks.reset_prefix_cache()
             before = spec.engine.stats()
             t_plain, t_spec = float("inf"), float("inf")
-            for _ in range(repeats):  # interleaved, best of each: drift hits both alike
-                dt, ids_plain = _timed(plain, convs, params)
-                t_plain = min(t_plain, dt)
-                dt, ids_spec = _timed(spec, convs, params)
-                t_spec = min(t_spec, dt)
+            for i in range(repeats):  # interleaved, best of each: drift hits both alike
+                for llm in ((plain, spec) if i % 2 == 0 else (spec, plain)):  # either first
+                    dt, ids = _timed(llm, convs, params)
+                    if llm is plain:
+                        t_plain, ids_plain = min(t_plain, dt), ids
+                    else:
+                        t_spec, ids_spec = min(t_spec, dt), ids
                 for llm in (plain, spec):
                     llm.engine.blocks.reset_prefix_cache()
             after = spec.engine.stats()
@@ -76,7 +78,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                     "device": str(spec.engine.device)},
         "model": model or "smollm2-135m-instruct", "dtype": str(spec.engine.kv.dtype),
         "speculative_config": config, "max_tokens": max_tokens, "greedy": True,
-        "timing": f"best of {repeats} interleaved runs per engine",
+        "timing": f"best of {repeats} interleaved runs per engine, order alternating",
         "acceptance_by_position": spec.engine.stats().spec_acceptance_by_position,
         "rows": rows,
     }
