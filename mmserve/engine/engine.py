@@ -59,6 +59,7 @@ class LLMEngine:
         self.sampler = Sampler()
         self.appender = TokenAppender(tokenizer)
         self.spec = spec
+        self._spec_off: Speculator | None = None  # the speculator while switched off
         if spec is not None:  # graph replays pad a verify step's sequences to one length
             spec.controller.padded = self.runner.graphs is not None
         self.requests: dict[str, Request] = {}
@@ -134,6 +135,17 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
+
+    def set_speculation(self, enabled: bool) -> None:
+        """Switch speculative decoding off or back on between requests: plain decode on
+        the same weights, KV cache and CUDA graphs (``mmserve bench spec`` compares the
+        two on one engine, so memory placement cannot favour either side)."""
+        if self.has_unfinished():
+            raise RuntimeError("speculation can only be switched with no request in flight")
+        spec = self.spec or self._spec_off
+        if spec is None:
+            raise ValueError("this engine was built without a speculative_config")
+        self.spec, self._spec_off = (spec, None) if enabled else (None, spec)
 
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -240,13 +252,14 @@ class LLMEngine:
             **self._spec_stats())
 
     def _spec_stats(self) -> dict:
-        if self.spec is None:
+        spec = self.spec or self._spec_off
+        if spec is None:
             return {}
-        totals = self.spec.controller.totals()
+        totals = spec.controller.totals()
         return {"spec_num_drafts_total": totals.num_drafts,
                 "spec_draft_tokens_total": totals.num_draft_tokens,
                 "spec_accepted_tokens_total": totals.num_accepted_tokens,
-                "spec_acceptance_by_position": self.spec.controller.acceptance_by_position()}
+                "spec_acceptance_by_position": spec.controller.acceptance_by_position()}
 
 
 __all__ = ["LLMEngine", "Status", "ScheduledSeq"]

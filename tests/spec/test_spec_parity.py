@@ -102,3 +102,30 @@ def test_auto_k_parity_mixed_with_plain_requests_and_preemption(default_model_di
     assert eng.scheduler.num_preemptions > 0
     assert eng.stats().spec_draft_tokens_total > 0
     assert eng.blocks.num_used_blocks == 0
+
+
+def test_speculation_switched_off_is_plain_decode_on_the_same_engine(default_model_dir):
+    """``set_speculation(False)`` (the spec bench's plain side): no drafts, the same ids;
+    back on, drafting resumes; switching with a request in flight, or on an engine built
+    without a speculative_config, is refused."""
+    prompts = PROMPTS[:6]
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    llm = LLM(str(default_model_dir), max_num_seqs=4,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    eng = llm.engine
+    on = [r.token_ids for r in llm.generate(prompts, greedy)]
+    drafted = eng.stats().spec_draft_tokens_total
+    assert drafted > 0
+    eng.set_speculation(False)
+    assert [r.token_ids for r in llm.generate(prompts, greedy)] == on
+    assert eng.stats().spec_draft_tokens_total == drafted  # counters kept, nothing drafted
+    eng.set_speculation(True)
+    assert [r.token_ids for r in llm.generate(prompts, greedy)] == on
+    assert eng.stats().spec_draft_tokens_total > drafted
+    eng.add_request(llm.tokenizer.encode(prompts[0], add_special_tokens=True), greedy)
+    with pytest.raises(RuntimeError, match="in flight"):
+        eng.set_speculation(False)
+    while eng.has_unfinished():
+        eng.step()
+    with pytest.raises(ValueError, match="speculative_config"):
+        LLM(str(default_model_dir)).engine.set_speculation(True)
