@@ -33,6 +33,9 @@ class Speculator:
         """Drafts for the decoding requests of the coming step, keyed by request id."""
         decoding = [r for r in running
                     if r.num_tokens - r.num_computed == 1 and r.params.logprobs is None]
+        for r in running:  # a prompt being prefilled: index it now, not in its first probe
+            if r.num_computed == 0 and r.params.logprobs is None:
+                self.drafter.prepare(DraftRequest(r.request_id, r.all_ids, 0))
         if not decoding:
             return {}
         others = sum(r.num_tokens - r.num_computed for r in running) - len(decoding)

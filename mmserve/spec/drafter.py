@@ -76,6 +76,8 @@ class Drafter(ABC):
       does not change the result.
     - ``on_finished(request_id)`` releases any per-request state; calling it for an
       unknown id is a no-op. After it, the id may be reused for a new request.
+    - ``prepare(request)`` may build per-request caches ahead of the first ``propose``
+      (the engine calls it while the prompt is prefilled); it changes no draft.
     """
 
     @abstractmethod
@@ -84,3 +86,7 @@ class Drafter(ABC):
 
     def on_finished(self, request_id: str) -> None:  # noqa: B027 - stateless default
         """Release per-request state. Stateless drafters need not override this."""
+
+    def prepare(self, request: DraftRequest) -> None:  # noqa: B027 - stateless default
+        """Build per-request caches for ``request.token_ids`` (``k`` is ignored) before the
+        first ``propose``: off the decode steps whose cost decides speculation."""
