@@ -76,7 +76,7 @@ class SpecController:
         self,
         k_max: int = 8,
         *,
-        margin: float = 0.05,
+        margin: float = 0.1,
         max_step_change: int = 2,
         probe_interval: int = 16,
         probe_k: int = 2,
@@ -291,18 +291,21 @@ class SpecController:
         While verify steps of the probe's size were never measured, the plain curve's
         extrapolation is all there is, and it prices rows by what more *requests* cost
         (their sampling and bookkeeping): a probe that could pay then goes ahead, charged
-        ``probe_max_overhead / 2`` to the budget (or less, if the one step seen of that
-        size cost less), so the verify curve gets measured."""
+        ``probe_max_overhead / 2`` to the budget (or less, where the verify curve, measured
+        at other sizes or once at this one, prices it lower), so the verify curve gets
+        measured."""
         best_case = max(self._ratio(float(k), k, plan) for k in range(1, self.k_max + 1))
         if best_case < 1.0 + self.margin:
             return None  # the step is too expensive for speculation: nothing to learn
         probe_rows = plan.tokens_with(self.probe_k)
         overhead = self.probe_max_overhead / 2  # unmeasured: explore, at a nominal price
-        if self._verify_cost.samples(probe_rows):
-            measured = plan.verify_cost(probe_rows) / plan.cost(plan.tokens_with(0)) - 1.0
-            # one step of a shape may carry one-off costs: it can lower the price, not raise it
-            overhead = measured if self._verify_cost.has_bucket(probe_rows) else min(
-                measured, overhead)
+        if self._verify_cost.measured:
+            estimate = plan.verify_cost(probe_rows) / plan.cost(plan.tokens_with(0)) - 1.0
+            # a size seen once (one-off costs) or only extrapolated to (verify steps of other
+            # batch sizes) can lower the price, not raise it: after a warm-up at batch 4 the
+            # nominal price held a batch-1 edit request's first probe back ~25 steps
+            overhead = estimate if self._verify_cost.has_bucket(probe_rows) else min(
+                estimate, overhead)
         if overhead > min(self.probe_max_overhead, self._probe_budget):
             return None
         self._probe_budget -= max(overhead, 0.0)

@@ -61,11 +61,6 @@ class StepCostModel:
         point = self._points.get(_bucket(max(num_tokens, 1)))
         return point is not None and point.count >= 2
 
-    def samples(self, num_tokens: int) -> int:
-        """Steps recorded in this size's bucket (the replaced first one included)."""
-        point = self._points.get(_bucket(max(num_tokens, 1)))
-        return point.count if point is not None else 0
-
     def record(self, num_tokens: int, seconds: float) -> None:
         """Fold in one measured step of ``num_tokens`` query tokens taking ``seconds``.
 
