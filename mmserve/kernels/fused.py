@@ -98,14 +98,16 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: 
     """Rotate q (N, Hq, D) and k (N, Hkv, D), store k and v in the paged cache -> rotated q.
 
     One launch for bf16 on CUDA with the bits of ``rope.rotate`` + ``write_kv`` (so it does
-    not need batch-invariant mode); an fp8 cache (``kv.k_scale``) takes the unfused calls.
+    not need batch-invariant mode), into a bf16 cache or an fp8 one (``kv.k_scale``: the
+    rotated k and v quantised as ``write_kv`` does, the same bytes and scales).
     """
-    if (_state["enabled"] and q.dtype == torch.bfloat16 and kv.k_scale is None
-            and kv.k.dtype == q.dtype and use_triton(q)):
+    fp8 = kv.k_scale is not None
+    if (_state["enabled"] and q.dtype == torch.bfloat16 and use_triton(q)
+            and (kv.k.dtype == q.dtype or fp8)):
         from mmserve.kernels import triton_fused
 
         return triton_fused.rope_write_kv(q, k, v, positions, rope.cos, rope.sin, kv.k, kv.v,
-                                          slot_mapping)
+                                          slot_mapping, kv.k_scale, kv.v_scale)
     q, k = rope.rotate(q, positions), rope.rotate(k, positions)
     write_kv(kv, k, v, slot_mapping)
     return q

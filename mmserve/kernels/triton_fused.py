@@ -69,6 +69,7 @@ def fused_config(m: int, n: int, gated: bool) -> TileConfig:
 
 
 if triton is not None:
+    from mmserve.kernels.triton_attention import _quantize_store
     from mmserve.kernels.triton_matmul import tile_rows_cols
     from mmserve.kernels.triton_rope import round_bf16
 
@@ -168,10 +169,35 @@ if triton is not None:
         tl.store(dst + HALF + i[None, :], o2.to(o_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr,
-                              pos_ptr, slot_ptr, HQ, HKV, stride_qn, stride_kn, stride_vn,
-                              HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                              BLOCK_HKV: tl.constexpr, ROUND: tl.constexpr):
+    def _rotate_quantize_heads(x_ptr, o_ptr, scale_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr,
+                               BLOCK_H: tl.constexpr, ROUND: tl.constexpr):
+        """``_rotate_heads`` into an e4m3 cache: each rotated head (rounded as torch rounds
+        it) is quantised with ``_quantize_store``'s arithmetic (per-head max|x| / 448,
+        IEEE divisions, clamp, round to nearest even), so the bytes equal rotate + write."""
+        h = tl.arange(0, BLOCK_H)
+        i = tl.arange(0, HALF)
+        ok = (h < H)[:, None]
+        src = x_ptr + h[:, None] * 2 * HALF
+        f1 = tl.load(src + i[None, :], mask=ok, other=0.0).to(tl.float32)
+        f2 = tl.load(src + HALF + i[None, :], mask=ok, other=0.0).to(tl.float32)
+        o1 = _round(_round(f1 * c1, ROUND) + _round(-f2 * s1, ROUND), ROUND)
+        o2 = _round(_round(f2 * c2, ROUND) + _round(f1 * s2, ROUND), ROUND)
+        amax = tl.maximum(tl.max(tl.abs(o1), 1), tl.max(tl.abs(o2), 1))  # (BLOCK_H,)
+        scale = tl.math.div_rn(amax, tl.full([BLOCK_H], 448.0, tl.float32))
+        safe = tl.broadcast_to(tl.where(scale > 0.0, scale, 1.0)[:, None], [BLOCK_H, HALF])
+        y1 = tl.minimum(tl.maximum(tl.math.div_rn(o1, safe), -448.0), 448.0)
+        y2 = tl.minimum(tl.maximum(tl.math.div_rn(o2, safe), -448.0), 448.0)
+        dst = o_ptr + h[:, None] * 2 * HALF
+        tl.store(dst + i[None, :], y1.to(o_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst + HALF + i[None, :], y2.to(o_ptr.dtype.element_ty), mask=ok)
+        tl.store(scale_ptr + h, scale, mask=h < H)
+
+    @triton.jit
+    def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
+                              cos_ptr, sin_ptr, pos_ptr, slot_ptr, HQ, HKV: tl.constexpr,
+                              stride_qn,
+                              stride_kn, stride_vn, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                              BLOCK_HKV: tl.constexpr, ROUND: tl.constexpr, FP8: tl.constexpr):
         n = tl.program_id(0).to(tl.int64)
         pos = tl.load(pos_ptr + n).to(tl.int64)
         i = tl.arange(0, HALF)
@@ -186,13 +212,20 @@ if triton is not None:
         slot = tl.load(slot_ptr + n).to(tl.int64)
         if slot >= 0:  # negative: a padding token, nothing written
             row = slot * HKV * 2 * HALF
-            _rotate_heads(k_ptr + n * stride_kn, kc_ptr + row, HKV, c1, s1, c2, s2,
-                          HALF, BLOCK_HKV, ROUND)
-            h = tl.arange(0, BLOCK_HKV)[:, None]
-            d = tl.arange(0, 2 * HALF)[None, :]
-            ok = h < HKV
-            tl.store(vc_ptr + row + h * 2 * HALF + d,
-                     tl.load(v_ptr + n * stride_vn + h * 2 * HALF + d, mask=ok), mask=ok)
+            if FP8:  # e4m3 cache: per-token, per-head scales at slot * HKV
+                _rotate_quantize_heads(k_ptr + n * stride_kn, kc_ptr + row, ks_ptr + slot * HKV,
+                                       HKV, c1, s1, c2, s2, HALF, BLOCK_HKV, ROUND)
+                _quantize_store(v_ptr + n * stride_vn, vc_ptr + row, vs_ptr + slot * HKV,
+                                tl.arange(0, BLOCK_HKV), tl.arange(0, 2 * HALF), HKV,
+                                2 * HALF, BLOCK_HKV, 2 * HALF)
+            else:
+                _rotate_heads(k_ptr + n * stride_kn, kc_ptr + row, HKV, c1, s1, c2, s2,
+                              HALF, BLOCK_HKV, ROUND)
+                h = tl.arange(0, BLOCK_HKV)[:, None]
+                d = tl.arange(0, 2 * HALF)[None, :]
+                ok = h < HKV
+                tl.store(vc_ptr + row + h * 2 * HALF + d,
+                         tl.load(v_ptr + n * stride_vn + h * 2 * HALF + d, mask=ok), mask=ok)
 
 
 def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
@@ -256,12 +289,15 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+                  v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                  k_scale: torch.Tensor | None = None,
+                  v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate q (N, Hq, D) and k (N, Hkv, D) at ``positions``; store rotated k and v at their
     slots of the caches (blocks, bs, Hkv, D) (negative slot: skipped); -> rotated q.
 
     q/k/v may be strided views of the QKV product (token stride free, heads packed).
-    cos/sin: (P, D) float32 tables.
+    cos/sin: (P, D) float32 tables. With ``k_scale``/``v_scale`` (blocks, bs, Hkv) float32
+    the caches are e4m3, written as ``cuda_write_kv`` quantises (the same bytes).
     """
     n, hq, d = q.shape
     hkv = k.shape[1]
@@ -269,11 +305,16 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: 
         assert t.stride(-1) == 1 and t.stride(1) == d, "heads must be packed within a token"
     assert cos.is_contiguous() and sin.is_contiguous() and d % 2 == 0
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-1] == d
+    fp8 = k_scale is not None
+    if fp8:
+        assert v_scale is not None and k_scale.is_contiguous() and v_scale.is_contiguous()
+        assert d & (d - 1) == 0, "the fp8 write loads a head as one power-of-two tile"
     out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
     if n:
         _rope_write_kv_kernel[(n,)](
-            q, k, v, out, k_cache, v_cache, cos, sin, positions, slot_mapping, hq, hkv,
+            q, k, v, out, k_cache, v_cache, k_scale if fp8 else k_cache,
+            v_scale if fp8 else v_cache, cos, sin, positions, slot_mapping, hq, hkv,
             q.stride(0), k.stride(0), v.stride(0), HALF=d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
-            ROUND=_round_mode(q.dtype), num_warps=4)
+            ROUND=_round_mode(q.dtype), FP8=fp8, num_warps=4)
     return out

@@ -264,3 +264,36 @@ def test_whole_model_fused_matches_unfused(monkeypatch):
 
 if INTERPRET and not ON_CUDA:  # the interpreter runs float32 only (triton_kit)
     assert DTYPE == torch.float32
+
+
+@cuda_only
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128)])
+def test_rope_write_kv_into_fp8_cache_is_rotate_then_quantising_write(hq, hkv, d):
+    """fp8 cache: the fused kernel stores the bytes and scales of the unfused kernels
+    (rope, then the quantising ``cuda_write_kv``); padding slots keep their old bytes."""
+    from mmserve.kernels.fp8 import FP8_DTYPE
+    from mmserve.kernels.triton_attention import cuda_write_kv
+    from mmserve.kernels.triton_fused import rope_write_kv
+    from mmserve.kernels.triton_rope import cuda_rope
+
+    torch.manual_seed(hq + d)
+    n, blocks, bs = 37, 8, 16
+    table = RotaryTable(d, 500000.0, 4096, device=DEVICE)
+    q, k, v = _qkv_views(n, hq, hkv, d)
+    k[5] = 0.0  # an all-zero head: scale 0, zeros stored
+    pos = torch.randint(0, 4096, (n,), device=DEVICE)
+    slots = torch.randperm(blocks * bs, device=DEVICE)[:n]
+    slots[[3, 20, 36]] = -1
+
+    def caches():
+        c = [torch.full((blocks, bs, hkv, d), 3.0, device=DEVICE).to(FP8_DTYPE) for _ in "kv"]
+        return c + [torch.full((blocks, bs, hkv), 0.5, device=DEVICE) for _ in "kv"]
+
+    kc, vc, ks, vs = caches()
+    got_q = rope_write_kv(q, k, v, pos, table.cos, table.sin, kc, vc, slots, ks, vs)
+    rk, rv, rks, rvs = caches()
+    cuda_write_kv(rk, rv, cuda_rope(k, table.cos, table.sin, pos), v, slots, rks, rvs)
+    assert torch.equal(got_q, cuda_rope(q, table.cos, table.sin, pos))
+    for got, want in ((kc, rk), (vc, rv)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(ks, rks) and torch.equal(vs, rvs)
