@@ -306,7 +306,7 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: 
     assert cos.is_contiguous() and sin.is_contiguous() and d % 2 == 0
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-1] == d
     fp8 = k_scale is not None
-    if fp8:
+    if k_scale is not None:
         assert v_scale is not None and k_scale.is_contiguous() and v_scale.is_contiguous()
         assert d & (d - 1) == 0, "the fp8 write loads a head as one power-of-two tile"
     out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
