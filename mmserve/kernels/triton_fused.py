@@ -152,9 +152,10 @@ if triton is not None:
                  acc.to(o_ptr.dtype.element_ty), mask=out_ok)
 
     @triton.jit
-    def _rotate_heads(x_ptr, o_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr,
-                      BLOCK_H: tl.constexpr, ROUND: tl.constexpr):
-        """Rotate H heads at x_ptr (head stride 2*HALF) into o_ptr, rounding as torch does."""
+    def _rotated(x_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                 ROUND: tl.constexpr):
+        """H heads at x_ptr (head stride 2*HALF) rotated, rounding as torch does -> the two
+        halves (BLOCK_H, HALF) as fp32 holding activation-dtype values."""
         h = tl.arange(0, BLOCK_H)
         i = tl.arange(0, HALF)
         ok = (h < H)[:, None]
@@ -164,9 +165,24 @@ if triton is not None:
         # torch: x * cos + cat(-x2, x1) * sin, each op rounded to the activation dtype
         o1 = _round(_round(f1 * c1, ROUND) + _round(-f2 * s1, ROUND), ROUND)
         o2 = _round(_round(f2 * c2, ROUND) + _round(f1 * s2, ROUND), ROUND)
+        return o1, o2
+
+    @triton.jit
+    def _store_halves(o_ptr, o1, o2, H, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Store (BLOCK_H, HALF) halves as H heads at o_ptr (head stride 2*HALF)."""
+        h = tl.arange(0, BLOCK_H)
+        i = tl.arange(0, HALF)
+        ok = (h < H)[:, None]
         dst = o_ptr + h[:, None] * 2 * HALF
         tl.store(dst + i[None, :], o1.to(o_ptr.dtype.element_ty), mask=ok)
         tl.store(dst + HALF + i[None, :], o2.to(o_ptr.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _rotate_heads(x_ptr, o_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr,
+                      BLOCK_H: tl.constexpr, ROUND: tl.constexpr):
+        """Rotate H heads at x_ptr into o_ptr (same layout), rounding as torch does."""
+        o1, o2 = _rotated(x_ptr, H, c1, s1, c2, s2, HALF, BLOCK_H, ROUND)
+        _store_halves(o_ptr, o1, o2, H, HALF, BLOCK_H)
 
     @triton.jit
     def _rotate_quantize_heads(x_ptr, o_ptr, scale_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr,
@@ -174,22 +190,14 @@ if triton is not None:
         """``_rotate_heads`` into an e4m3 cache: each rotated head (rounded as torch rounds
         it) is quantised with ``_quantize_store``'s arithmetic (per-head max|x| / 448,
         IEEE divisions, clamp, round to nearest even), so the bytes equal rotate + write."""
-        h = tl.arange(0, BLOCK_H)
-        i = tl.arange(0, HALF)
-        ok = (h < H)[:, None]
-        src = x_ptr + h[:, None] * 2 * HALF
-        f1 = tl.load(src + i[None, :], mask=ok, other=0.0).to(tl.float32)
-        f2 = tl.load(src + HALF + i[None, :], mask=ok, other=0.0).to(tl.float32)
-        o1 = _round(_round(f1 * c1, ROUND) + _round(-f2 * s1, ROUND), ROUND)
-        o2 = _round(_round(f2 * c2, ROUND) + _round(f1 * s2, ROUND), ROUND)
+        o1, o2 = _rotated(x_ptr, H, c1, s1, c2, s2, HALF, BLOCK_H, ROUND)
         amax = tl.maximum(tl.max(tl.abs(o1), 1), tl.max(tl.abs(o2), 1))  # (BLOCK_H,)
         scale = tl.math.div_rn(amax, tl.full([BLOCK_H], 448.0, tl.float32))
         safe = tl.broadcast_to(tl.where(scale > 0.0, scale, 1.0)[:, None], [BLOCK_H, HALF])
         y1 = tl.minimum(tl.maximum(tl.math.div_rn(o1, safe), -448.0), 448.0)
         y2 = tl.minimum(tl.maximum(tl.math.div_rn(o2, safe), -448.0), 448.0)
-        dst = o_ptr + h[:, None] * 2 * HALF
-        tl.store(dst + i[None, :], y1.to(o_ptr.dtype.element_ty), mask=ok)
-        tl.store(dst + HALF + i[None, :], y2.to(o_ptr.dtype.element_ty), mask=ok)
+        _store_halves(o_ptr, y1, y2, H, HALF, BLOCK_H)
+        h = tl.arange(0, BLOCK_H)
         tl.store(scale_ptr + h, scale, mask=h < H)
 
     @triton.jit
