@@ -44,6 +44,13 @@ except ImportError:  # pragma: no cover - CPU-only installs
 
 BLOCK_M = 16  # query rows per program: the smallest tensor-core tile, one shape for all steps
 BLOCK_N = 64  # keys per inner step, aligned to absolute positions
+# Launch options (speed only: the arithmetic and its order do not depend on them).
+LAUNCH = {"num_warps": 4, "num_stages": 2}
+# Grids of fewer programs than this prefetch the next key step's block ids, so a step waits
+# for one round trip (keys and values), not two (ids, then keys). H200 (bench/NOTES.md,
+# session 4): 8B batch 1 7.7 -> 6.9 us a call in a decode step; batch 64 and a 2k prefill
+# run 8-35 % slower with it, so big grids keep the plain loop. The bits are the same.
+PREFETCH_MAX_PROGRAMS = 128
 
 
 def available() -> bool:
@@ -102,16 +109,16 @@ if triton is not None:
         stride_qn, stride_qh, stride_on, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
         G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         seq = tl.program_id(0)
         tile = tl.program_id(1)
         kvh = tl.program_id(2)
-        qlen = tl.load(qlen_ptr + seq)
-        if tile * BM >= qlen * G:
-            return
+        qlen = tl.load(qlen_ptr + seq)  # the three loads in flight together
         ctx = tl.load(ctx_ptr + seq)
         qstart = tl.load(qstart_ptr + seq)
+        if tile * BM >= qlen * G:
+            return
         rows = tile * BM + tl.arange(0, BM)
         row_ok = rows < qlen * G
         tok = rows // G
@@ -128,15 +135,27 @@ if triton is not None:
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, D], tl.float32)
+        table = tables_ptr + seq * stride_bt
+        if PREFETCH:  # the first step's cache blocks; each step then fetches the next's
+            kpos = lo + tl.arange(0, BN)
+            blk = tl.load(table + kpos // PAGE, mask=kpos < hi, other=0)
         for start in range(lo, hi, BN):
             kpos = start + tl.arange(0, BN)
             k_in = kpos < hi
-            blk = tl.load(tables_ptr + seq * stride_bt + kpos // PAGE, mask=k_in, other=0)
+            if not PREFETCH:
+                blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
             off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
+            # keys and values in flight together (a decode step is a chain of these waits)
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
+            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
             if FP8:  # e4m3 -> q's dtype is exact; the per-key scale multiplies the scores
                 soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
                 k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)
+                v_s = tl.load(vs_ptr + soff, mask=k_in, other=0.0)
+            if PREFETCH:
+                nxt = kpos + BN
+                blk = tl.load(table + nxt // PAGE, mask=nxt < hi, other=0)
+            if FP8:
                 s = tl.dot(q, tl.trans(k.to(tl.float32).to(q.dtype))) * k_s[None, :]
             else:
                 s = tl.dot(q, tl.trans(k)) * scale_log2  # (BM, BN) fp32, log2 units
@@ -149,9 +168,7 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
             if FP8:  # fold each value's scale into its weight: sum_j p_j * s_j * v8_j
-                v_s = tl.load(vs_ptr + soff, mask=k_in, other=0.0)
                 pv = (p * v_s[None, :]).to(q.dtype)
                 acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32).to(q.dtype))
             else:
@@ -235,6 +252,7 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     if b == 0 or n == 0:
         return out
     tiles = -(-pm.max_query_len * g // BLOCK_M)
+    prefetch = b * tiles * hkv < PREFETCH_MAX_PROGRAMS
     _paged_attention_kernel[(b, tiles, hkv)](
         q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
         pm.query_lens, k_scale, v_scale, scale * 1.4426950408889634,
@@ -242,7 +260,7 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
         k_scale.stride(0), k_scale.stride(1),
         G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, FP8=fp8,
-        num_warps=4, num_stages=2)
+        PREFETCH=prefetch, **LAUNCH)
     return out
 
 

@@ -18,9 +18,9 @@ M or the tile shape. The fusions keep that true:
   is added in fp32 and rounded once more: the bits of torch's ``residual + linear(x, W)``
   (a half-precision add computes in fp32 and rounds).
 - Gated epilogue: a program owns gate columns ``n`` and the matching up columns
-  ``n + inter``; it rounds both, applies silu in fp32, rounds, multiplies and rounds,
-  as the unfused ``F.silu(gate) * up`` does (silu's exp may differ by an ulp from
-  torch's, so this one is close, not bit-identical).
+  ``n + inter``; it rounds both, applies silu in fp32 with torch's arithmetic (precise
+  expf, IEEE division), rounds, multiplies and rounds, as the unfused
+  ``F.silu(gate) * up`` does: the same bits as that product of the fused norm GEMM.
 - ``rope_write_kv``: one program per token rotates its q and k heads with the rounding
   of :mod:`mmserve.kernels.triton_rope` (bit-identical for bf16), stores the rotated k
   and v at the token's cache slot (a negative slot is padding: nothing written) and
@@ -30,6 +30,8 @@ Roundings to bf16 are done on the bits (``round_bf16``) so no compiler rewrite c
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -69,6 +71,8 @@ def fused_config(m: int, n: int, gated: bool) -> TileConfig:
 
 
 if triton is not None:
+    from triton.language.extra import libdevice
+
     from mmserve.kernels.triton_attention import _quantize_store
     from mmserve.kernels.triton_matmul import tile_rows_cols
     from mmserve.kernels.triton_rope import round_bf16
@@ -82,6 +86,20 @@ if triton is not None:
             return f.to(tl.float16).to(tl.float32)
         else:
             return f
+
+    if os.environ.get("TRITON_INTERPRET") == "1":  # no libdevice there; numpy's exp is exact
+
+        @triton.jit
+        def _silu(g):
+            return g / (1.0 + tl.exp(-g))
+    else:
+
+        @triton.jit
+        def _silu(g):
+            """torch's CUDA silu of fp32 ``g``: ``g / (1 + expf(-g))`` with the precise expf
+            and an IEEE division (``tl.exp`` is ex2.approx and Triton's ``/`` approximate),
+            so the gated epilogue's bits equal ``F.silu(gate) * up``'s (tests)."""
+            return tl.math.div_rn(g, 1.0 + libdevice.exp(-g))
 
     @triton.jit
     def _rstd(sq, K, eps, BM: tl.constexpr, CH: tl.constexpr):
@@ -147,7 +165,7 @@ if triton is not None:
             acc = _round(acc, ROUND) + r
         if GATED:  # F.silu(gate) * up on the rounded gate and up, each op rounded
             g = _round(acc, ROUND)
-            acc = _round(g / (1.0 + tl.exp(-g)), ROUND) * _round(acc_u, ROUND)
+            acc = _round(_silu(g), ROUND) * _round(acc_u, ROUND)
         tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=out_ok)
 

@@ -124,3 +124,16 @@ def test_write_kv_matches_index_copy_and_skips_padding():
 def test_attention_module_dispatches_to_triton_on_cuda():
     q, kc, vc, _, meta, out = _run([1, 4], [50, 70], 2, 2, 64, seed=9)
     assert torch.equal(paged_attention(q, LayerKV(kc, vc), meta, 64**-0.5), out)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_block_prefetch_is_a_launch_option_only(monkeypatch, window):
+    """Small grids prefetch the next key step's block ids; the arithmetic is the loop's, so
+    the output bits are the same either way (the engine picks by grid size)."""
+    from mmserve.kernels import triton_attention as ta
+
+    outs = []
+    for limit in (0, 1 << 30):  # never, always
+        monkeypatch.setattr(ta, "PREFETCH_MAX_PROGRAMS", limit)
+        outs.append(_run([1, 4, 1, 37], [1, 200, 129, 150], 2, 4, 128, window, seed=5)[-1])
+    assert torch.equal(outs[0], outs[1])
