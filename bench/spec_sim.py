@@ -83,9 +83,9 @@ class SimClock:
             spec.controller.padded = True
             record = spec.record_step
 
-            def record_step(num_tokens, seconds, verify, graph):
+            def record_step(num_tokens, seconds, verify, graph, emitted=0, sequences=0):
                 ms, rows, graph = self._last
-                record(rows, ms / 1e3, verify, graph)
+                record(rows, ms / 1e3, verify, graph, emitted, sequences)
 
             spec.record_step = record_step
 
@@ -127,6 +127,7 @@ def run(names, concurrencies, max_tokens, trace, model=None, real=False) -> list
                         f"{','.join(map(str, ks))}:{ms}" for ks, ms in steps))
                 if spec.engine.spec is not None:
                     c = spec.engine.spec.controller
+                    print("  realized-throughput pauses so far:", c.pauses)
                     print("  cost model ms (plain/verify at rows):", {
                         n: (round(1e3 * c.step_cost(n), 3), round(1e3 * c.step_cost(n, True), 3))
                         for n in (conc, 2 * conc, 3 * conc, 5 * conc, 9 * conc)})

@@ -147,6 +147,11 @@ class LLMEngine:
             raise ValueError("this engine was built without a speculative_config")
         self.spec, self._spec_off = (spec, None) if enabled else (None, spec)
 
+    @property
+    def speculator(self) -> Speculator | None:
+        """The engine's speculator, switched on or off (None: built without one)."""
+        return self.spec or self._spec_off
+
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
@@ -196,7 +201,8 @@ class LLMEngine:
             if emitted > emitters:
                 seconds -= emit_s * (1.0 - emitters / emitted)
             self.spec.record_step(result.num_rows, seconds,
-                                  any(s.draft for s in schedule.seqs), result.graph)
+                                  any(s.draft for s in schedule.seqs), result.graph,
+                                  emitted, emitters)
         return outputs
 
     def _sample(self, seqs: list[ScheduledSeq], result: StepLogits

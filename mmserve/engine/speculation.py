@@ -36,7 +36,7 @@ class Speculator:
         for r in running:  # a prompt being prefilled: index it now, not in its first probe
             if r.num_computed == 0 and r.params.logprobs is None:
                 self.drafter.prepare(DraftRequest(r.request_id, r.all_ids, 0))
-        if not decoding:
+        if not decoding or self.controller.paused():
             return {}
         others = sum(r.num_tokens - r.num_computed for r in running) - len(decoding)
         if self.config.auto:
@@ -84,9 +84,11 @@ class Speculator:
         req.num_accepted_tokens += accepted
         return tokens
 
-    def record_step(self, num_tokens: int, seconds: float, verify: bool, graph: bool) -> None:
-        """A whole engine step's wall time (from before ``propose`` to its outputs)."""
-        self.controller.record_step(num_tokens, seconds, verify, graph)
+    def record_step(self, num_tokens: int, seconds: float, verify: bool, graph: bool,
+                    emitted: int = 0, sequences: int = 0) -> None:
+        """A whole engine step's wall time (from before ``propose`` to its outputs), and
+        the tokens its ``sequences`` decoding sequences emitted."""
+        self.controller.record_step(num_tokens, seconds, verify, graph, emitted, sequences)
 
     def forget(self, request_id: str) -> None:
         self.controller.forget(request_id)

@@ -38,6 +38,16 @@ effective observations its floor (~0.13 at a 0.8 prior) kept a request that copi
 nothing drafting 5-6 tokens a step (simulated: 0.85x plain). An off request costs
 ~1 us to choose for, not ~12 for a full evaluation (at 16 requests and a ~2 ms
 CUDA-graph step, that was ~10 % of it).
+A last check watches what speculation delivered rather than what it expected: over
+the last ~``guard_window`` verify steps (decayed sums) it compares the time they took
+with the time plain decode steps of the same batch sizes (the measured plain curve)
+would have taken to emit the same tokens. If they were slower by more than
+``1 - guard_floor``, nobody drafts (no probes either) for ``guard_pause`` steps, a
+pause that doubles each time the check fails again, up to ``guard_pause_max``, and
+is reset by twice ``guard_window`` verify steps without a failure.
+Whatever the model's estimates get wrong (acceptance of prose that the population prior
+overrates, verify costs that drift), a workload then loses at most one window per
+pause.
 Everything is a deterministic function of the calls made.
 """
 
@@ -90,6 +100,10 @@ class SpecController:
         cost_alpha: float = 0.2,
         default_step_seconds: float = 0.01,
         knee_tokens: float = 256.0,
+        guard_window: int = 32,
+        guard_floor: float = 0.98,
+        guard_pause: int = 32,
+        guard_pause_max: int = 1024,
     ) -> None:
         if k_max < 1 or max_step_change < 1 or probe_interval < 1 or probe_k < 1:
             raise ValueError("k_max, max_step_change, probe_interval and probe_k must be >= 1")
@@ -119,6 +133,7 @@ class SpecController:
         # True when the runner pads every sequence of a verify step to the longest draft
         # (CUDA graphs): one request's k then costs rows for all of them
         self.padded = False
+        self._guard = _RealizedGuard(guard_window, guard_floor, guard_pause, guard_pause_max)
 
     def choose(self, request_ids: Sequence[str], num_other_tokens: int = 0) -> list[int]:
         """k for each decoding request of this step, in order.
@@ -128,6 +143,8 @@ class SpecController:
         state of each request.
         """
         tokens = len(request_ids) + num_other_tokens
+        if self.paused():
+            return [0] * len(request_ids)
         if self.padded and num_other_tokens:
             # with CUDA graphs a step that carries a prefill chunk runs eagerly: its cost
             # is not the graph verify step's the curves know, so it does not draft
@@ -194,16 +211,31 @@ class SpecController:
                 state.probing = False
 
     def record_step(self, num_query_tokens: int, seconds: float, verify: bool = False,
-                    graph: bool = False) -> None:
+                    graph: bool = False, emitted: int = 0, sequences: int = 0) -> None:
         """Measured wall time of one whole engine step whose forward ran ``num_query_tokens``
         rows (drafting and sampling included); ``verify``: the step carried draft tokens;
         ``graph``: it replayed a CUDA graph. With graphs (``padded``) only graph steps are
         recorded: steps that carry a prefill chunk run eagerly and never draft, and their
         costs (5-15 ms, seconds when a kernel compiles) interpolated into the small sizes
-        priced a 3-row verify at ~2x a decode step on the H200, so no probe ever fit."""
+        priced a 3-row verify at ~2x a decode step on the H200, so no probe ever fit.
+        ``emitted`` tokens by ``sequences`` decoding sequences: what a verify step
+        delivered, for the realized-throughput check (module docstring)."""
         if self.padded and not graph:
             return
         (self._verify_cost if verify else self._cost).record(num_query_tokens, seconds)
+        if verify and emitted and sequences and self._cost.has_bucket(sequences):
+            plain = self._cost.cost(sequences) * emitted / sequences
+            self._guard.observe(plain, seconds)
+
+    def paused(self) -> bool:
+        """Whether the realized-throughput check holds drafting off this step (call once
+        a step: it counts the pause down; ``choose`` calls it too, so call one of them)."""
+        return self._guard.paused()
+
+    @property
+    def pauses(self) -> int:
+        """How many times the realized-throughput check paused speculation."""
+        return self._guard.pauses
 
     def no_draft(self, request_id: str) -> None:
         """The drafter found nothing for a request given k > 0 (no verify happens). A
@@ -310,6 +342,44 @@ class SpecController:
             return None
         self._probe_budget -= max(overhead, 0.0)
         return overhead
+
+
+class _RealizedGuard:
+    """Realized speed-up of verify steps, decayed over ``window`` of them; pauses drafting
+    when it falls below ``floor`` (judged once ``window`` steps were seen since the last
+    pause, so a short unlucky run cannot trigger it)."""
+
+    def __init__(self, window: int, floor: float, pause: int, pause_max: int) -> None:
+        self.window, self.floor = window, floor
+        self.decay = 1.0 - 1.0 / window
+        self.base_pause, self.pause_max, self.pause = pause, pause_max, pause
+        self.plain_seconds = self.seconds = 0.0
+        self.steps = 0  # verify steps since the last pause
+        self.skip = 0  # steps of the current pause left
+        self.pauses = 0
+
+    def paused(self) -> bool:
+        """Called once per step."""
+        if self.skip:
+            self.skip -= 1
+            return True
+        return False
+
+    def observe(self, plain_seconds: float, seconds: float) -> None:
+        """One verify step: what plain steps would have taken to emit its tokens, and what
+        it took."""
+        self.plain_seconds = self.plain_seconds * self.decay + plain_seconds
+        self.seconds = self.seconds * self.decay + seconds
+        self.steps += 1
+        if self.steps < self.window:
+            return
+        if self.plain_seconds < self.floor * self.seconds:
+            self.skip, self.pauses = self.pause, self.pauses + 1
+            self.pause = min(2 * self.pause, self.pause_max)
+            self.plain_seconds = self.seconds = 0.0
+            self.steps = 0
+        elif self.steps >= 2 * self.window:  # a pause's worth of good evidence: forgiven
+            self.pause = self.base_pause
 
 
 @dataclass

@@ -50,11 +50,13 @@ class StepCostModel:
         self._ys: list[float] = []
         self._tail_slope = 0.0  # measured slope of the upper half of the data
         self._head_slope = 0.0  # measured slope of the lowest octave of the data
+        self._stale = False  # points changed since the curve was last built (built on use:
+        # a step where nobody drafts records its cost and never asks for one)
 
     @property
     def measured(self) -> bool:
         """Whether any step has been recorded."""
-        return bool(self._xs)
+        return bool(self._points)
 
     def has_bucket(self, num_tokens: int) -> bool:
         """Whether steps of about this size have been measured (twice: see ``record``)."""
@@ -79,11 +81,13 @@ class StepCostModel:
             point.tokens += self.alpha * (num_tokens - point.tokens)
             point.seconds += self.alpha * (seconds - point.seconds)
             point.count += 1
-        self._refresh()
+        self._stale = True
 
     def cost(self, num_tokens: int) -> float:
         """Predicted seconds of a step with ``num_tokens`` query tokens."""
         t = float(max(num_tokens, 1))
+        if self._stale:
+            self._refresh()
         xs, ys = self._xs, self._ys
         if not xs:
             return self.default_step_seconds * self._shape(t) / self._shape(1.0)
@@ -101,6 +105,7 @@ class StepCostModel:
         return 1.0 + t / self.knee_tokens
 
     def _refresh(self) -> None:
+        self._stale = False
         points = [self._points[b] for b in sorted(self._points)]
         self._xs = [p.tokens for p in points]
         self._ys = [p.seconds for p in points]

@@ -260,3 +260,85 @@ def test_a_probe_that_drafts_nothing_backs_off() -> None:
     wait = min(ctrl.probe_interval, math.ceil(0.25 / (2 * ctrl.probe_budget_per_step)))
     ks = [ctrl.choose(["a"])[0] for _ in range(wait)]
     assert ks == [0] * (wait - 1) + [2]
+
+
+class RealizedSim(Sim):
+    """Reports what each step emitted, and charges verify steps ``verify_penalty`` x the
+    plain cost the controller's curves see: an engine whose verify steps are dearer than
+    any estimate (noise, drift, a cost the model cannot see)."""
+
+    def __init__(self, ctrl: SpecController, cost: Cost, verify_penalty: float,
+                 seed: int = 0) -> None:
+        super().__init__(ctrl, cost, seed)
+        self.penalty, self.seconds, self.tokens = verify_penalty, 0.0, 0
+
+    def run(self, steps: int, accept: float, ids: Sequence[str] = ("r0",),
+            prefill: int = 0) -> None:
+        for _ in range(steps):
+            ks = self.ctrl.choose(list(ids))
+            emitted = 0
+            for rid, k in zip(ids, ks, strict=True):
+                m = 0
+                while m < k and self.rng.random() < accept:
+                    m += 1
+                self.ctrl.observe(rid, k, m)
+                self.history.setdefault(rid, []).append(k)
+                emitted += m + 1
+            rows = len(ids) + sum(ks)
+            verify = any(ks)
+            seconds = self.cost(rows) * (self.penalty if verify else 1.0)
+            self.ctrl.record_step(rows, seconds, verify=verify, emitted=emitted,
+                                  sequences=len(ids))
+            self.seconds += seconds
+            self.tokens += emitted
+
+
+def test_realized_guard_pauses_drafting_that_delivered_less_than_plain() -> None:
+    """Whatever the estimates said: verify steps that emitted fewer tokens per second than
+    the measured plain steps pause all drafting (probes too) for ``guard_pause`` steps,
+    then longer each time again, back to the base after twice a window that pays."""
+    ctrl = SpecController(k_max=8, guard_window=8, guard_pause=5, guard_pause_max=20)
+    for _ in range(3):
+        ctrl.record_step(1, 0.001)  # plain: 1 token a ms
+
+    def verify_steps(n: int, emitted: int) -> None:
+        for _ in range(n):  # 1.2 ms a verify step
+            ctrl.record_step(3, 0.0012, verify=True, emitted=emitted, sequences=1)
+
+    verify_steps(7, emitted=1)
+    assert ctrl.pauses == 0  # not judged before a window's worth
+    verify_steps(1, emitted=1)
+    assert ctrl.pauses == 1
+    assert [ctrl.choose(["r0"]) for _ in range(5)] == [[0]] * 5
+    assert ctrl.choose(["r0"]) == [2]  # a new request's probe, once the pause is over
+    verify_steps(8, emitted=1)
+    assert ctrl.pauses == 2
+    assert [ctrl.paused() for _ in range(11)] == [True] * 10 + [False]  # doubled
+    verify_steps(16, emitted=3)  # 3 tokens in 1.2 ms: pays; two windows of it forgive
+    assert ctrl.pauses == 2
+    verify_steps(8, emitted=1)
+    assert ctrl.pauses == 2  # decayed sums: the good steps still count
+    verify_steps(16, emitted=1)
+    assert ctrl.pauses == 3
+    assert [ctrl.paused() for _ in range(6)] == [True] * 5 + [False]  # back to the base
+
+
+def test_realized_guard_does_not_fire_on_bursty_copying() -> None:
+    """Acceptance alternating 0.9 / 0 in phases of 3-12 steps (code with copied
+    snippets), verify steps as dear as the curves say: speculation pays overall, and the
+    decayed window never pauses it."""
+    for phase in (3, 6, 12):
+        ctrl = SpecController(k_max=8)
+        sim = RealizedSim(ctrl, SLOPED, verify_penalty=1.0)
+        for i in range(60):
+            sim.run(phase, accept=0.9 if i % 2 == 0 else 0.0)
+        assert ctrl.pauses == 0, phase
+        assert sim.tokens * SLOPED(1) / sim.seconds > 1.3, phase
+
+
+def test_realized_guard_leaves_paying_speculation_alone() -> None:
+    ctrl = SpecController(k_max=8)
+    sim = RealizedSim(ctrl, FLAT, verify_penalty=1.05)
+    sim.run(300, accept=0.9)
+    assert ctrl.pauses == 0
+    assert sim.tokens / sim.seconds > 3 / FLAT(1)  # a copying request keeps its gain
