@@ -33,6 +33,11 @@ from mmserve.kernels.triton_attention import PagedMetadata
 from mmserve.models.base import CausalLM
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+# One prompt chunk alone in a step (a request arriving at an idle server) replays a
+# batch-1 graph of the smallest of these lengths that holds it, its rows past the chunk
+# padding: eagerly, a SmolLM2-135M prefill is ~190 launches from Python, ~10 ms on the
+# H200 for a ~300-token prompt, most of a short answer's time (bench/NOTES.md, session 4).
+PREFILL_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 @dataclass
@@ -53,8 +58,11 @@ class DecodeGraphs:
 
     def __init__(self, model: CausalLM, kv_cache: KVLike, max_blocks_per_seq: int,
                  batch_sizes: tuple[int, ...] = DEFAULT_SIZES,
-                 query_sizes: tuple[int, ...] = (1,)) -> None:
+                 query_sizes: tuple[int, ...] = (1,), last_row_only: bool = False) -> None:
         self.model, self.kv = model, kv_cache
+        # prefill graphs: logits of each sequence's last real row only (a 512-token chunk's
+        # every row would be 512 x vocab floats, and only the last one samples)
+        self.last_row_only = last_row_only
         self.device = kv_layer(kv_cache, 0).k.device
         self.sizes = sorted(batch_sizes)
         self.qsizes = sorted(set(query_sizes) | {1})
@@ -84,6 +92,8 @@ class DecodeGraphs:
     def _forward(self, bs: int, q: int) -> torch.Tensor:
         n = bs * q
         hidden = self.model(self.ids[:n], self.positions[:n], self._meta(bs, q), self.kv)
+        if self.last_row_only:  # row i*q + len_i - 1, read from the buffers at replay
+            hidden = hidden[self.query_start[q][:bs] + self.query_lens[:bs] - 1]
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -136,7 +146,8 @@ class DecodeGraphs:
     def run_verify(self, tokens: list[list[int]], starts: list[int], block_tables: np.ndarray,
                    block_size: int) -> tuple[torch.Tensor, int]:
         """Sequence ``i`` runs ``tokens[i]`` from position ``starts[i]`` -> (logits of
-        ``n * q`` rows, a view valid until the next run; ``q``): its rows are ``i*q + j``."""
+        ``n * q`` rows, a view valid until the next run; ``q``): its rows are ``i*q + j``.
+        With ``last_row_only``: ``n`` rows, row ``i`` for sequence ``i``'s last token."""
         n, longest = len(tokens), max(len(t) for t in tokens)
         assert self.fits(n, longest), (n, longest)
         bs = self.sizes[bisect.bisect_left(self.sizes, n)]
@@ -150,7 +161,7 @@ class DecodeGraphs:
         self._buf[:used].copy_(self._host[:used], non_blocking=True)
         self._copied.record()
         self.graphs[(bs, q)].replay()
-        return self.logits[(bs, q)][: n * q], q
+        return self.logits[(bs, q)][: n if self.last_row_only else n * q], q
 
     def _fill(self, tokens, starts, tables, block_size: int, q: int) -> None:
         b, r, n, h = self.max_batch, self._rows, len(tokens), self._host_np

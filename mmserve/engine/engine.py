@@ -17,7 +17,7 @@ import torch
 
 from mmserve.config import EngineConfig
 from mmserve.engine.block_manager import BlockManager
-from mmserve.engine.cuda_graphs import DEFAULT_SIZES, DecodeGraphs
+from mmserve.engine.cuda_graphs import DEFAULT_SIZES, PREFILL_SIZES, DecodeGraphs
 from mmserve.engine.detokenizer import IncrementalDetokenizer
 from mmserve.engine.kv_cache import KVCache, kv_cache_dtype
 from mmserve.engine.outputs import EngineStats, RequestOutput
@@ -55,7 +55,8 @@ class LLMEngine:
         self.blocks = BlockManager(self.kv.num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.max_waiting)
-        self.runner = ModelRunner(model, self.kv, bs, self._capture_graphs(model, device))
+        graphs = self._capture_graphs(model, device)
+        self.runner = ModelRunner(model, self.kv, bs, *(graphs or (None, None)))
         self.sampler = Sampler()
         self.appender = TokenAppender(tokenizer)
         self.spec = spec
@@ -67,8 +68,10 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
-    def _capture_graphs(self, model: CausalLM, device: torch.device) -> DecodeGraphs | None:
-        """CUDA: capture decode steps for a set of batch sizes; capture time/memory logged."""
+    def _capture_graphs(self, model: CausalLM, device: torch.device
+                        ) -> tuple[DecodeGraphs, DecodeGraphs] | None:
+        """CUDA: capture decode and verify steps for a set of batch sizes, and batch-1
+        prefill chunks for a set of lengths; capture time/memory logged."""
         if device.type != "cuda" or self.config.enforce_eager:
             return None
         sizes = tuple(b for b in DEFAULT_SIZES if b <= self.config.max_num_seqs) or (1,)
@@ -76,13 +79,20 @@ class LLMEngine:
         # verify steps too: k + 1 tokens per sequence, in a few buckets up to k_max + 1
         top = spec.max_tokens_per_step + 1 if spec is not None else 1
         qs = tuple(q for q in (1, 2, 3, 5, 9, 17, 33, 65) if q < top) + (top,)
-        graphs = DecodeGraphs(model, self.kv, -(-self.max_model_len // self.config.block_size),
-                              sizes, qs)
+        blocks = -(-self.max_model_len // self.config.block_size)
+        graphs = DecodeGraphs(model, self.kv, blocks, sizes, qs)
         report = graphs.capture()
         log.info("captured CUDA graphs for decode batch sizes %s in %.2fs using %.0f MiB",
                  report.batch_sizes, report.seconds, report.pool_bytes / 2**20)
         self.graph_report = report
-        return graphs
+        chunk = min(self.config.max_num_batched_tokens, self.max_model_len)
+        lengths = tuple(q for q in PREFILL_SIZES if q < chunk) + (chunk,)
+        prefill = DecodeGraphs(model, self.kv, blocks, (1,), lengths, last_row_only=True)
+        report = prefill.capture()
+        log.info("captured CUDA graphs for batch-1 prefill chunks of %s tokens in %.2fs "
+                 "using %.0f MiB", lengths, report.seconds, report.pool_bytes / 2**20)
+        self.prefill_graph_report = report
+        return graphs, prefill
 
     # -- requests --------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,

@@ -30,16 +30,21 @@ class StepLogits(NamedTuple):
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCache, block_size: int,
-                 graphs: DecodeGraphs | None = None) -> None:
+                 graphs: DecodeGraphs | None = None,
+                 prefill_graphs: DecodeGraphs | None = None) -> None:
         self.model, self.kv, self.block_size = model, kv, block_size
         self.device = kv.device
-        self.graphs = graphs  # CUDA: captured pure-decode steps
+        self.graphs = graphs  # CUDA: captured decode and verify steps
+        self.prefill_graphs = prefill_graphs  # CUDA: batch-1 prompt chunks (last row's logits)
 
     @torch.inference_mode()
     def run(self, seqs: list[ScheduledSeq]) -> StepLogits:
         if self.graphs is not None and self._decode_or_verify(seqs) and self.graphs.fits(
                 len(seqs), max(s.num_tokens for s in seqs)):
             return self._run_graph(seqs)
+        if (self.prefill_graphs is not None and len(seqs) == 1 and self._plain_chunk(seqs[0])
+                and self.prefill_graphs.fits(1, seqs[0].num_tokens)):
+            return self._run_prefill_graph(seqs[0])
         ids: list[int] = []
         positions: list[int] = []
         rows: list[list[int]] = []
@@ -70,6 +75,23 @@ class ModelRunner:
         """Every sequence runs exactly its one newest token (plus drafts), with no span."""
         return all(s.num_real == 1 and s.samples and
                    not any(sp.start <= s.start < sp.end for sp in s.req.spans) for s in seqs)
+
+    @staticmethod
+    def _plain_chunk(s: ScheduledSeq) -> bool:
+        """A prompt chunk of the request's own tokens: no drafts, no embedding span."""
+        return not s.draft and not any(sp.start < s.start + s.num_real and sp.end > s.start
+                                       for sp in s.req.spans)
+
+    def _run_prefill_graph(self, s: ScheduledSeq) -> StepLogits:
+        """One chunk alone, replayed from the smallest prefill graph that holds it: the
+        eager forward's kernels and bits (they are batch-invariant, so padding rows change
+        no real row). Reported as no graph step: its cost is not a decode step's."""
+        assert self.prefill_graphs is not None
+        ids = s.req.table.block_ids  # type: ignore[union-attr]
+        logits, q = self.prefill_graphs.run_verify(
+            [s.req.all_ids[s.start : s.start + s.num_real]], [s.start],
+            np.asarray([ids], dtype=np.int64), self.block_size)
+        return StepLogits(logits, [[0] if s.samples else []], q)
 
     def _run_graph(self, seqs: list[ScheduledSeq]) -> StepLogits:
         assert self.graphs is not None

@@ -31,14 +31,19 @@ class Speculator:
 
     def propose(self, running: list[Request], budget: int) -> dict[str, list[int]]:
         """Drafts for the decoding requests of the coming step, keyed by request id."""
-        decoding = [r for r in running
-                    if r.num_tokens - r.num_computed == 1 and r.params.logprobs is None]
-        for r in running:  # a prompt being prefilled: index it now, not in its first probe
-            if r.num_computed == 0 and r.params.logprobs is None:
-                self.drafter.prepare(DraftRequest(r.request_id, r.all_ids, 0))
+        decoding, pending = [], 0  # one pass: this runs every step, drafting or not
+        for r in running:
+            n = r.num_tokens - r.num_computed
+            pending += n
+            if r.params.logprobs is None:
+                if n == 1:
+                    decoding.append(r)
+                elif r.num_computed == 0:  # a prompt being prefilled: index it now, not
+                    # in its first probe
+                    self.drafter.prepare(DraftRequest(r.request_id, r.all_ids, 0))
         if not decoding or self.controller.paused():
             return {}
-        others = sum(r.num_tokens - r.num_computed for r in running) - len(decoding)
+        others = pending - len(decoding)
         if self.config.auto:
             ks = self.controller.choose([r.request_id for r in decoding], max(0, others))
         else:

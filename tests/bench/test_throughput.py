@@ -133,33 +133,11 @@ def test_table_lists_every_variant_and_the_roofline():
     assert "fp8kv vs invariant 25% equal (first differs at step 30" in text
 
 
-def _tiny_model(device: str = "cuda"):
-    from mmserve.models.registry import build_model
-
-    cfg = dict(model_type="llama", hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, intermediate_size=512, vocab_size=1000, head_dim=64,
-               tie_word_embeddings=False, max_position_embeddings=512)
-    torch.manual_seed(0)
-    names = {"model.embed_tokens.weight": (1000, 256), "lm_head.weight": (1000, 256),
-             "model.norm.weight": (256,)}
-    for i in range(2):
-        p = f"model.layers.{i}"
-        names |= {f"{p}.self_attn.q_proj.weight": (256, 256), f"{p}.self_attn.k_proj.weight":
-                  (128, 256), f"{p}.self_attn.v_proj.weight": (128, 256),
-                  f"{p}.self_attn.o_proj.weight": (256, 256), f"{p}.mlp.gate_proj.weight":
-                  (512, 256), f"{p}.mlp.up_proj.weight": (512, 256),
-                  f"{p}.mlp.down_proj.weight": (256, 512), f"{p}.input_layernorm.weight": (256,),
-                  f"{p}.post_attention_layernorm.weight": (256,)}
-    sd = {k: torch.randn(s) * (1.0 if len(s) == 1 else s[-1] ** -0.5) for k, s in names.items()}
-    model = build_model(cfg, sd, torch.bfloat16, device)
-    return model
-
-
-def test_paged_decoder_fp8_cache_has_the_same_blocks():
+def test_paged_decoder_fp8_cache_has_the_same_blocks(tiny_llama):
     from mmserve.bench.engine_run import PagedDecoder
     from mmserve.engine.kv_cache import KVCache
 
-    model = _tiny_model("cpu")
+    model = tiny_llama("cpu")
     plain = PagedDecoder(model, 3, 40)
     fp8 = PagedDecoder(model, 3, 40, kv_dtype=FP8_DTYPE)
     assert isinstance(plain.kv, torch.Tensor) and plain.kv.dtype == torch.bfloat16
@@ -173,11 +151,11 @@ def test_paged_decoder_fp8_cache_has_the_same_blocks():
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs need CUDA")
-def test_graph_decode_rows_equal_eager_and_single_sequence_harness():
+def test_graph_decode_rows_equal_eager_and_single_sequence_harness(tiny_llama):
     from mmserve.bench.engine_run import BLOCK_SIZE, PagedDecoder
     from mmserve.models.harness import SequenceRunner
 
-    model = _tiny_model()
+    model = tiny_llama()
     prompts = [torch.randint(0, 1000, (n,)).tolist() for n in (7, 30, 19)]
     dec = PagedDecoder(model, 4, 96)
     dec.capture((1, 2, 4))
@@ -198,10 +176,10 @@ def test_graph_decode_rows_equal_eager_and_single_sequence_harness():
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs need CUDA")
-def test_fp8_cache_graph_decode_equals_eager():
+def test_fp8_cache_graph_decode_equals_eager(tiny_llama):
     from mmserve.bench.engine_run import PagedDecoder
 
-    model = _tiny_model()
+    model = tiny_llama()
     prompts = torch.randint(0, 1000, (3, 21)).tolist()
     graphed = PagedDecoder(model, 4, 96, kv_dtype=FP8_DTYPE)
     graphed.capture((1, 2, 4))
