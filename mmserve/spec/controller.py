@@ -25,8 +25,9 @@ when that whole draft was accepted (slow start: a copying request reaches k_max 
 A request that is off (and every new request) comes back only through a probe: a
 few draft tokens, after forgetting part of its old evidence. A new request probes at
 its first decode step. After a probe that accepts nothing the wait to the next one
-is what the probe budget takes to refill twice the probe's cost (1 step when a probe
-is nearly free, as at batch 1 on a GPU, up to ``probe_interval``); after
+is what the probe budget takes to refill twice the probe's cost (priced at least
+``probe_min_overhead``), or a wait that doubles from the second such probe in a row,
+whichever is longer, up to ``probe_interval``; after
 ``miss_limit`` drafts in a row that accept nothing the request ramps down to 0 and
 waits the whole interval. A probe runs only when
 perfect acceptance would pay at this step's cost, when it costs at most
@@ -76,6 +77,7 @@ class _RequestState:
     probing: bool = False  # the last k was a probe whose outcome is not yet observed
     winding_down: bool = False  # target 0 until k reaches 0 (after misses)
     misses: int = 0  # consecutive verified drafts with nothing accepted
+    failed_probes: int = 0  # consecutive verified probes that accepted nothing
     full: bool = False  # the last verified draft was accepted whole
 
 
@@ -91,6 +93,7 @@ class SpecController:
         probe_interval: int = 16,
         probe_k: int = 2,
         probe_max_overhead: float = 0.5,
+        probe_min_overhead: float = 0.05,
         probe_budget_per_step: float = 0.01,
         probe_forget: float = 0.3,
         miss_limit: int = 6,
@@ -115,6 +118,9 @@ class SpecController:
         self.probe_interval = probe_interval
         self.probe_k = min(probe_k, k_max, max_step_change)  # probes obey the ramp too
         self.probe_max_overhead = probe_max_overhead
+        # a probe is never free: drafting and verifying cost host time the forward's
+        # curve cannot show (the budget is charged at least this, a fraction of a step)
+        self.probe_min_overhead = probe_min_overhead
         self.probe_forget = probe_forget
         self.miss_limit = miss_limit
         self.prior_strength = prior_strength
@@ -202,9 +208,10 @@ class SpecController:
                 state.full = num_accepted == num_drafted
                 if num_accepted == 0 and state.probing:  # the probe is the test: off
                     state.k, state.steps_off, state.misses = 0, 0, 0
+                    state.failed_probes += 1
                     state.wait = self._backoff(state)
                 elif state.probing:
-                    state.wait = 1
+                    state.wait, state.failed_probes = 1, 0
                 elif state.misses >= self.miss_limit:  # ramp down, then wait for a probe
                     state.winding_down, state.misses = True, 0
                     state.wait = self.probe_interval
@@ -312,8 +319,15 @@ class SpecController:
         decode step costs, so a copying request may probe again at once (a doubling wait
         cost short edit responses most of their speed-up); at 16 rows padded to 48 the
         wait grows toward ``probe_interval``."""
-        steps = math.ceil(max(state.probe_cost, 0.0) / (2 * self.probe_budget_per_step))
-        return max(1, min(self.probe_interval, steps))
+        steps = math.ceil(max(state.probe_cost, self.probe_min_overhead)
+                          / (2 * self.probe_budget_per_step))
+        # and a wait that doubles from the second failure in a row: a request that copies
+        # nothing stops probing every few steps (on the H200 a batch-1 probe is priced
+        # ~0 from the curves, yet its drafting and verifying cost ~10 % of a step: 75
+        # probes in a 128-token chat answer, 0.966x), while an edit answer whose preamble
+        # fails a probe or two still finds its copy within a couple of steps
+        doubling = 2 ** (state.failed_probes - 1) if state.failed_probes else 1
+        return max(1, min(self.probe_interval, max(steps, doubling)))
 
     def _probe_fits(self, plan: _StepPlan) -> float | None:
         """The probe's expected overhead (a fraction of the step) if it could pay at all
@@ -338,9 +352,10 @@ class SpecController:
             # nominal price held a batch-1 edit request's first probe back ~25 steps
             overhead = estimate if self._verify_cost.has_bucket(probe_rows) else min(
                 estimate, overhead)
+        overhead = max(overhead, self.probe_min_overhead)
         if overhead > min(self.probe_max_overhead, self._probe_budget):
             return None
-        self._probe_budget -= max(overhead, 0.0)
+        self._probe_budget -= overhead
         return overhead
 
 

@@ -342,3 +342,29 @@ def test_realized_guard_leaves_paying_speculation_alone() -> None:
     sim.run(300, accept=0.9)
     assert ctrl.pauses == 0
     assert sim.tokens / sim.seconds > 3 / FLAT(1)  # a copying request keeps its gain
+
+
+def test_failed_probes_back_off_doubling_even_when_verify_looks_free() -> None:
+    """FLAT costs, curves measured: a probe is priced at ~0 of a step, yet probes that
+    keep failing space out (the price floor, then a doubling wait up to
+    ``probe_interval``), while a preamble that fails a probe or two before the copying
+    starts is found again within a few steps."""
+
+    def warmed() -> SpecController:
+        ctrl = SpecController(k_max=8, probe_interval=16)
+        for _ in range(3):
+            for rows in (1, 3, 5, 9):
+                ctrl.record_step(rows, FLAT(rows), verify=rows > 1, emitted=1, sequences=1)
+        return ctrl
+
+    sim = RealizedSim(warmed(), FLAT, verify_penalty=1.0)
+    sim.run(200, accept=0.0)
+    probes = [i for i, k in enumerate(sim.history["r0"]) if k > 0]
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps[0] >= 3 and gaps[:5] == sorted(gaps[:5]) and min(gaps[5:]) >= 16, gaps
+    assert len(probes) <= 200 // 16 + 5
+
+    sim = RealizedSim(warmed(), FLAT, verify_penalty=1.0)
+    sim.run(3, accept=0.0)  # "Sure, here is the text:"
+    sim.run(12, accept=0.95)  # then the copy
+    assert max(sim.history["r0"][3:6]) >= 2 and min(sim.history["r0"][-6:]) >= 6
