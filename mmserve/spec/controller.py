@@ -26,8 +26,9 @@ A request that is off (and every new request) comes back only through a probe: a
 few draft tokens, after forgetting part of its old evidence. A new request probes at
 its first decode step. After a probe that accepts nothing the wait to the next one
 is what the probe budget takes to refill twice the probe's cost, or a wait that
-doubles from the second such probe in a row, whichever is longer, up to
-``probe_interval`` (the budget is charged at least ``probe_min_overhead``); after
+doubles with each such probe in a row after ``probe_free_failures``, whichever is
+longer, up to ``probe_interval`` (the budget is charged at least
+``probe_min_overhead``); after
 ``miss_limit`` drafts in a row that accept nothing the request ramps down to 0 and
 waits the whole interval. A probe runs only when
 perfect acceptance would pay at this step's cost, when it costs at most
@@ -94,6 +95,7 @@ class SpecController:
         probe_k: int = 2,
         probe_max_overhead: float = 0.5,
         probe_min_overhead: float = 0.05,
+        probe_free_failures: int = 3,
         probe_budget_per_step: float = 0.01,
         probe_forget: float = 0.3,
         miss_limit: int = 6,
@@ -121,6 +123,7 @@ class SpecController:
         # a probe is never free: drafting and verifying cost host time the forward's
         # curve cannot show (the budget is charged at least this, a fraction of a step)
         self.probe_min_overhead = probe_min_overhead
+        self.probe_free_failures = probe_free_failures
         self.probe_forget = probe_forget
         self.miss_limit = miss_limit
         self.prior_strength = prior_strength
@@ -320,13 +323,14 @@ class SpecController:
         cost short edit responses most of their speed-up); at 16 rows padded to 48 the
         wait grows toward ``probe_interval``."""
         steps = math.ceil(max(state.probe_cost, 0.0) / (2 * self.probe_budget_per_step))
-        # and a wait that doubles from the second failure in a row: a request that copies
-        # nothing stops probing every other step (on the H200 a batch-1 probe is priced
-        # ~0 from the curves, yet its drafting and verifying cost ~10 % of a step: 75
-        # probes in a 128-token chat answer, 0.966x), while an edit answer whose preamble
-        # fails a probe or two still finds its copy within a step or two (a 3-step wait
-        # after every failure, tried first, cost edit/rewrite ~1/3 of its speed-up)
-        doubling = 2 ** (state.failed_probes - 1) if state.failed_probes else 1
+        # and a wait that doubles after ``probe_free_failures`` failures in a row: a
+        # request that copies nothing stops probing every other step (on the H200 a
+        # batch-1 probe is priced ~0 from the curves, yet its drafting and verifying cost
+        # ~10 % of a step: 75 probes in a 128-token chat answer, 0.966x), while an edit
+        # answer, copy runs between short rewrites, finds each run again at once (a
+        # 3-step wait after every failure, and a doubling from the second, each cost
+        # edit/rewrite at batch 1 about a third of its speed-up on the H200)
+        doubling = 2 ** max(0, state.failed_probes - self.probe_free_failures)
         return max(1, min(self.probe_interval, max(steps, doubling)))
 
     def _probe_fits(self, plan: _StepPlan) -> float | None:

@@ -361,8 +361,8 @@ def test_failed_probes_back_off_doubling_even_when_verify_looks_free() -> None:
     sim.run(200, accept=0.0)
     probes = [i for i, k in enumerate(sim.history["r0"]) if k > 0]
     gaps = [b - a for a, b in itertools.pairwise(probes)]
-    assert gaps[:5] == [1, 2, 4, 8, 16] and min(gaps[5:]) >= 16, gaps
-    assert len(probes) <= 200 // 16 + 5
+    assert gaps[:7] == [1, 1, 1, 2, 4, 8, 16] and min(gaps[7:]) >= 16, gaps
+    assert len(probes) <= 200 // 16 + 7
 
     sim = RealizedSim(warmed(), FLAT, verify_penalty=1.0)
     sim.run(3, accept=0.0)  # "Sure, here is the text:"
