@@ -27,8 +27,7 @@ few draft tokens, after forgetting part of its old evidence. A new request probe
 its first decode step. After a probe that accepts nothing the wait to the next one
 is what the probe budget takes to refill twice the probe's cost, or a wait that
 doubles with each such probe in a row after ``probe_free_failures``, whichever is
-longer, up to ``probe_interval`` (the budget is charged at least
-``probe_min_overhead``); after
+longer, up to ``probe_interval``; after
 ``miss_limit`` drafts in a row that accept nothing the request ramps down to 0 and
 waits the whole interval. A probe runs only when
 perfect acceptance would pay at this step's cost, when it costs at most
@@ -94,7 +93,6 @@ class SpecController:
         probe_interval: int = 16,
         probe_k: int = 2,
         probe_max_overhead: float = 0.5,
-        probe_min_overhead: float = 0.05,
         probe_free_failures: int = 3,
         probe_budget_per_step: float = 0.01,
         probe_forget: float = 0.3,
@@ -120,9 +118,6 @@ class SpecController:
         self.probe_interval = probe_interval
         self.probe_k = min(probe_k, k_max, max_step_change)  # probes obey the ramp too
         self.probe_max_overhead = probe_max_overhead
-        # a probe is never free: drafting and verifying cost host time the forward's
-        # curve cannot show (the budget is charged at least this, a fraction of a step)
-        self.probe_min_overhead = probe_min_overhead
         self.probe_free_failures = probe_free_failures
         self.probe_forget = probe_forget
         self.miss_limit = miss_limit
@@ -356,10 +351,9 @@ class SpecController:
             # nominal price held a batch-1 edit request's first probe back ~25 steps
             overhead = estimate if self._verify_cost.has_bucket(probe_rows) else min(
                 estimate, overhead)
-        charge = max(overhead, self.probe_min_overhead)
-        if charge > min(self.probe_max_overhead, self._probe_budget):
+        if overhead > min(self.probe_max_overhead, self._probe_budget):
             return None
-        self._probe_budget -= charge
+        self._probe_budget -= max(overhead, 0.0)
         return overhead
 
 
