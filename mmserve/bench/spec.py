@@ -31,12 +31,6 @@ def _timed(llm: LLM, convs: list, params: SamplingParams,
     return time.perf_counter() - start, [r.token_ids for r in out]
 
 
-def _pauses(llm: LLM) -> int:
-    """Times the controller's realized-throughput check paused drafting so far."""
-    spec = llm.engine.speculator
-    return spec.controller.pauses if spec is not None else 0
-
-
 def run_spec_bench(model: str | None = None, speculative_config: dict | None = None,
                    workloads: tuple[str, ...] = WORKLOADS,
                    concurrencies: tuple[int, ...] = (1, 4, 16), max_tokens: int = 96,
@@ -60,7 +54,6 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                 _timed(spec, convs[:2], SamplingParams(temperature=0, max_tokens=8), on)
             spec.engine.blocks.reset_prefix_cache()
             before = spec.engine.stats()
-            pauses = _pauses(spec)
             t_plain, t_spec = float("inf"), float("inf")
             for i in range(repeats):  # interleaved, best of each: drift hits both alike
                 for on in ((False, True) if i % 2 == 0 else (True, False)):  # either first
@@ -82,7 +75,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                 "drafted": drafted, "accepted": accepted,
                 "acceptance": accepted / drafted if drafted else 0.0,
                 "identical": ids_plain == ids_spec,
-                "guard_pauses": _pauses(spec) - pauses,
+                "guard_pauses": after.spec_guard_pauses_total - before.spec_guard_pauses_total,
             })
             print(_format_row(rows[-1]), flush=True)
     spec.engine.set_speculation(True)

@@ -152,7 +152,7 @@ class LLMEngine:
         two on one engine, so memory placement cannot favour either side)."""
         if self.has_unfinished():
             raise RuntimeError("speculation can only be switched with no request in flight")
-        spec = self.spec or self._spec_off
+        spec = self.speculator
         if spec is None:
             raise ValueError("this engine was built without a speculative_config")
         self.spec, self._spec_off = (spec, None) if enabled else (None, spec)
@@ -268,11 +268,12 @@ class LLMEngine:
             **self._spec_stats())
 
     def _spec_stats(self) -> dict:
-        spec = self.spec or self._spec_off
+        spec = self.speculator
         if spec is None:
             return {}
         totals = spec.controller.totals()
-        return {"spec_num_drafts_total": totals.num_drafts,
+        return {"spec_guard_pauses_total": spec.controller.pauses,
+                "spec_num_drafts_total": totals.num_drafts,
                 "spec_draft_tokens_total": totals.num_draft_tokens,
                 "spec_accepted_tokens_total": totals.num_accepted_tokens,
                 "spec_acceptance_by_position": spec.controller.acceptance_by_position()}

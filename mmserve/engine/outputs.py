@@ -53,4 +53,5 @@ class EngineStats:
     spec_num_drafts_total: int = 0  # verify steps that carried at least one draft token
     spec_draft_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
+    spec_guard_pauses_total: int = 0  # drafting paused: verify steps delivered < plain
     spec_acceptance_by_position: list[float] = field(default_factory=list)

@@ -78,6 +78,12 @@ class EngineStatsCollector(Collector):
             "Drafted tokens accepted by verification",
             s.spec_accepted_tokens_total,
         )
+        yield counter(
+            "spec_guard_pauses",
+            "Times drafting was paused because verify steps delivered fewer tokens per "
+            "second than plain decode steps",
+            s.spec_guard_pauses_total,
+        )
         mean_len = GaugeMetricFamily(
             "mmserve_spec_mean_accepted_length",
             "Tokens emitted per verify step: 1 + accepted drafts / drafts (1.0 before any draft)",

@@ -43,6 +43,7 @@ def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI, model
         "mmserve_prefix_cache_hit_tokens_total",
         "mmserve_spec_draft_tokens_total",
         "mmserve_spec_accepted_tokens_total",
+        "mmserve_spec_guard_pauses_total",
     ):
         assert any(n == name for n, _ in before), name
     assert _value(before, "mmserve_kv_blocks_free") > 0
