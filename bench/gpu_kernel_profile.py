@@ -82,20 +82,7 @@ def gemm_bandwidth(bandwidth: float) -> list[dict]:
         res = {"n": n, "k": k}
         for label, fn in (("triton", invariant_linear),
                           ("cublas", torch.nn.functional.linear)):
-            for w in ws:
-                fn(x, w)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for w in ws:
-                    fn(x, w)
-            g.replay()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(5):
-                g.replay()
-            torch.cuda.synchronize()
-            us = (time.perf_counter() - t) / (5 * copies) * 1e6
+            us = _graph_us([lambda w=w, fn=fn, x=x: fn(x, w) for w in ws])
             res[label] = {"us": round(us, 2),
                           "roofline_frac": round(n * k * 2 / bandwidth / (us * 1e-6), 3)}
         print(f"  gemm {n}x{k}: {res}", flush=True)
@@ -138,20 +125,9 @@ def attention_variants() -> list[dict]:
 
                 out = fn()
                 base = out if base is None else base
-                reps = 50 if qlen == 1 else 5
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    for _ in range(reps):
-                        fn()
-                g.replay()
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(5):
-                    g.replay()
-                torch.cuda.synchronize()
-                key = f"w{opt['num_warps']}s{opt['num_stages']}"
-                row[key] = {"us": round((time.perf_counter() - t) / (5 * reps) * 1e6, 2),
-                            "same_bits": bool(torch.equal(out, base))}
+                us = _graph_us([fn] * (50 if qlen == 1 else 5))
+                row[f"w{opt['num_warps']}s{opt['num_stages']}"] = {
+                    "us": round(us, 2), "same_bits": bool(torch.equal(out, base))}
             print(f"  attn {row}", flush=True)
             rows.append(row)
     ta.LAUNCH.clear()

@@ -34,15 +34,21 @@ class Sim:
         for _ in range(steps):
             ks = self.ctrl.choose(list(ids), num_other_tokens=prefill)
             for rid, k in zip(ids, ks, strict=True):
-                m = 0
-                while m < k and self.rng.random() < accept:
-                    m += 1
-                self.ctrl.observe(rid, k, m)
-                self.history.setdefault(rid, []).append(k)
+                m = self.verify(rid, k, accept)
                 for i in range(k):
                     self.drafted[i] += 1
                     self.accepted[i] += int(i < m)
             self.record(len(ids) + prefill + sum(ks), ks)
+
+    def verify(self, rid: str, k: int, accept: float) -> int:
+        """Each of ``k`` draft tokens accepted with probability ``accept`` until the first
+        rejection; the controller observes it -> the number accepted."""
+        m = 0
+        while m < k and self.rng.random() < accept:
+            m += 1
+        self.ctrl.observe(rid, k, m)
+        self.history.setdefault(rid, []).append(k)
+        return m
 
     def record(self, tokens: int, ks: list[int]) -> None:
         """Report the step's measured cost (drafting included) to the controller."""
@@ -276,14 +282,8 @@ class RealizedSim(Sim):
             prefill: int = 0) -> None:
         for _ in range(steps):
             ks = self.ctrl.choose(list(ids))
-            emitted = 0
-            for rid, k in zip(ids, ks, strict=True):
-                m = 0
-                while m < k and self.rng.random() < accept:
-                    m += 1
-                self.ctrl.observe(rid, k, m)
-                self.history.setdefault(rid, []).append(k)
-                emitted += m + 1
+            emitted = sum(self.verify(rid, k, accept) + 1
+                          for rid, k in zip(ids, ks, strict=True))
             rows = len(ids) + sum(ks)
             verify = any(ks)
             seconds = self.cost(rows) * (self.penalty if verify else 1.0)
