@@ -116,7 +116,16 @@ class Sampler:
         extra_tokens: list[list[int]] | None = None,
     ) -> SampleResult:
         """Pick one token per row from ``logits`` (B, V); advances sampling generators."""
-        processed = self.process(logits, states, extra_tokens)  # (B, V)
+        extra = extra_tokens if extra_tokens is not None else [[] for _ in states]
+        token_ids: list[int]
+        if all(s.params.greedy and not _adjusts(s, more) for s, more in zip(
+                states, extra, strict=True)):
+            # every row greedy with nothing to apply: the argmax of the logits themselves
+            # (what ``process`` would return is their exact float32 copy), without a
+            # per-row pass (~2 us a row on the host: 36 rows of a 4 x (8 + 1) verify step)
+            token_ids = logits.argmax(dim=-1).tolist()
+            return SampleResult(token_ids, _logprobs(logits, states, token_ids))
+        processed = self.process(logits, states, extra)  # (B, V)
         tokens = processed.argmax(dim=-1)  # greedy rows keep this; first max = lowest id
         rows = [i for i, s in enumerate(states) if not s.params.greedy]
         if rows:
@@ -125,7 +134,7 @@ class Sampler:
             for r, i in enumerate(rows):
                 noise[r].exponential_(generator=states[i].generator)
             tokens[rows] = (probs / noise.clamp_min_(_TINY)).argmax(dim=-1)
-        token_ids: list[int] = tokens.tolist()
+        token_ids = tokens.tolist()
         return SampleResult(token_ids, _logprobs(logits, states, token_ids))
 
     def probs(
@@ -158,12 +167,21 @@ class Sampler:
         assert len(extra) == len(states)
         x = logits.float().clone()  # (B, V)
         for i, (state, more) in enumerate(zip(states, extra, strict=True)):
-            _apply_penalties(x[i], state, more)
-            _apply_min_tokens(x[i], state, more)
+            if _adjusts(state, more):  # most rows: nothing to do, no row view made
+                _apply_penalties(x[i], state, more)
+                _apply_min_tokens(x[i], state, more)
         rows = [i for i, s in enumerate(states) if not s.params.greedy]
         if rows:
             x[rows] = _apply_filters(x[rows], [states[i].params for i in rows])
         return x
+
+
+def _adjusts(state: SamplingState, extra: list[int]) -> bool:
+    """Whether a penalty or min_tokens changes this row's logits."""
+    p = state.params
+    return (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            or (state.num_generated + len(extra) < p.min_tokens
+                and bool(state.banned_before_min_tokens)))
 
 
 def _apply_penalties(row: torch.Tensor, state: SamplingState, extra: list[int]) -> None:

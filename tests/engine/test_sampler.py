@@ -218,3 +218,28 @@ def test_sampling_frequencies_match_distribution(kw: dict) -> None:
     stat, dof = _chi_square(counts, ref)
     assert counts[ref == 0].sum() == 0
     assert stat < _chi2_quantile_999(dof), (stat, dof, counts / counts.sum(), ref)
+
+
+def test_greedy_rows_with_penalties_or_min_tokens_still_get_them() -> None:
+    """All-greedy rows with nothing to apply take the logits' argmax directly; one row
+    with a penalty or an active min_tokens sends the batch through ``process`` and that
+    row (only) gets its adjustment, in a greedy verify's rows too (``extra_tokens``)."""
+    logits = _logits(4, 7)
+    top = logits.argmax(-1).tolist()
+    plain = [_state(temperature=0.0) for _ in range(4)]
+    assert Sampler().sample(logits, plain).token_ids == top
+    second = logits[1].topk(2).values[1]
+    logits[1, top[1]] = second + 0.5  # row 1's best by a margin a penalty of 2 overturns
+    penalised = _state(temperature=0.0, presence_penalty=2.0)
+    penalised.observe(top[1])
+    banned = _state(temperature=0.0, min_tokens=3)
+    logits[2, EOS] = logits[2].max() + 5.0  # row 2 wants EOS before min_tokens
+    states = [plain[0], penalised, banned, plain[3]]
+    want1, want2 = logits[1].clone(), logits[2].clone()
+    want1[top[1]] -= 2.0
+    want2[EOS] = float("-inf")
+    got = Sampler().sample(logits, states, [[], [], [7], []]).token_ids
+    assert got == [top[0], int(want1.argmax()), int(want2.argmax()), top[3]]
+    assert got[1] != top[1] and got[2] != EOS
+    banned.num_generated = 2  # with the extra verify token min_tokens is reached: EOS allowed
+    assert Sampler().sample(logits, states, [[], [], [7], []]).token_ids[2] == EOS
