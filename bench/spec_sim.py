@@ -18,6 +18,7 @@ against speculative, per workload and concurrency: a check of the controller's c
 
 Usage: python bench/spec_sim.py [--workloads edit,chat] [--concurrency 1,4,16]
        [--max-tokens 128] [--trace] [--model PATH] [--real-clock]
+       [--noise SIGMA] [--spike P] [--seed N]
 (``--real-clock`` on a GPU: the same trace with measured step times.)
 """
 
@@ -26,6 +27,8 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import math
+import random
 import time
 
 from mmserve import LLM, SamplingParams
@@ -33,6 +36,18 @@ from mmserve.bench.spec_workloads import WORKLOADS, workload
 from mmserve.engine.cuda_graphs import DEFAULT_SIZES
 
 QSIZES = (1, 2, 3, 5, 9)  # the engine's verify buckets for k_max = 8
+# measurement noise the controller sees (``--noise``): each step's time times
+# exp(N(0, sigma)), and twice that with probability ``spike``; the simulated total is
+# charged the noiseless time, so the result measures the decisions, not the dice
+NOISE = {"sigma": 0.0, "spike": 0.0}
+_rng = random.Random(0)
+
+
+def noisy(ms: float) -> float:
+    if not NOISE["sigma"] and not NOISE["spike"]:
+        return ms
+    ms *= math.exp(_rng.gauss(0.0, NOISE["sigma"]))
+    return ms * 2.0 if _rng.random() < NOISE["spike"] else ms
 
 
 def step_ms(seqs) -> tuple[float, int, bool]:
@@ -85,7 +100,7 @@ class SimClock:
 
             def record_step(num_tokens, seconds, verify, graph, emitted=0, sequences=0):
                 ms, rows, graph = self._last
-                record(rows, ms / 1e3, verify, graph, emitted, sequences)
+                record(rows, noisy(ms) / 1e3, verify, graph, emitted, sequences)
 
             spec.record_step = record_step
 
@@ -143,7 +158,14 @@ def main() -> None:
     p.add_argument("--model", default=None, help="default: the default model")
     p.add_argument("--real-clock", action="store_true",
                    help="wall time, controller untouched (on a GPU: the real trace)")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="sigma of the log-normal noise on the step times the controller sees")
+    p.add_argument("--spike", type=float, default=0.0,
+                   help="probability that a measured step takes twice as long")
+    p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
+    NOISE.update(sigma=a.noise, spike=a.spike)
+    _rng.seed(a.seed)
     run(a.workloads.split(","), [int(c) for c in a.concurrency.split(",")], a.max_tokens,
         a.trace, a.model, a.real_clock)
 
