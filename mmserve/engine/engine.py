@@ -236,7 +236,11 @@ class LLMEngine:
             extra += [s.draft[:j] for j in range(len(mine))]  # penalties see earlier drafts
         if not rows:
             return None, picks
-        return self.sampler.sample(result.logits[rows], states, extra), picks
+        # rows only ever increase: a contiguous run (every plain decode step, a greedy
+        # verify without padding rows) is a view, not a gather of (rows, vocab) floats
+        logits = (result.logits[rows[0] : rows[-1] + 1] if rows[-1] - rows[0] + 1 == len(rows)
+                  else result.logits[rows])
+        return self.sampler.sample(logits, states, extra), picks
 
     def _commit(self, req: Request) -> None:
         """Offer the newly full blocks of computed tokens to the prefix cache."""
