@@ -101,7 +101,7 @@ def _format_row(r: dict[str, Any]) -> str:
     return (f"{r['workload']:>5} c={r['concurrency']:<3} plain {r['plain_tok_s']:7.1f} tok/s  "
             f"spec {r['spec_tok_s']:7.1f} tok/s  x{r['speedup']:.2f}  "
             f"accept {r['acceptance']:.2f}  identical={r['identical']}  "
-            f"pauses {r.get('guard_pauses', 0)}")
+            f"pauses {r['guard_pauses']}")
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -91,7 +91,6 @@ class LLMEngine:
         report = prefill.capture()
         log.info("captured CUDA graphs for batch-1 prefill chunks of %s tokens in %.2fs "
                  "using %.0f MiB", lengths, report.seconds, report.pool_bytes / 2**20)
-        self.prefill_graph_report = report
         return graphs, prefill
 
     # -- requests --------------------------------------------------------------------

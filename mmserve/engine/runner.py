@@ -73,14 +73,12 @@ class ModelRunner:
     @staticmethod
     def _decode_or_verify(seqs: list[ScheduledSeq]) -> bool:
         """Every sequence runs exactly its one newest token (plus drafts), with no span."""
-        return all(s.num_real == 1 and s.samples and
-                   not any(sp.start <= s.start < sp.end for sp in s.req.spans) for s in seqs)
+        return all(s.num_real == 1 and s.samples and not _in_span(s) for s in seqs)
 
     @staticmethod
     def _plain_chunk(s: ScheduledSeq) -> bool:
         """A prompt chunk of the request's own tokens: no drafts, no embedding span."""
-        return not s.draft and not any(sp.start < s.start + s.num_real and sp.end > s.start
-                                       for sp in s.req.spans)
+        return not s.draft and not _in_span(s)
 
     def _run_prefill_graph(self, s: ScheduledSeq) -> StepLogits:
         """One chunk alone, replayed from the smallest prefill graph that holds it: the
@@ -108,8 +106,7 @@ class ModelRunner:
 
     def _embeds(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> torch.Tensor | None:
         """Token embeddings with span vectors spliced in, or None when no span is in play."""
-        if not any(sp.start < s.start + s.num_real and sp.end > s.start
-                   for s in seqs for sp in s.req.spans):
+        if not any(_in_span(s) for s in seqs):
             return None
         x = self.model.embed(input_ids)
         offset = 0
@@ -122,3 +119,8 @@ class ModelRunner:
                     x[offset + a - lo : offset + b - lo] = rows.to(x.dtype)
             offset += s.num_tokens
         return x
+
+
+def _in_span(s: ScheduledSeq) -> bool:
+    """Whether any of the step's real tokens of ``s`` lies in one of its embedding spans."""
+    return any(sp.start < s.start + s.num_real and sp.end > s.start for sp in s.req.spans)
