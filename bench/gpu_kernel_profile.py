@@ -179,9 +179,11 @@ def main() -> None:
     names = sys.argv[2:]
     bw = max(copy_bandwidth()["gb_s"]) * 1e9
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    report: dict = {"copy_bandwidth": bw, "attention": attention_variants()}
-    report["epilogue_configs"] = epilogue_configs()
-    if "--no-gemm" not in names:
+    report: dict = {"copy_bandwidth": bw}
+    if "--shapes-only" not in names:  # the step profiles alone (e.g. MMSERVE_PDL=0 vs 1)
+        report["attention"] = attention_variants()
+        report["epilogue_configs"] = epilogue_configs()
+    if "--no-gemm" not in names and "--shapes-only" not in names:
         report["gemm_m1"] = gemm_bandwidth(bw)
     names = [n for n in names if not n.startswith("--")] or ["llama3-8b", "smollm2-135m"]
     for name in names:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mmserve.kernels.triton_pdl import pdl_launch
+
 try:  # Triton ships with CUDA builds of torch; the CPU path never needs it
     import triton
     import triton.language as tl
@@ -101,6 +103,7 @@ def paged_metadata(meta, block_size: int) -> PagedMetadata:
 
 
 if triton is not None:
+    from mmserve.kernels.triton_pdl import wait_previous
 
     @triton.jit
     def _paged_attention_kernel(
@@ -110,7 +113,9 @@ if triton is not None:
         stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
         G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr, PREFETCH: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        wait_previous(PDL)  # before the early return: a grid never ends before its predecessor
         seq = tl.program_id(0)
         tile = tl.program_id(1)
         kvh = tl.program_id(2)
@@ -253,6 +258,7 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         return out
     tiles = -(-pm.max_query_len * g // BLOCK_M)
     prefetch = b * tiles * hkv < PREFETCH_MAX_PROGRAMS
+    pdl = pdl_launch(q)
     _paged_attention_kernel[(b, tiles, hkv)](
         q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
         pm.query_lens, k_scale, v_scale, scale * 1.4426950408889634,
@@ -260,7 +266,7 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
         k_scale.stride(0), k_scale.stride(1),
         G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, FP8=fp8,
-        PREFETCH=prefetch, **LAUNCH)
+        PREFETCH=prefetch, PDL=pdl, launch_pdl=pdl, **LAUNCH)
     return out
 
 

@@ -36,6 +36,7 @@ import os
 import torch
 
 from mmserve.kernels.triton_matmul import TileConfig, pick_config
+from mmserve.kernels.triton_pdl import pdl_launch
 
 try:
     import triton
@@ -75,6 +76,7 @@ if triton is not None:
 
     from mmserve.kernels.triton_attention import _quantize_store
     from mmserve.kernels.triton_matmul import tile_rows_cols
+    from mmserve.kernels.triton_pdl import wait_previous
     from mmserve.kernels.triton_rope import round_bf16
 
     @triton.jit
@@ -120,13 +122,14 @@ if triton is not None:
                            NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
                            GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                           CH: tl.constexpr, UNROLL: tl.constexpr):
+                           CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr):
         rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         row_ok = rm < M
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
         u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: the up rows
+        wait_previous(PDL)
         if NORM:  # each row's squares, summed elementwise over K chunks in ascending order
             ck = tl.arange(0, CH)
             sq = tl.zeros([BM, CH], tl.float32)
@@ -223,7 +226,9 @@ if triton is not None:
                               cos_ptr, sin_ptr, pos_ptr, slot_ptr, HQ, HKV: tl.constexpr,
                               stride_qn,
                               stride_kn, stride_vn, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                              BLOCK_HKV: tl.constexpr, ROUND: tl.constexpr, FP8: tl.constexpr):
+                              BLOCK_HKV: tl.constexpr, ROUND: tl.constexpr, FP8: tl.constexpr,
+                              PDL: tl.constexpr):
+        wait_previous(PDL)
         n = tl.program_id(0).to(tl.int64)
         pos = tl.load(pos_ptr + n).to(tl.int64)
         i = tl.arange(0, HALF)
@@ -276,12 +281,14 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         assert res.stride(-1) == 1 and res.dtype == x.dtype
     nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
     tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
+    pdl = pdl_launch(a)
     _fused_gemm_kernel[(tiles,)](
         a, weight, out, bias if bias is not None else out, res, nw, m, n, k, n,
         a.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset,
         NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
-        CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps, num_stages=cfg.stages)
+        CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), PDL=pdl, num_warps=cfg.warps,
+        num_stages=cfg.stages, launch_pdl=pdl)
     return out.view(*x.shape[:-1], n)
 
 
@@ -337,10 +344,11 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: 
         assert d & (d - 1) == 0, "the fp8 write loads a head as one power-of-two tile"
     out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
     if n:
+        pdl = pdl_launch(q)
         _rope_write_kv_kernel[(n,)](
             q, k, v, out, k_cache, v_cache, k_scale if fp8 else k_cache,
             v_scale if fp8 else v_cache, cos, sin, positions, slot_mapping, hq, hkv,
             q.stride(0), k.stride(0), v.stride(0), HALF=d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
-            ROUND=_round_mode(q.dtype), FP8=fp8, num_warps=4)
+            ROUND=_round_mode(q.dtype), FP8=fp8, PDL=pdl, num_warps=4, launch_pdl=pdl)
     return out

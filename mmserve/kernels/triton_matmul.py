@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import torch
 
+from mmserve.kernels.triton_pdl import pdl_launch
+
 try:
     import triton
     import triton.language as tl
@@ -67,6 +69,7 @@ def pick_config(m: int, n: int) -> TileConfig:
 
 
 if triton is not None:
+    from mmserve.kernels.triton_pdl import wait_previous
 
     @triton.jit
     def tile_rows_cols(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
@@ -84,11 +87,12 @@ if triton is not None:
     @triton.jit
     def _gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, M, N, K, stride_am, stride_wn, stride_om,
                      HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, GROUP_M: tl.constexpr):
+                     BK: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr):
         rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+        wait_previous(PDL)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k in range(0, K, BK):
             kk = k + rk
@@ -120,8 +124,10 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if m:
         cfg = config or pick_config(m, n)
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
+        pdl = pdl_launch(a)
         _gemm_kernel[(tiles,)](
             a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),
             weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BM=cfg.bm, BN=cfg.bn,
-            BK=cfg.bk, GROUP_M=8, num_warps=cfg.warps, num_stages=cfg.stages)
+            BK=cfg.bk, GROUP_M=8, PDL=pdl, num_warps=cfg.warps, num_stages=cfg.stages,
+            launch_pdl=pdl)
     return out.view(*x.shape[:-1], n)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from mmserve.kernels.triton_pdl import pdl_launch
+
 try:
     import triton
     import triton.language as tl
@@ -17,10 +19,12 @@ except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
 if triton is not None:
+    from mmserve.kernels.triton_pdl import wait_previous
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, stride_x, stride_o, H, eps, offset,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+        wait_previous(PDL)
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK)
         ok = i < H
@@ -41,6 +45,8 @@ def cuda_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block = triton.next_power_of_2(h)
+        pdl = pdl_launch(x2)
         _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), h, eps,
-                                         offset, BLOCK=block, num_warps=4 if block <= 2048 else 8)
+                                         offset, BLOCK=block, PDL=pdl,
+                                         num_warps=4 if block <= 2048 else 8, launch_pdl=pdl)
     return out.view(x.shape)
