@@ -1,13 +1,13 @@
-"""Programmatic dependent launch (``kernels.triton_pdl``) and the QKV product's rope
-epilogue on the graph decode step, and where a batch-1 step's time goes.
+"""Programmatic dependent launch (``kernels.triton_pdl``) on the graph decode step, and where
+a batch-1 step's time goes with it on.
 
 Per model shape (random bf16 weights): batch-1 and batch-64 decode tok/s from the captured
-graphs with PDL off / on / on without the rope epilogue (``kernels.fused``), twice,
-alternating for the machine's drift; every setting must give the same row-0 tokens. Then
-a torch.profiler timeline of 5 batch-1 steps: how many kernels started before their
-predecessor ended, and per kernel name the mean time from its start to the next
-kernel's start. For SmolLM2-135M's widths, chains of 50 dependent launches of one layer
-op replayed from a graph, PDL off and on: microseconds a launch.
+graphs with PDL off, on, off, on (alternating, for the machine's drift), the same row-0
+tokens required; a torch.profiler timeline of 5 batch-1 steps with PDL on: how many kernels
+started before their predecessor ended, and per kernel name the mean time from its start
+to the next kernel's start (its share of the step's critical path). For SmolLM2-135M's
+widths, chains of 50 dependent launches of one layer op replayed from a graph, PDL off and
+on: microseconds a launch.
 
 Usage (GPU): PYTHONPATH=$PWD python bench/pdl_sweep.py OUT.json [shape ...]
 """
@@ -25,13 +25,10 @@ from mmserve.bench.engine_run import PagedDecoder
 from mmserve.bench.hf_run import build_hf_model
 from mmserve.bench.limits import copy_bandwidth
 from mmserve.bench.shapes import shape
-from mmserve.kernels import fused
 from mmserve.kernels.triton_pdl import set_pdl_enabled
 from mmserve.models.registry import build_model
 
-# (label, PDL, rows up to which the QKV product carries rope + the KV write: 0 = never)
-SETTINGS = (("off", False, 64), ("pdl", True, 64), ("pdl_norope", True, 0),
-            ("off_again", False, 64), ("pdl_again", True, 64), ("pdl_norope_again", True, 0))
+SETTINGS = (("off", False), ("pdl", True), ("off_again", False), ("pdl_again", True))
 
 
 def overlap(dec, first) -> dict:
@@ -65,9 +62,8 @@ def sweep(name: str, bw: float) -> dict:
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg["vocab_size"], (64, 128), generator=gen).tolist()
     out: dict = {"roofline_tok_s": bw / weight_bytes}
-    for label, pdl, rope_rows in SETTINGS:
+    for label, pdl in SETTINGS:
         set_pdl_enabled(pdl)
-        fused.ROPE_EPILOGUE_MAX_ROWS = rope_rows
         dec.capture((1, 64))
         row = {}
         for b in (1, 64):
@@ -76,10 +72,9 @@ def sweep(name: str, bw: float) -> dict:
             row[f"b{b}_tok_s"] = r.tok_s
             row[f"b{b}_row0"] = r.row0
         out[label] = row
-        print(f"[{name}] {label:16s} b1 {row['b1_tok_s']:8.0f} tok/s "
+        print(f"[{name}] {label:10s} b1 {row['b1_tok_s']:8.0f} tok/s "
               f"({row['b1_tok_s'] / out['roofline_tok_s'] * 100:4.1f} % roofline)  "
               f"b64 {row['b64_tok_s']:8.0f}", flush=True)
-    fused.ROPE_EPILOGUE_MAX_ROWS = 64
     out["timeline_pdl"] = overlap(dec, dec.prefill(prompts[:1]))
     t = out["timeline_pdl"]
     print(f"[{name}] {t['started_before_predecessor_ended']}/{t['kernels']} kernels started "

@@ -1,10 +1,9 @@
 """Fused decoder-layer ops: fewer kernel launches per layer on CUDA, the same ops elsewhere.
 
 A batch-1 decode step of a small model is launch-bound (bench/NOTES.md, issue 6: ~14
-kernels a layer at ~3 us each). These ops cut a Llama layer to five launches:
-``norm_qkv_rope_write_kv`` (RMSNorm + QKV product + rope + the KV write; ``norm_linear``
-and ``rope_write_kv`` where it does not apply), attention, ``linear_residual`` (o
-product + residual), ``norm_gate_up_silu`` (RMSNorm + gate/up product + silu * up),
+kernels a layer at ~3 us each). These four ops cut a Llama layer to six launches:
+``norm_linear`` (RMSNorm + QKV product), ``rope_write_kv``, attention, ``linear_residual``
+(o product + residual), ``norm_gate_up_silu`` (RMSNorm + gate/up product + silu * up),
 ``linear_residual`` (down product + residual).
 
 Each op hands its call to :mod:`mmserve.kernels.triton_fused` when the tensors live on
@@ -95,43 +94,6 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
     gate, up = linear(rms_norm(x, norm_weight, eps, offset), gate_up).split(
         gate_up.shape[0] // 2, dim=-1)
     return F.silu(gate) * up
-
-
-# Row counts up to which the QKV product, rope and the KV write are one launch (decode,
-# verify, small batches: launch-bound); bigger chunks keep the product's own tiles (the
-# epilogue needs two accumulators a program, so narrower ones). The bits are the same.
-ROPE_EPILOGUE_MAX_ROWS = 64
-
-
-def norm_qkv_rope_write_kv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                           offset: float, weight: torch.Tensor, bias: torch.Tensor | None,
-                           heads: int, kv_heads: int, positions: torch.Tensor,
-                           rope: RotaryTable, kv: LayerKV,
-                           slot_mapping: torch.Tensor) -> torch.Tensor:
-    """``rope_write_kv`` of the heads of ``norm_linear(x, ..., weight, bias)`` -> rotated q.
-
-    x: (N, hidden), weight: ((heads + 2 kv_heads) * D, hidden) -> q (N, heads, D); this
-    step's k and v are stored in ``kv``. One launch on CUDA (bf16 cache, batch-invariant
-    mode, up to ``ROPE_EPILOGUE_MAX_ROWS`` rows: ``triton_fused.qkv_rope_write_kv``, the
-    same bits); otherwise the two ops (the RMSNorm a third above ``FUSE_MAX_HIDDEN``).
-    """
-    n = x.shape[0]
-    d = weight.shape[0] // (heads + 2 * kv_heads)
-    if (_fused_gemm(x, None) and x.dtype == torch.bfloat16 and kv.k_scale is None
-            and kv.k.dtype == x.dtype and n <= ROPE_EPILOGUE_MAX_ROWS and d % 32 == 0):
-        from mmserve.kernels import triton_fused
-
-        if x.shape[-1] <= FUSE_MAX_HIDDEN:
-            src, norm = x, (norm_weight, eps, offset)
-        else:
-            src, norm = rms_norm(x, norm_weight, eps, offset), None
-        return triton_fused.qkv_rope_write_kv(
-            src, weight, bias, norm, triton_fused.RopeKV(
-                positions, rope.cos, rope.sin, kv.k, kv.v, slot_mapping, heads, kv_heads))
-    qkv = norm_linear(x, norm_weight, eps, offset, weight, bias)
-    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
-    return rope_write_kv(q.reshape(n, heads, d), k.reshape(n, kv_heads, d),
-                         v.reshape(n, kv_heads, d), positions, rope, kv, slot_mapping)
 
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

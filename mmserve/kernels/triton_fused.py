@@ -32,7 +32,6 @@ Roundings to bf16 are done on the bits (``round_bf16``) so no compiler rewrite c
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 import torch
 
@@ -118,61 +117,18 @@ if triton is not None:
         return tl.rsqrt(total / K + eps)
 
     @triton.jit
-    def _rope_epilogue(acc, acc_u, rm, rn, row_ok, col_ok, qo_ptr, kc_ptr, vc_ptr, cos_ptr,
-                       sin_ptr, pos_ptr, slot_ptr, HQ, HKV, HALF: tl.constexpr,
-                       ROUND: tl.constexpr):
-        """QKV product columns ``rn`` (first halves of heads) and ``rn + HALF`` -> q rotated
-        into ``qo`` (M, HQ, 2*HALF), k rotated and v as is into the caches at each row's
-        slot (negative: padding, nothing written): ``_rope_write_kv_kernel``'s arithmetic
-        on the product rounded as ``linear`` rounds it, so the same bits."""
-        x1 = _round(acc, ROUND)
-        x2 = _round(acc_u, ROUND)
-        head = rn // (2 * HALF)  # (BN,) one head per tile (BN divides HALF)
-        i = rn % (2 * HALF)
-        pos = tl.load(pos_ptr + rm, mask=row_ok, other=0).to(tl.int64)
-        slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
-        tab = pos[:, None] * (2 * HALF) + i[None, :]
-        c1 = _round(tl.load(cos_ptr + tab), ROUND)
-        s1 = _round(tl.load(sin_ptr + tab), ROUND)
-        c2 = _round(tl.load(cos_ptr + tab + HALF), ROUND)
-        s2 = _round(tl.load(sin_ptr + tab + HALF), ROUND)
-        o1 = _round(_round(x1 * c1, ROUND) + _round(-x2 * s1, ROUND), ROUND)
-        o2 = _round(_round(x2 * c2, ROUND) + _round(x1 * s2, ROUND), ROUND)
-        ok = row_ok[:, None] & col_ok[None, :]
-        is_q = (head < HQ)[None, :]
-        is_k = ((head >= HQ) & (head < HQ + HKV))[None, :]
-        is_v = (head >= HQ + HKV)[None, :]
-        q_at = qo_ptr + rm.to(tl.int64)[:, None] * (HQ * 2 * HALF) + (head * 2 * HALF + i)[None, :]
-        tl.store(q_at, o1.to(qo_ptr.dtype.element_ty), mask=ok & is_q)
-        tl.store(q_at + HALF, o2.to(qo_ptr.dtype.element_ty), mask=ok & is_q)
-        put = ok & (slot >= 0)[:, None]
-        row = slot[:, None] * (HKV * 2 * HALF)
-        k_at = kc_ptr + row + ((head - HQ) * 2 * HALF + i)[None, :]
-        tl.store(k_at, o1.to(kc_ptr.dtype.element_ty), mask=put & is_k)
-        tl.store(k_at + HALF, o2.to(kc_ptr.dtype.element_ty), mask=put & is_k)
-        v_at = vc_ptr + row + ((head - HQ - HKV) * 2 * HALF + i)[None, :]
-        tl.store(v_at, x1.to(vc_ptr.dtype.element_ty), mask=put & is_v)
-        tl.store(v_at + HALF, x2.to(vc_ptr.dtype.element_ty), mask=put & is_v)
-
-    @triton.jit
     def _fused_gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
                            stride_am, stride_wn, stride_om, stride_rm, eps, offset,
-                           cos_ptr, sin_ptr, pos_ptr, slot_ptr, kc_ptr, vc_ptr, HQ, HKV,
                            NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                           GATED: tl.constexpr, ROPE: tl.constexpr, PAIRED: tl.constexpr,
-                           HALF: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
+                           GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                            CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr):
         rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
-        col_ok = rn < N
-        if ROPE:  # rn counts the heads' first-half columns: -> their product (weight) rows
-            rn = (rn // HALF) * (2 * HALF) + rn % HALF
         rk = tl.arange(0, BK)
         row_ok = rm < M
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-        # PAIRED (GATED, ROPE): a second product over the rows UP further (up / second half)
-        u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn
+        u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: the up rows
         wait_previous(PDL)
         if NORM:  # each row's squares, summed elementwise over K chunks in ascending order
             ck = tl.arange(0, CH)
@@ -197,31 +153,24 @@ if triton is not None:
                 nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
                 a = (a.to(tl.float32) * rstd[:, None] * (offset + nw)[None, :]).to(
                     a_ptr.dtype.element_ty)
-            w_ok = col_ok[:, None] & k_ok[None, :]
+            w_ok = (rn[:, None] < N) & k_ok[None, :]
             w = tl.load(w_rows + kk[None, :], mask=w_ok, other=0.0)
             acc = tl.dot(a, tl.trans(w), acc)
-            if PAIRED:
+            if GATED:
                 u = tl.load(u_rows + kk[None, :], mask=w_ok, other=0.0)
                 acc_u = tl.dot(a, tl.trans(u), acc_u)
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            if ROPE:
-                acc_u += tl.load(bias_ptr + rn + UP, mask=col_ok, other=0.0).to(
-                    tl.float32)[None, :]
-        if ROPE:  # the product's two halves of each head, rotated, stored where they go
-            _rope_epilogue(acc, acc_u, rm, rn, row_ok, col_ok, o_ptr, kc_ptr, vc_ptr, cos_ptr,
-                           sin_ptr, pos_ptr, slot_ptr, HQ, HKV, HALF, ROUND)
-        else:
-            out_ok = row_ok[:, None] & col_ok[None, :]
-            if RESIDUAL:  # round as linear's output, then torch's half add: fp32 add, round
-                r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
-                            mask=out_ok, other=0.0).to(tl.float32)
-                acc = _round(acc, ROUND) + r
-            if GATED:  # F.silu(gate) * up on the rounded gate and up, each op rounded
-                g = _round(acc, ROUND)
-                acc = _round(_silu(g), ROUND) * _round(acc_u, ROUND)
-            tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
-                     acc.to(o_ptr.dtype.element_ty), mask=out_ok)
+            acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        out_ok = row_ok[:, None] & (rn[None, :] < N)
+        if RESIDUAL:  # round as linear's output, then torch's half add: fp32 add, round
+            r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
+                        mask=out_ok, other=0.0).to(tl.float32)
+            acc = _round(acc, ROUND) + r
+        if GATED:  # F.silu(gate) * up on the rounded gate and up, each op rounded
+            g = _round(acc, ROUND)
+            acc = _round(_silu(g), ROUND) * _round(acc_u, ROUND)
+        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
+                 acc.to(o_ptr.dtype.element_ty), mask=out_ok)
 
     @triton.jit
     def _rotated(x_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -310,64 +259,37 @@ if triton is not None:
                          tl.load(v_ptr + n * stride_vn + h * 2 * HALF + d, mask=ok), mask=ok)
 
 
-class RopeKV(NamedTuple):
-    """Where a QKV product's rope epilogue puts its output (see ``qkv_rope_write_kv``)."""
-
-    positions: torch.Tensor  # (M,) int
-    cos: torch.Tensor  # (P, D) float32
-    sin: torch.Tensor
-    k_cache: torch.Tensor  # (blocks, bs, Hkv, D), contiguous, the activation dtype
-    v_cache: torch.Tensor
-    slot_mapping: torch.Tensor  # (M,) int, negative: padding
-    heads: int
-    kv_heads: int
-
-
 def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
           norm: tuple[torch.Tensor, float, float] | None = None,
           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-          gated: bool = False, rope: RopeKV | None = None) -> torch.Tensor:
-    """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated).
-
-    With ``rope``: ``n`` counts the heads' first-half columns, the output is the rotated q
-    (M, Hq, D) and k, v go to the caches."""
+          gated: bool = False) -> torch.Tensor:
+    """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated)."""
     k = x.shape[-1]
     a = x.reshape(-1, k)  # (M, K)
     if a.stride(-1) != 1:
         a = a.contiguous()
     assert weight.stride(-1) == 1 and weight.shape[1] == k
     m = a.shape[0]
-    half = n // (rope.heads + 2 * rope.kv_heads) if rope is not None else 0
-    if rope is not None:
-        out = torch.empty(m, rope.heads, 2 * half, dtype=x.dtype, device=x.device)
-    else:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if not m:
-        return out if rope is not None else out.view(*x.shape[:-1], n)
-    paired = gated or rope is not None
+        return out.view(*x.shape[:-1], n)
     if cfg is None:
-        cfg = fused_config(m, n, paired) if norm is not None or paired else pick_config(m, n)
-        if rope is not None:  # a tile's columns stay inside one head's first half
-            cfg = cfg._replace(bn=min(cfg.bn, half))
+        cfg = fused_config(m, n, gated) if norm is not None else pick_config(m, n)
     res = out
     if residual is not None:
         res = residual.reshape(m, n)
         assert res.stride(-1) == 1 and res.dtype == x.dtype
     nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
-    rk = rope if rope is not None else RopeKV(out, out, out, out, out, out, 0, 0)
     tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
     pdl = pdl_launch(a)
     _fused_gemm_kernel[(tiles,)](
-        a, weight, out, bias if bias is not None else out, res, nw, m, n, k,
-        half if rope is not None else n,
+        a, weight, out, bias if bias is not None else out, res, nw, m, n, k, n,
         a.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset,
-        rk.cos, rk.sin, rk.positions, rk.slot_mapping, rk.k_cache, rk.v_cache, rk.heads,
-        rk.kv_heads, NORM=norm is not None, HAS_BIAS=bias is not None,
-        RESIDUAL=residual is not None, GATED=gated, ROPE=rope is not None, PAIRED=paired,
-        HALF=max(half, 1), ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk,
-        GROUP_M=8, CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), PDL=pdl, num_warps=cfg.warps,
+        NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
+        GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
+        CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), PDL=pdl, num_warps=cfg.warps,
         num_stages=cfg.stages, launch_pdl=pdl)
-    return out if rope is not None else out.view(*x.shape[:-1], n)
+    return out.view(*x.shape[:-1], n)
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
@@ -396,23 +318,6 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
     assert gate_up.shape[0] % 2 == 0
     return _gemm(x, gate_up, gate_up.shape[0] // 2, config, norm=(norm_weight, eps, offset),
                  gated=True)
-
-
-def qkv_rope_write_kv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                      norm: tuple[torch.Tensor, float, float] | None, rope: RopeKV,
-                      config: TileConfig | None = None) -> torch.Tensor:
-    """``rope_write_kv`` of the q, k, v of ``linear([rms_norm](x), weight, bias)`` in one
-    launch: x (M, K), weight (Hq + 2 Hkv) * D rows -> rotated q (M, Hq, D); k and v go to
-    the bf16/fp16 caches. ``norm``: (weight, eps, offset) for the RMSNorm prologue, or None.
-
-    The product is rounded as ``linear`` rounds it and rotated with ``rope_write_kv``'s
-    arithmetic: the same bits as the two launches, whatever the tile (tests on CUDA)."""
-    d2 = weight.shape[0] // (rope.heads + 2 * rope.kv_heads)
-    assert d2 * (rope.heads + 2 * rope.kv_heads) == weight.shape[0] and d2 % 32 == 0
-    assert rope.k_cache.is_contiguous() and rope.v_cache.is_contiguous()
-    assert rope.k_cache.dtype == x.dtype and rope.cos.is_contiguous()
-    assert rope.sin.is_contiguous()
-    return _gemm(x, weight, weight.shape[0] // 2, config, norm=norm, bias=bias, rope=rope)
 
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

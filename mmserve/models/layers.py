@@ -18,13 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmserve.kernels.attention import AttentionMetadata, LayerKV, paged_attention
-from mmserve.kernels.fused import (
-    linear_residual,
-    norm_gate_up_silu,
-    norm_linear,
-    norm_qkv_rope_write_kv,
-    rope_write_kv,
-)
+from mmserve.kernels.fused import linear_residual, norm_gate_up_silu, norm_linear, rope_write_kv
 from mmserve.kernels.linear import linear
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
@@ -56,14 +50,7 @@ class SelfAttention(nn.Module):
     def residual_forward(self, x: torch.Tensor, norm: torch.Tensor, eps: float,
                          positions: torch.Tensor, rope: RotaryTable, meta: AttentionMetadata,
                          kv: LayerKV, offset: float = 0.0) -> torch.Tensor:
-        """``x + forward(rms_norm(x, norm, eps, offset))``: the norm and the add fused (and,
-        without q/k norms, the projection, rope and the KV write: one launch on CUDA)."""
-        if self.q_norm is None:
-            q = norm_qkv_rope_write_kv(x, norm, eps, offset, self.qkv_weight, self.qkv_bias,
-                                       self.heads, self.kv_heads, positions, rope, kv,
-                                       meta.slot_mapping)
-            out = paged_attention(q, kv, meta, self.scale, self.window)
-            return linear_residual(out.reshape(x.shape[0], self.q_size), self.o_weight, x)
+        """``x + forward(rms_norm(x, norm, eps, offset))``: the norm and the add fused."""
         qkv = norm_linear(x, norm, eps, offset, self.qkv_weight, self.qkv_bias)
         return linear_residual(self.attend(qkv, positions, rope, meta, kv), self.o_weight, x)
 
