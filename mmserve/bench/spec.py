@@ -35,10 +35,16 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                    workloads: tuple[str, ...] = WORKLOADS,
                    concurrencies: tuple[int, ...] = (1, 4, 16), max_tokens: int = 96,
                    requests_per_slot: int = 1, repeats: int = 2, device: str = "auto",
-                   out_dir: str | Path = "bench/out") -> dict[str, Any]:
+                   out_dir: str | Path = "bench/out",
+                   min_requests: int = 4) -> dict[str, Any]:
     """Plain decode is the same engine with speculation switched off between runs: the
     same weights, KV cache and CUDA graphs. (Two engines differed by up to 12 % from
-    each other on the H200 with speculation off in both; bench/NOTES.md, session 3.)"""
+    each other on the H200 with speculation off in both; bench/NOTES.md, session 3.)
+
+    A row runs ``concurrency * requests_per_slot`` requests, at least ``min_requests``:
+    at concurrency 1 that is four requests one after another, not one ~50-token answer
+    whose ~20 ms the machine's noise moved from 1.95x to 3.48x between two H200 runs
+    (bench/NOTES.md, session 5)."""
     config = speculative_config or {"method": "ngram", "num_speculative_tokens": "auto"}
     spec = LLM(model, device=device, max_num_seqs=max(concurrencies),
                speculative_config=config)
@@ -48,7 +54,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
     rows = []
     for name in workloads:
         for conc in concurrencies:
-            convs = workload(name, conc * requests_per_slot)
+            convs = workload(name, max(conc * requests_per_slot, min_requests))
             spec.engine.scheduler.max_num_seqs = conc
             for on in (False, True):  # new shapes compile outside the timing
                 _timed(spec, convs[:2], SamplingParams(temperature=0, max_tokens=8), on)
