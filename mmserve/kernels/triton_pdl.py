@@ -7,7 +7,7 @@ while its predecessor still runs and waits at ``griddepcontrol.wait`` for the
 predecessor to finish and its writes to be visible: the launch and the program start-up
 overlap the predecessor's tail. H200, random weights, PDL off and on in the same run
 (bench/NOTES.md, session 5): SmolLM2-135M batch 1 +11 to +32 % (off 754-958 tok/s, on
-879-1,094 over three runs), the Llama-3-8B shape -1 to +5 % (noise).
+879-1,094 over three runs), the Llama-3-8B shape -1 to +6 % (noise).
 Also measured and not kept: prefetching the kernel's weights into L2 before the wait (no
 gain at 135M, -5 % at 8B), and loading a thin GEMM tile's first weight block before the
 wait (-20 % at 8B when every next block was then loaded by hand one step ahead; with
