@@ -15,26 +15,18 @@ from __future__ import annotations
 import collections
 import json
 import sys
-import time
 
 import torch
 
-from mmserve.bench.engine_run import PagedDecoder
-from mmserve.bench.hf_run import build_hf_model
-from mmserve.bench.limits import copy_bandwidth
-from mmserve.bench.shapes import shape
-from mmserve.models.registry import build_model
+from mmserve.bench.engine_run import PagedDecoder, random_cuda_model, weight_bytes
+from mmserve.bench.limits import copy_bandwidth, graph_replay_seconds
 
 STEPS = 20
 
 
 def profile_shape(name: str, bandwidth: float) -> dict:
-    cfg = shape(name)
-    hf = build_hf_model(cfg)
-    model = build_model(cfg, hf.state_dict(), torch.bfloat16, "cuda")
-    del hf
-    weight_bytes = sum({p.data_ptr(): p.numel() * p.element_size()
-                        for p in model.parameters()}.values())
+    model, _ = random_cuda_model(name)
+    wbytes = weight_bytes(model)
     dec = PagedDecoder(model, 1, 256)
     dec.capture((1,))
     first = dec.prefill([list(range(1, 129))])
@@ -54,8 +46,8 @@ def profile_shape(name: str, bandwidth: float) -> dict:
                      key=lambda r: -r[2])
     gpu_us = sum(t for _, _, t in kernels)
     step_us = wall.step_ms_p50 * 1e3
-    roof_us = weight_bytes / bandwidth * 1e6
-    out = {"weight_bytes": weight_bytes, "step_us_p50": step_us, "kernel_us_per_step": gpu_us,
+    roof_us = wbytes / bandwidth * 1e6
+    out = {"weight_bytes": wbytes, "step_us_p50": step_us, "kernel_us_per_step": gpu_us,
            "roofline_us": roof_us, "launches_per_step": sum(c for _, c, _ in kernels),
            "kernels": [{"name": n[:120], "per_step": c, "us_per_step": round(t, 2),
                         "us_each": round(t / c, 2)} for n, c, t in kernels]}
@@ -137,20 +129,7 @@ def attention_variants() -> list[dict]:
 
 def _graph_us(fns: list, reps: int = 5) -> float:
     """Microseconds per call of ``fns`` (one graph of all of them, replayed)."""
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for fn in fns:
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        g.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / (reps * len(fns)) * 1e6
+    return graph_replay_seconds(lambda: [fn() for fn in fns], reps) / len(fns) * 1e6
 
 
 def epilogue_configs() -> dict:

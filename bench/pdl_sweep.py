@@ -17,16 +17,12 @@ from __future__ import annotations
 import collections
 import json
 import sys
-import time
 
 import torch
 
-from mmserve.bench.engine_run import PagedDecoder
-from mmserve.bench.hf_run import build_hf_model
-from mmserve.bench.limits import copy_bandwidth
-from mmserve.bench.shapes import shape
+from mmserve.bench.engine_run import PagedDecoder, random_cuda_model, weight_bytes
+from mmserve.bench.limits import copy_bandwidth, graph_replay_seconds
 from mmserve.kernels.triton_pdl import set_pdl_enabled
-from mmserve.models.registry import build_model
 
 SETTINGS = (("off", False), ("pdl", True), ("off_again", False), ("pdl_again", True))
 
@@ -52,16 +48,11 @@ def overlap(dec, first) -> dict:
 
 
 def sweep(name: str, bw: float) -> dict:
-    cfg = shape(name)
-    hf = build_hf_model(cfg)
-    model = build_model(cfg, hf.state_dict(), torch.bfloat16, "cuda")
-    del hf
-    weight_bytes = sum({p.data_ptr(): p.numel() * p.element_size()
-                        for p in model.parameters()}.values())
+    model, cfg = random_cuda_model(name)
     dec = PagedDecoder(model, 64, 256)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg["vocab_size"], (64, 128), generator=gen).tolist()
-    out: dict = {"roofline_tok_s": bw / weight_bytes}
+    out: dict = {"roofline_tok_s": bw / weight_bytes(model)}
     for label, pdl in SETTINGS:
         set_pdl_enabled(pdl)
         dec.capture((1, 64))
@@ -102,18 +93,8 @@ def _chain_us(make, reps: int = 20) -> dict:
     out = {}
     for pdl in (False, True):
         set_pdl_enabled(pdl)
-        n = make()  # compile and warm outside the capture
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            make()
-        g.replay()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(reps):
-            g.replay()
-        torch.cuda.synchronize()
-        out["pdl" if pdl else "off"] = (time.perf_counter() - t) / (reps * n) * 1e6
+        launches = make()
+        out["pdl" if pdl else "off"] = graph_replay_seconds(make, reps) / launches * 1e6
     set_pdl_enabled(True)
     return out
 

@@ -55,6 +55,23 @@ def make_kv(model: CausalLM, blocks: int, dtype: torch.dtype) -> KVLike:
     return torch.zeros(layers, 2, blocks, BLOCK_SIZE, heads, dim, dtype=dtype, device=p.device)
 
 
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters, a tied tensor counted once."""
+    return sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
+
+
+def random_cuda_model(name: str) -> tuple[CausalLM, dict]:
+    """The named benchmark shape (``bench.shapes``) with HF's random init, as the engine's
+    bf16 model on CUDA -> (model, its config)."""
+    from mmserve.bench.hf_run import build_hf_model
+    from mmserve.bench.shapes import shape
+    from mmserve.models.registry import build_model
+
+    cfg = shape(name)
+    hf = build_hf_model(cfg)
+    return build_model(cfg, hf.state_dict(), torch.bfloat16, "cuda"), cfg
+
+
 def kv_nbytes(kv: KVLike) -> int:
     """Bytes the cache holds (an fp8 cache's scales included)."""
     if isinstance(kv, torch.Tensor):

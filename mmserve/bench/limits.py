@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -31,3 +32,21 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> dict:
     pair.clear()
     torch.cuda.empty_cache()
     return {"bytes": nbytes, "ms": ms, "gb_s": [2 * nbytes / (m * 1e-3) / 1e9 for m in ms]}
+
+
+def graph_replay_seconds(fn: Callable[[], object], reps: int = 5) -> float:
+    """Seconds per replay of a CUDA graph of ``fn()`` (run once first, outside the capture,
+    so Triton compiles there; the first replay, which uploads the graph, is not timed)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / reps
+

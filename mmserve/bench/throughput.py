@@ -125,17 +125,16 @@ def write(cfg: ThroughputConfig, result: dict) -> None:
 
 
 def run_shape(cfg: ThroughputConfig, name: str, bandwidth: float) -> dict:
-    from mmserve.bench.engine_run import PagedDecoder
+    from mmserve.bench.engine_run import PagedDecoder, weight_bytes
     from mmserve.bench.hf_run import build_hf_model
     from mmserve.models.registry import build_model
 
     config = shape(name)
     hf = build_hf_model(config)
     model = build_model(config, hf.state_dict(), torch.bfloat16, "cuda")  # shares tensors
-    weight_bytes = sum({p.data_ptr(): p.numel() * p.element_size()
-                        for p in model.parameters()}.values())
-    out: dict = {"config": config, "weight_bytes": weight_bytes,
-                 "roofline_tok_s": bandwidth / weight_bytes, "engine": {}}
+    wbytes = weight_bytes(model)
+    out: dict = {"config": config, "weight_bytes": wbytes,
+                 "roofline_tok_s": bandwidth / wbytes, "engine": {}}
     max_len = max(cfg.prompt_len + cfg.decode_steps + 8, cfg.prefill_len + 8)
     make_decoder = partial(PagedDecoder, model, max(cfg.batch_sizes), max_len)
     out["engine"] = run_engine_variants(cfg, name, make_decoder, config["vocab_size"])
