@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmserve.kernels.triton_pdl import pdl_launch
+from mmserve.kernels.triton_pdl import pdl_args
 
 try:  # Triton ships with CUDA builds of torch; the CPU path never needs it
     import triton
@@ -258,7 +258,6 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         return out
     tiles = -(-pm.max_query_len * g // BLOCK_M)
     prefetch = b * tiles * hkv < PREFETCH_MAX_PROGRAMS
-    pdl = pdl_launch(q)
     _paged_attention_kernel[(b, tiles, hkv)](
         q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
         pm.query_lens, k_scale, v_scale, scale * 1.4426950408889634,
@@ -266,7 +265,7 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
         k_scale.stride(0), k_scale.stride(1),
         G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, FP8=fp8,
-        PREFETCH=prefetch, PDL=pdl, launch_pdl=pdl, **LAUNCH)
+        PREFETCH=prefetch, **pdl_args(q), **LAUNCH)
     return out
 
 

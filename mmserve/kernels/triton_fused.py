@@ -36,7 +36,7 @@ import os
 import torch
 
 from mmserve.kernels.triton_matmul import TileConfig, pick_config
-from mmserve.kernels.triton_pdl import pdl_launch
+from mmserve.kernels.triton_pdl import pdl_args
 
 try:
     import triton
@@ -281,14 +281,13 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         assert res.stride(-1) == 1 and res.dtype == x.dtype
     nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
     tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
-    pdl = pdl_launch(a)
     _fused_gemm_kernel[(tiles,)](
         a, weight, out, bias if bias is not None else out, res, nw, m, n, k, n,
         a.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset,
         NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
-        CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), PDL=pdl, num_warps=cfg.warps,
-        num_stages=cfg.stages, launch_pdl=pdl)
+        CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps,
+        num_stages=cfg.stages, **pdl_args(a))
     return out.view(*x.shape[:-1], n)
 
 
@@ -344,11 +343,10 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: 
         assert d & (d - 1) == 0, "the fp8 write loads a head as one power-of-two tile"
     out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
     if n:
-        pdl = pdl_launch(q)
         _rope_write_kv_kernel[(n,)](
             q, k, v, out, k_cache, v_cache, k_scale if fp8 else k_cache,
             v_scale if fp8 else v_cache, cos, sin, positions, slot_mapping, hq, hkv,
             q.stride(0), k.stride(0), v.stride(0), HALF=d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
-            ROUND=_round_mode(q.dtype), FP8=fp8, PDL=pdl, num_warps=4, launch_pdl=pdl)
+            ROUND=_round_mode(q.dtype), FP8=fp8, num_warps=4, **pdl_args(q))
     return out

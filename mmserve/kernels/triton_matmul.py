@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from mmserve.kernels.triton_pdl import pdl_launch
+from mmserve.kernels.triton_pdl import pdl_args
 
 try:
     import triton
@@ -124,10 +124,9 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if m:
         cfg = config or pick_config(m, n)
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
-        pdl = pdl_launch(a)
         _gemm_kernel[(tiles,)](
             a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),
             weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BM=cfg.bm, BN=cfg.bn,
-            BK=cfg.bk, GROUP_M=8, PDL=pdl, num_warps=cfg.warps, num_stages=cfg.stages,
-            launch_pdl=pdl)
+            BK=cfg.bk, GROUP_M=8, num_warps=cfg.warps, num_stages=cfg.stages,
+            **pdl_args(a))
     return out.view(*x.shape[:-1], n)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mmserve.kernels.triton_pdl import pdl_launch
+from mmserve.kernels.triton_pdl import pdl_args
 
 try:
     import triton
@@ -45,8 +45,7 @@ def cuda_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         block = triton.next_power_of_2(h)
-        pdl = pdl_launch(x2)
         _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), h, eps,
-                                         offset, BLOCK=block, PDL=pdl,
-                                         num_warps=4 if block <= 2048 else 8, launch_pdl=pdl)
+                                         offset, BLOCK=block,
+                                         num_warps=4 if block <= 2048 else 8, **pdl_args(x2))
     return out.view(x.shape)

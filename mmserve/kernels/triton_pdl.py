@@ -57,6 +57,14 @@ def pdl_launch(t: torch.Tensor) -> bool:
     return ok
 
 
+def pdl_args(t: torch.Tensor) -> dict[str, bool]:
+    """Launch keywords for a kernel with a ``PDL`` constexpr that calls ``wait_previous``:
+    the constexpr and the launch attribute always agree (a kernel launched early that
+    did not wait would read its predecessor's unfinished output)."""
+    on = pdl_launch(t)
+    return {"PDL": on, "launch_pdl": on}
+
+
 if triton is not None:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
