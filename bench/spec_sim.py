@@ -96,6 +96,7 @@ class SimClock:
         if self.eng.spec is not None and not real:
             spec = self.eng.spec
             spec.controller.padded = True
+            spec.controller.query_sizes = QSIZES
             record = spec.record_step
 
             def record_step(num_tokens, seconds, verify, graph, emitted=0, sequences=0):

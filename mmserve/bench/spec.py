@@ -60,6 +60,9 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                 _timed(spec, convs[:2], SamplingParams(temperature=0, max_tokens=8), on)
             spec.engine.blocks.reset_prefix_cache()
             before = spec.engine.stats()
+            host = spec.engine.speculator
+            assert host is not None
+            host_before = (host.host_seconds, host.host_steps)
             t_plain, t_spec = float("inf"), float("inf")
             for i in range(repeats):  # interleaved, best of each: drift hits both alike
                 for on in ((False, True) if i % 2 == 0 else (True, False)):  # either first
@@ -70,6 +73,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                     else:
                         t_plain, ids_plain = min(t_plain, dt), ids
             after = spec.engine.stats()
+            host_steps = host.host_steps - host_before[1]
             drafted = after.spec_draft_tokens_total - before.spec_draft_tokens_total
             accepted = after.spec_accepted_tokens_total - before.spec_accepted_tokens_total
             tokens = sum(len(t) for t in ids_plain)
@@ -82,6 +86,10 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                 "acceptance": accepted / drafted if drafted else 0.0,
                 "identical": ids_plain == ids_spec,
                 "guard_pauses": after.spec_guard_pauses_total - before.spec_guard_pauses_total,
+                # what choosing k, drafting and the controller's bookkeeping cost the host
+                # each speculative step (measured here, on this machine's CPU)
+                "spec_host_us_per_step": 1e6 * (host.host_seconds - host_before[0])
+                / max(host_steps, 1),
             })
             print(_format_row(rows[-1]), flush=True)
     spec.engine.set_speculation(True)
@@ -107,7 +115,7 @@ def _format_row(r: dict[str, Any]) -> str:
     return (f"{r['workload']:>5} c={r['concurrency']:<3} plain {r['plain_tok_s']:7.1f} tok/s  "
             f"spec {r['spec_tok_s']:7.1f} tok/s  x{r['speedup']:.2f}  "
             f"accept {r['acceptance']:.2f}  identical={r['identical']}  "
-            f"pauses {r['guard_pauses']}")
+            f"pauses {r['guard_pauses']}  spec host {r['spec_host_us_per_step']:.0f} us/step")
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

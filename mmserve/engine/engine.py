@@ -61,8 +61,10 @@ class LLMEngine:
         self.appender = TokenAppender(tokenizer)
         self.spec = spec
         self._spec_off: Speculator | None = None  # the speculator while switched off
-        if spec is not None:  # graph replays pad a verify step's sequences to one length
-            spec.controller.padded = self.runner.graphs is not None
+        if spec is not None and self.runner.graphs is not None:
+            # graph replays pad a verify step's sequences to one length, a query bucket
+            spec.controller.padded = True
+            spec.controller.query_sizes = tuple(self.runner.graphs.qsizes)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.prompt_tokens_total = 0

@@ -12,6 +12,8 @@ and truncating the block table; no KV is copied.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from mmserve.engine.request import Request
@@ -28,9 +30,21 @@ class Speculator:
         self.config, self.drafter = config, drafter
         self.controller = SpecController(k_max=config.max_tokens_per_step)
         self._probs: dict[str, torch.Tensor | None] = {}
+        # host time of ``propose`` and ``record_step`` (what speculation adds to every
+        # step, drafting or not) and the steps it was spent in: ``mmserve bench spec``
+        # reports it per step, a measurement on the bench's own host
+        self.host_seconds = 0.0
+        self.host_steps = 0
 
     def propose(self, running: list[Request], budget: int) -> dict[str, list[int]]:
         """Drafts for the decoding requests of the coming step, keyed by request id."""
+        start = time.perf_counter()
+        drafts = self._propose(running)
+        self.host_seconds += time.perf_counter() - start
+        self.host_steps += 1
+        return drafts
+
+    def _propose(self, running: list[Request]) -> dict[str, list[int]]:
         decoding, pending = [], 0  # one pass: this runs every step, drafting or not
         for r in running:
             n = r.num_tokens - r.num_computed
@@ -93,7 +107,9 @@ class Speculator:
                     emitted: int = 0, sequences: int = 0) -> None:
         """A whole engine step's wall time (from before ``propose`` to its outputs), and
         the tokens its ``sequences`` decoding sequences emitted."""
+        start = time.perf_counter()
         self.controller.record_step(num_tokens, seconds, verify, graph, emitted, sequences)
+        self.host_seconds += time.perf_counter() - start
 
     def forget(self, request_id: str) -> None:
         self.controller.forget(request_id)

@@ -54,6 +54,7 @@ Everything is a deterministic function of the calls made.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -137,7 +138,16 @@ class SpecController:
         # True when the runner pads every sequence of a verify step to the longest draft
         # (CUDA graphs): one request's k then costs rows for all of them
         self.padded = False
+        # and to the graph's query bucket at or above the longest draft + 1 (the engine's
+        # (1, 2, 3, 5, 9) for k_max = 8): a draft of 5 then costs 9 rows a sequence, not 6.
+        # Priced at 6, a c=4 code step drafting 2, 2 and 5 was costed from 24 rows, 10 %
+        # under the 36 it ran (H200 trace, bench/results/gpu_session4)
+        self.query_sizes: tuple[int, ...] = ()
         self._guard = _RealizedGuard(guard_window, guard_floor, guard_pause, guard_pause_max)
+        self._steps = 0  # steps planned (choose calls past the early returns)
+        # (decoding requests, other tokens) -> the step until which a probe at that shape,
+        # with nobody drafting, is denied without an evaluation (see ``_probe``)
+        self._denied: dict[tuple[int, int], int] = {}
 
     def choose(self, request_ids: Sequence[str], num_other_tokens: int = 0) -> list[int]:
         """k for each decoding request of this step, in order.
@@ -160,17 +170,23 @@ class SpecController:
             self._since_plain = 0
             return [0] * len(request_ids)
         self._probe_budget = min(1.0, self._probe_budget + self.probe_budget_per_step)
+        self._steps += 1
         plan = _StepPlan(
             self._cost, len(request_ids) + num_other_tokens, float(max(len(request_ids), 1)),
             self._verify_cost if self._verify_cost.measured else self._cost,
             padded=self.padded, num_decoding=len(request_ids), num_other=num_other_tokens,
+            query_sizes=self.query_sizes,
         )
         prior: list[float] | None = None
         ks = []
+        states = self._requests
         for request_id in request_ids:
-            state = self._state(request_id)
-            if state.k == 0 and not self._probe(state, plan):
-                state.steps_off += 1  # off: no evaluation until a probe is due
+            state = states.get(request_id) or self._state(request_id)
+            # off: no evaluation until a probe is due (the first test is _probe's own,
+            # inlined: this loop runs for every request every step)
+            if state.k == 0 and (state.steps_off + 1 < state.wait
+                                 or not self._probe(state, plan)):
+                state.steps_off += 1
                 ks.append(0)
                 continue
             if prior is None:
@@ -297,11 +313,20 @@ class SpecController:
         """Whether an off request probes this step: the only way back to drafting."""
         if state.steps_off + 1 < state.wait:
             return False
+        # what denies a probe is the step (its cost, the budget), not the request: the
+        # step's other off requests are not evaluated again (16 evaluations a step were
+        # ~6 % of a c=16 GPU step with nothing drafted), nor are probes at the same shape
+        # for the next quarter interval while nobody drafts (with 16 requests off, one of
+        # them is due almost every step, and an evaluation took ~25 us of the ~65 us that
+        # speculation added to a c=16 step that drafted nothing; measured on the CPU)
+        shape = (plan.num_decoding, plan.num_other)
+        fresh = not plan.verifying
+        if not plan.probe_denied and fresh and self._denied.get(shape, 0) > self._steps:
+            plan.probe_denied = True
         cost = None if plan.probe_denied else self._probe_fits(plan)
         if cost is None:
-            # what denies a probe is the step (its cost, the budget), not the request: the
-            # step's other off requests are not evaluated again (16 evaluations a step
-            # were ~6 % of a c=16 GPU step with nothing drafted)
+            if fresh and not plan.probe_denied:
+                self._denied[shape] = self._steps + max(1, self.probe_interval // 4)
             plan.probe_denied = True
             # try again later (each try costs a full evaluation)
             state.steps_off -= max(self.probe_interval // 4, state.wait // 2)
@@ -408,13 +433,17 @@ class _StepPlan:
     num_decoding: int = 0
     num_other: int = 0  # prefill tokens of the step
     max_k: int = 0  # the longest draft given so far
+    query_sizes: tuple[int, ...] = ()  # padded: rows a sequence is padded to (sorted)
     probe_denied: bool = False  # a probe did not fit this step as planned so far
     _costs: dict[tuple[bool, int], float] = field(default_factory=dict)  # memo per call
 
     def tokens_with(self, k: int) -> int:
         """Query rows the step computes if the request being planned drafts ``k``."""
         if self.padded and (self.verifying or k):
-            return self.num_other + self.num_decoding * (max(self.max_k, k) + 1)
+            q = max(self.max_k, k) + 1
+            i = bisect.bisect_left(self.query_sizes, q)
+            return self.num_other + self.num_decoding * (
+                self.query_sizes[i] if i < len(self.query_sizes) else q)
         return self.total_tokens + k
 
     def cost(self, num_tokens: int) -> float:

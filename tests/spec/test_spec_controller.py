@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import random
@@ -227,6 +228,28 @@ def test_off_requests_cost_no_evaluation_until_a_probe_is_due(monkeypatch) -> No
     assert all(sum(1 for k in h[-80:] if k) <= 80 // 16 + 1 for h in sim.history.values())
 
 
+def test_a_denied_probe_shape_is_not_evaluated_again_for_a_quarter_interval(monkeypatch) -> None:
+    """16 requests off in padded (CUDA graph) steps too dear to verify: one of them is due
+    for a probe almost every step, but the step's shape, not the request, is what denies
+    it, so the controller evaluates that shape once per quarter interval, not once a step
+    (an evaluation was ~25 us of the ~65 us speculation added to such a step; CPU)."""
+    ctrl = SpecController(k_max=8, probe_interval=16)
+    ctrl.padded = True  # a probe of k pads all 16 rows to k + 1: 48 rows, STEEP prices 1.5x
+    ids = [f"r{i}" for i in range(16)]
+    sim = Sim(ctrl, STEEP)
+    for i in range(16):  # arriving one a step, so their probes fall due on different steps
+        sim.run(1, accept=0.5, ids=ids[: i + 1])
+    sim.run(60, accept=0.5, ids=ids)
+    calls = []
+    real = ctrl._probe_fits
+    monkeypatch.setattr(ctrl, "_probe_fits", lambda plan: calls.append(1) or real(plan))
+    sim.run(80, accept=0.5, ids=ids)
+    assert all(sum(h[-80:]) == 0 for h in sim.history.values())  # no probe ever fits
+    assert 80 // 4 - 1 <= len(calls) <= 80 // 4 + 1
+    sim.run(10, accept=0.5, ids=ids[:15])  # another shape is evaluated at once
+    assert len(calls) >= 80 // 4 + 1 and all(sum(h[-90:]) == 0 for h in sim.history.values())
+
+
 def test_a_failed_probe_keeps_a_request_off_whatever_the_prior() -> None:
     """The population has seen copy-heavy requests (prior ~0.8); a request that copies
     nothing probes once per interval and drafts nothing in between."""
@@ -255,6 +278,42 @@ def test_with_graphs_eager_verify_steps_do_not_price_drafting() -> None:
     assert not ctrl._verify_cost.has_bucket(300) and not ctrl._cost.has_bucket(300)
     assert ctrl.choose(["a", "b"], num_other_tokens=128) == [0, 0]
     assert ctrl.choose(["a", "b"]) == [2, 2]  # new requests probe at their first decode step
+
+
+class PaddedSim(Sim):
+    """CUDA-graph steps: every sequence runs the query bucket at or above the longest
+    draft + 1, and the step is recorded at those rows, as the engine's runner reports it."""
+
+    QSIZES = (1, 2, 3, 5, 9)
+
+    def record(self, tokens: int, ks: list[int]) -> None:
+        q = self.QSIZES[bisect.bisect_left(self.QSIZES, max(ks) + 1)]
+        rows = len(ks) * q
+        self.ctrl.record_step(rows, self.cost(rows), verify=max(ks) > 0, graph=True)
+
+
+def test_padded_steps_are_priced_at_the_graph_query_bucket() -> None:
+    """A draft of 5 runs 9 rows a sequence in a graph, so a step that pays for 9 rows
+    drafts 8 (more to accept, same price), and a draft whose bucket does not pay is not
+    given because its own k + 1 rows would: every settled k is a bucket's top - 1."""
+    for accept in (0.8, 0.9):  # priced at k + 1 rows these settle at 3 and 5
+        ctrl = SpecController(k_max=8)
+        ctrl.padded, ctrl.query_sizes = True, PaddedSim.QSIZES
+        sim = PaddedSim(ctrl, SLOPED, seed=1)
+        sim.run(200, accept=accept, ids=["a", "b", "c", "d"])
+        target = ctrl._target(expected_accepted([accept] * 8), _plan(ctrl, 4))
+        assert target in (2, 4)
+    plan = _plan(ctrl, 4)
+    assert [plan.tokens_with(k) for k in range(9)] == [4, 8, 12, 20, 20, 36, 36, 36, 36]
+    ctrl.query_sizes = ()  # without buckets: k + 1 rows a sequence
+    assert [_plan(ctrl, 4).tokens_with(k) for k in range(9)] == [4 * (k + 1) for k in range(9)]
+
+
+def _plan(ctrl: SpecController, n: int):
+    from mmserve.spec.controller import _StepPlan
+
+    return _StepPlan(ctrl._cost, n, float(n), ctrl._verify_cost, padded=ctrl.padded,
+                     num_decoding=n, query_sizes=ctrl.query_sizes)
 
 
 def test_a_probe_that_drafts_nothing_backs_off() -> None:
