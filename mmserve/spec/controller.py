@@ -32,8 +32,11 @@ longer, up to ``probe_interval``; after
 waits the whole interval. A probe runs only when
 perfect acceptance would pay at this step's cost, when it costs at most
 ``probe_max_overhead`` of the step, and from a budget that refills by
-``probe_budget_per_step`` a step (one that does not fit is retried a quarter
-interval later). The prior cannot turn a request on by itself: posterior means decay toward a
+``probe_budget_per_step`` a step; a probe that accepts something gets its charge
+back (it paid), so the budget bounds what probes that find nothing cost. A probe
+denied by the step (its shape too dear, the budget empty) is not asked again at that
+shape until the answer could change (an interval; a quarter; the refill), and while
+no request can probe a step takes no per-request pass. The prior cannot turn a request on by itself: posterior means decay toward a
 population prior that may come from other, copy-heavy requests, and with ~10
 effective observations its floor (~0.13 at a 0.8 prior) kept a request that copies
 nothing drafting 5-6 tokens a step (simulated: 0.85x plain). An off request costs
@@ -68,6 +71,11 @@ from mmserve.spec.acceptance import (
 from mmserve.spec.cost_model import StepCostModel
 
 
+# what a probe is charged while verify steps of its size were never measured (a fraction
+# of a step): enough to explore once, not to probe every step on a guess
+PROBE_NOMINAL = 0.25
+
+
 @dataclass
 class _RequestState:
     acceptance: RequestAcceptance
@@ -93,7 +101,7 @@ class SpecController:
         max_step_change: int = 2,
         probe_interval: int = 16,
         probe_k: int = 2,
-        probe_max_overhead: float = 0.5,
+        probe_max_overhead: float = 1.0,
         probe_free_failures: int = 3,
         probe_budget_per_step: float = 0.01,
         probe_forget: float = 0.3,
@@ -148,6 +156,11 @@ class SpecController:
         # (decoding requests, other tokens) -> the step until which a probe at that shape,
         # with nobody drafting, is denied without an evaluation (see ``_probe``)
         self._denied: dict[tuple[int, int], int] = {}
+        # steps ahead in which no known request can be due for a probe and none drafts,
+        # and the steps skipped that way (added to each ``steps_off`` when planning resumes)
+        self._quiet = 0
+        self._quiet_shape = (0, 0)  # (decoding requests, other tokens) it holds for
+        self._skipped = 0
 
     def choose(self, request_ids: Sequence[str], num_other_tokens: int = 0) -> list[int]:
         """k for each decoding request of this step, in order.
@@ -171,6 +184,21 @@ class SpecController:
             return [0] * len(request_ids)
         self._probe_budget = min(1.0, self._probe_budget + self.probe_budget_per_step)
         self._steps += 1
+        states = self._requests
+        shape = (len(request_ids), num_other_tokens)
+        if self._quiet and shape == self._quiet_shape and all(r in states for r in request_ids):
+            # every request is off and none can probe (none is due, or the shape's probes
+            # are denied; a new request would be due): the step is plain without a
+            # per-request pass (16 passes were ~45 us of a ~1.6 ms c=16 step that
+            # drafted nothing, on the H200's host)
+            self._quiet -= 1
+            self._skipped += 1
+            self._since_plain = 0
+            return [0] * len(request_ids)
+        if self._skipped:
+            for state in states.values():
+                state.steps_off += self._skipped
+            self._skipped = 0
         plan = _StepPlan(
             self._cost, len(request_ids) + num_other_tokens, float(max(len(request_ids), 1)),
             self._verify_cost if self._verify_cost.measured else self._cost,
@@ -179,7 +207,6 @@ class SpecController:
         )
         prior: list[float] | None = None
         ks = []
-        states = self._requests
         for request_id in request_ids:
             state = states.get(request_id) or self._state(request_id)
             # off: no evaluation until a probe is due (the first test is _probe's own,
@@ -208,7 +235,19 @@ class SpecController:
             plan.max_k = max(plan.max_k, k)
             ks.append(k)
         self._since_plain = self._since_plain + 1 if plan.verifying else 0
+        self._quiet = 0 if plan.verifying else self._quiet_steps(shape)
+        self._quiet_shape = shape
         return ks
+
+    def _quiet_steps(self, shape: tuple[int, int]) -> int:
+        """Coming steps of this shape in which no known request can probe: none is due,
+        or the shape's probes are denied until then (0 if a request drafts)."""
+        due = self.probe_interval
+        for state in self._requests.values():
+            if state.k or state.probing:
+                return 0
+            due = min(due, state.wait - state.steps_off - 1)
+        return max(0, due, self._denied.get(shape, 0) - self._steps - 1)
 
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         """Verification outcome of one request's draft (``num_drafted`` may be < the chosen k)."""
@@ -224,8 +263,9 @@ class SpecController:
                     state.k, state.steps_off, state.misses = 0, 0, 0
                     state.failed_probes += 1
                     state.wait = self._backoff(state)
-                elif state.probing:
+                elif state.probing:  # it paid: the budget is for probes that find nothing
                     state.wait, state.failed_probes = 1, 0
+                    self._probe_budget = min(1.0, self._probe_budget + state.probe_cost)
                 elif state.misses >= self.miss_limit:  # ramp down, then wait for a probe
                     state.winding_down, state.misses = True, 0
                     state.wait = self.probe_interval
@@ -319,14 +359,14 @@ class SpecController:
         # for the next quarter interval while nobody drafts (with 16 requests off, one of
         # them is due almost every step, and an evaluation took ~25 us of the ~65 us that
         # speculation added to a c=16 step that drafted nothing; measured on the CPU)
-        shape = (plan.num_decoding, plan.num_other)
+        shape = (plan.num_decoding, plan.num_other)  # as ``choose`` keys it
         fresh = not plan.verifying
         if not plan.probe_denied and fresh and self._denied.get(shape, 0) > self._steps:
             plan.probe_denied = True
-        cost = None if plan.probe_denied else self._probe_fits(plan)
+        cost, retry = (None, 0) if plan.probe_denied else self._probe_fits(plan)
         if cost is None:
             if fresh and not plan.probe_denied:
-                self._denied[shape] = self._steps + max(1, self.probe_interval // 4)
+                self._denied[shape] = self._steps + retry
             plan.probe_denied = True
             # try again later (each try costs a full evaluation)
             state.steps_off -= max(self.probe_interval // 4, state.wait // 2)
@@ -353,22 +393,25 @@ class SpecController:
         doubling = 2 ** max(0, state.failed_probes - self.probe_free_failures)
         return max(1, min(self.probe_interval, max(steps, doubling)))
 
-    def _probe_fits(self, plan: _StepPlan) -> float | None:
+    def _probe_fits(self, plan: _StepPlan) -> tuple[float | None, int]:
         """The probe's expected overhead (a fraction of the step) if it could pay at all
         (with every draft token accepted), costs at most ``probe_max_overhead`` of the
-        step, and fits the refilling probe budget; else None.
+        step, and fits the refilling probe budget; else None, with the steps after which
+        asking again at this shape could change the answer (the whole interval when
+        the step is too dear for any draft; when the budget will have refilled).
 
         While verify steps of the probe's size were never measured, the plain curve's
         extrapolation is all there is, and it prices rows by what more *requests* cost
         (their sampling and bookkeeping): a probe that could pay then goes ahead, charged
-        ``probe_max_overhead / 2`` to the budget (or less, where the verify curve, measured
+        ``PROBE_NOMINAL`` to the budget (or less, where the verify curve, measured
         at other sizes or once at this one, prices it lower), so the verify curve gets
         measured."""
         best_case = max(self._ratio(float(k), k, plan) for k in range(1, self.k_max + 1))
         if best_case < 1.0 + self.margin:
-            return None  # the step is too expensive for speculation: nothing to learn
+            # the step is too expensive for speculation: nothing to learn
+            return None, self.probe_interval
         probe_rows = plan.tokens_with(self.probe_k)
-        overhead = self.probe_max_overhead / 2  # unmeasured: explore, at a nominal price
+        overhead = PROBE_NOMINAL  # unmeasured: explore, at a nominal price
         if self._verify_cost.measured:
             estimate = plan.verify_cost(probe_rows) / plan.cost(plan.tokens_with(0)) - 1.0
             # a size seen once (one-off costs) or only extrapolated to (verify steps of other
@@ -376,10 +419,12 @@ class SpecController:
             # nominal price held a batch-1 edit request's first probe back ~25 steps
             overhead = estimate if self._verify_cost.has_bucket(probe_rows) else min(
                 estimate, overhead)
-        if overhead > min(self.probe_max_overhead, self._probe_budget):
-            return None
+        if overhead > self.probe_max_overhead:
+            return None, max(1, self.probe_interval // 4)  # the curves drift: not long
+        if overhead > self._probe_budget:
+            return None, math.ceil((overhead - self._probe_budget) / self.probe_budget_per_step)
         self._probe_budget -= max(overhead, 0.0)
-        return overhead
+        return overhead, 0
 
 
 class _RealizedGuard:
