@@ -36,8 +36,8 @@ perfect acceptance would pay at this step's cost, when it costs at most
 back (it paid), so the budget bounds what probes that find nothing cost. A probe
 denied by the step (its shape too dear, the budget empty) is not asked again at that
 shape until the answer could change (an interval; a quarter; the refill), and while
-no request can probe a step takes no per-request pass. The prior cannot turn a request on by itself: posterior means decay toward a
-population prior that may come from other, copy-heavy requests, and with ~10
+no request can probe a step takes no per-request pass. The prior cannot turn a
+request on by itself: posterior means decay toward a population prior that may come from other, copy-heavy requests, and with ~10
 effective observations its floor (~0.13 at a 0.8 prior) kept a request that copies
 nothing drafting 5-6 tokens a step (simulated: 0.85x plain). An off request costs
 ~1 us to choose for, not ~12 for a full evaluation (at 16 requests and a ~2 ms
