@@ -129,3 +129,22 @@ def test_speculation_switched_off_is_plain_decode_on_the_same_engine(default_mod
         eng.step()
     with pytest.raises(ValueError, match="speculative_config"):
         LLM(str(default_model_dir)).engine.set_speculation(True)
+
+
+def test_prompts_are_indexed_while_their_prefill_runs(default_model_dir):
+    """The prompt-lookup drafter indexes a prompt in the step that prefills it (while the
+    forward runs on CUDA), not in the request's first probe, whose verify step's measured
+    cost would carry it; a prompt partly served from the prefix cache too."""
+    llm = LLM(str(default_model_dir), max_num_seqs=2,
+              speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    eng, drafter = llm.engine, llm.engine.speculator.drafter
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    prompt = llm.tokenizer.encode(PROMPTS[0] * 3, add_special_tokens=True)
+    for n in range(2):  # the second time, its full blocks come from the prefix cache
+        rid = eng.add_request(prompt, greedy)
+        eng.step()  # the prefill: no decode step has run, so no probe either
+        cached = eng.requests[rid].num_cached_tokens
+        assert cached == 0 if n == 0 else 0 < cached < len(prompt)
+        assert drafter._indexes[rid].indexed_upto == len(prompt) - 1
+        while eng.has_unfinished():
+            eng.step()
