@@ -22,26 +22,25 @@ target by at most ``max_step_change`` per step (no cliffs), or up to twice its l
 when that whole draft was accepted (slow start: a copying request reaches k_max from a
 2-token probe in 2 steps, not 3; on the H200 a 54-token edit answer is ~10 steps).
 
-A request that is off (and every new request) comes back only through a probe: a
-few draft tokens, after forgetting part of its old evidence. A new request probes at
-its first decode step. After a probe that accepts nothing the wait to the next one
-is what the probe budget takes to refill twice the probe's cost, or a wait that
-doubles with each such probe in a row after ``probe_free_failures``, whichever is
-longer, up to ``probe_interval``; after
-``miss_limit`` drafts in a row that accept nothing the request ramps down to 0 and
-waits the whole interval. A probe runs only when
-perfect acceptance would pay at this step's cost, when it costs at most
-``probe_max_overhead`` of the step, and from a budget that refills by
-``probe_budget_per_step`` a step; a probe that accepts something gets its charge
-back (it paid), so the budget bounds what probes that find nothing cost. A probe
-denied by the step (its shape too dear, the budget empty) is not asked again at that
-shape until the answer could change (an interval; a quarter; the refill), and while
-no request can probe a step takes no per-request pass. The prior cannot turn a
-request on by itself: posterior means decay toward a population prior that may come from other, copy-heavy requests, and with ~10
+A request that is off (and every new request) comes back only through a probe: a few
+draft tokens, after forgetting part of its old evidence. A new request probes at its
+first decode step. After a probe that accepts nothing the wait to the next one is what
+the probe budget takes to refill twice the probe's cost, or a wait that doubles with
+each such probe in a row after ``probe_free_failures``, whichever is longer, up to
+``probe_interval``; after ``miss_limit`` drafts in a row that accept nothing the
+request ramps down to 0 and waits the whole interval. A probe runs only when perfect
+acceptance would pay at this step's cost, when it costs at most ``probe_max_overhead``
+of the step, and from a budget that refills by ``probe_budget_per_step`` a step; a
+probe that accepts something gets its charge back (it paid), so the budget bounds what
+probes that find nothing cost. A probe denied by the step (its shape too dear, the
+budget empty) is not asked again at that shape until the answer could change (an
+interval; a quarter; the refill), and while no request can probe a step takes no
+per-request pass. The prior cannot turn a request on by itself: posterior means decay
+toward a population prior that may come from other, copy-heavy requests, and with ~10
 effective observations its floor (~0.13 at a 0.8 prior) kept a request that copies
-nothing drafting 5-6 tokens a step (simulated: 0.85x plain). An off request costs
-~1 us to choose for, not ~12 for a full evaluation (at 16 requests and a ~2 ms
-CUDA-graph step, that was ~10 % of it).
+nothing drafting 5-6 tokens a step (simulated: 0.85x plain). An off request costs ~1
+us to choose for, not ~12 for a full evaluation (at 16 requests and a ~2 ms CUDA-graph
+step, that was ~10 % of it).
 A last check watches what speculation delivered rather than what it expected: over
 the last ~``guard_window`` verify steps (decayed sums) it compares the time they took
 with the time plain decode steps of the same batch sizes (the measured plain curve)
@@ -69,7 +68,6 @@ from mmserve.spec.acceptance import (
     expected_accepted,
 )
 from mmserve.spec.cost_model import StepCostModel
-
 
 # what a probe is charged while verify steps of its size were never measured (a fraction
 # of a step): enough to explore once, not to probe every step on a guess
