@@ -31,8 +31,8 @@ each such probe in a row after ``probe_free_failures``, whichever is longer, up 
 request ramps down to 0 and waits the whole interval. A probe runs only when perfect
 acceptance would pay at this step's cost, when it costs at most ``probe_max_overhead``
 of the step, and from a budget that refills by ``probe_budget_per_step`` a step; a
-probe that accepts something gets its charge back (it paid), so the budget bounds what
-probes that find nothing cost. A probe denied by the step (its shape too dear, the
+probe accepted whole gets its charge back (it paid), so the budget bounds what probes
+that find (next to) nothing cost. A probe denied by the step (its shape too dear, the
 budget empty) is not asked again at that shape until the answer could change (an
 interval; a quarter; the refill), and while no request can probe a step takes no
 per-request pass. The prior cannot turn a request on by itself: posterior means decay
@@ -261,9 +261,12 @@ class SpecController:
                     state.k, state.steps_off, state.misses = 0, 0, 0
                     state.failed_probes += 1
                     state.wait = self._backoff(state)
-                elif state.probing:  # it paid: the budget is for probes that find nothing
+                elif state.probing:
                     state.wait, state.failed_probes = 1, 0
-                    self._probe_budget = min(1.0, self._probe_budget + state.probe_cost)
+                    if state.full:  # accepted whole: it paid, the budget is for probes
+                        # that find nothing (a 2-token probe of prose accepts one now
+                        # and then, and refunding those paid for more prose probes)
+                        self._probe_budget = min(1.0, self._probe_budget + state.probe_cost)
                 elif state.misses >= self.miss_limit:  # ramp down, then wait for a probe
                     state.winding_down, state.misses = True, 0
                     state.wait = self.probe_interval

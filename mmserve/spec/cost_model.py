@@ -52,6 +52,8 @@ class StepCostModel:
         self._head_slope = 0.0  # measured slope of the lowest octave of the data
         self._stale = False  # points changed since the curve was last built (built on use:
         # a step where nobody drafts records its cost and never asks for one)
+        self._order: list[_Point] = []  # the points by bucket (rebuilt when one is added)
+        self._slopes_valid = False
 
     @property
     def measured(self) -> bool:
@@ -93,10 +95,10 @@ class StepCostModel:
             return self.default_step_seconds * self._shape(t) / self._shape(1.0)
         if t <= xs[0]:
             scaled = ys[0] * self._shape(t) / self._shape(xs[0])
-            return max(min(scaled, ys[0] - self._head_slope * (xs[0] - t)), ys[0] * t / xs[0])
+            return max(min(scaled, ys[0] - self._slopes()[0] * (xs[0] - t)), ys[0] * t / xs[0])
         if t >= xs[-1]:
             scaled = ys[-1] * self._shape(t) / self._shape(xs[-1])
-            return max(scaled, ys[-1] + self._tail_slope * (t - xs[-1]))
+            return max(scaled, ys[-1] + self._slopes()[1] * (t - xs[-1]))
         i = bisect.bisect_right(xs, t)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
@@ -105,15 +107,28 @@ class StepCostModel:
         return 1.0 + t / self.knee_tokens
 
     def _refresh(self) -> None:
+        """Rebuild the curve from the points (each ``cost`` after a ``record``: one a step
+        while requests draft, so the slopes, needed only outside the measured range, wait
+        for their first use)."""
         self._stale = False
-        points = [self._points[b] for b in sorted(self._points)]
-        self._xs = [p.tokens for p in points]
-        self._ys = [p.seconds for p in points]
-        # At least the two outermost points, so one far-away bucket still gives a slope.
-        upper = [i for i, x in enumerate(self._xs) if x >= self._xs[-1] / 2 or i >= len(points) - 2]
-        lower = [i for i, x in enumerate(self._xs) if x <= self._xs[0] * 2 or i < 2]
-        self._tail_slope = _slope([self._xs[i] for i in upper], [self._ys[i] for i in upper])
-        self._head_slope = _slope([self._xs[i] for i in lower], [self._ys[i] for i in lower])
+        if len(self._order) != len(self._points):
+            self._order = [self._points[b] for b in sorted(self._points)]
+        self._xs = [p.tokens for p in self._order]
+        self._ys = [p.seconds for p in self._order]
+        self._slopes_valid = False
+
+    def _slopes(self) -> tuple[float, float]:
+        """(head, tail): least-squares slopes of the lowest octave and the upper half of
+        the points; at least the two outermost points each, so one far-away bucket still
+        gives a slope."""
+        if not self._slopes_valid:
+            xs, ys, n = self._xs, self._ys, len(self._xs)
+            upper = [i for i, x in enumerate(xs) if x >= xs[-1] / 2 or i >= n - 2]
+            lower = [i for i, x in enumerate(xs) if x <= xs[0] * 2 or i < 2]
+            self._head_slope = _slope([xs[i] for i in lower], [ys[i] for i in lower])
+            self._tail_slope = _slope([xs[i] for i in upper], [ys[i] for i in upper])
+            self._slopes_valid = True
+        return self._head_slope, self._tail_slope
 
 
 def _slope(xs: list[float], ys: list[float]) -> float:

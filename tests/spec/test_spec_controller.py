@@ -467,3 +467,18 @@ def test_failed_probes_back_off_doubling_even_when_verify_looks_free() -> None:
     sim.run(3, accept=0.0)  # "Sure, here is the text:"
     sim.run(12, accept=0.95)  # then the copy
     assert max(sim.history["r0"][3:6]) >= 2 and min(sim.history["r0"][-6:]) >= 6
+
+
+def test_only_a_probe_accepted_whole_gets_its_budget_charge_back() -> None:
+    ctrl = SpecController(k_max=8)
+    for _ in range(2):
+        ctrl.record_step(1, 0.0010)
+        ctrl.record_step(3, 0.0013, verify=True)  # a probe costs 0.3 of a step
+    for accepted, refunded in ((1, False), (2, True)):
+        ctrl._probe_budget = 1.0
+        rid = f"r{accepted}"
+        assert ctrl.choose([rid]) == [2]  # a new request probes at once
+        assert ctrl._probe_budget == pytest.approx(1.0 - 0.3)  # full (1.0), less the probe
+        ctrl.observe(rid, 2, accepted)
+        spent = 1.0 - ctrl._probe_budget
+        assert spent == pytest.approx(0.0 if refunded else 0.3)
