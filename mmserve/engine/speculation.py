@@ -35,6 +35,12 @@ class Speculator:
         # reports it per step, a measurement on the bench's own host
         self.host_seconds = 0.0
         self.host_steps = 0
+        # the steady state: the running requests of the last step (all decoding) and the
+        # shape choose() got, so a step with the same requests can skip the pass over them
+        self._last_running: list[Request] = []
+        self._steady_shape: tuple[int, int] | None = None
+        self._quiet = False  # this step was taken as quiet (controller.quiet_step)
+        self._quiet_steps = 0
 
     def propose(self, running: list[Request], budget: int) -> dict[str, list[int]]:
         """Drafts for the decoding requests of the coming step, keyed by request id."""
@@ -45,15 +51,29 @@ class Speculator:
         return drafts
 
     def _propose(self, running: list[Request]) -> dict[str, list[int]]:
+        self._quiet = False
+        last = self._last_running
+        if (self._steady_shape is not None and len(running) == len(last)
+                and all(a is b for a, b in zip(running, last, strict=True))):
+            # the same requests as the last step, all decoding then, so all decoding now
+            # (one that finished or was preempted left ``running``)
+            if self.controller.paused():
+                return {}
+            if self.controller.quiet_step(self._steady_shape):
+                self._quiet = True
+                return {}
         decoding, pending = [], 0  # one pass: this runs every step, drafting or not
         for r in running:
             n = r.num_tokens - r.num_computed
             pending += n
             if n == 1 and r.params.logprobs is None:
                 decoding.append(r)
+        others = pending - len(decoding)
+        steady = self.config.auto and pending == len(running) and bool(decoding)
+        self._last_running = list(running) if steady else []
+        self._steady_shape = (len(decoding), others) if steady else None
         if not decoding or self.controller.paused():
             return {}
-        others = pending - len(decoding)
         if self.config.auto:
             ks = self.controller.choose([r.request_id for r in decoding], max(0, others))
         else:
@@ -81,6 +101,8 @@ class Speculator:
         ~400 us for 1,500, on the dev CPU) is charged to that probe's verify step: the
         probe shape's cost curve reads dearer than it is, and 16 long prompts are ~6 ms of
         a ~350 ms c=16 run on the H200 that the GPU could have hidden."""
+        if self._quiet:  # the same decoding requests as before: no prompt to index
+            return
         start = time.perf_counter()
         for s in seqs:
             req = s.req
@@ -118,6 +140,10 @@ class Speculator:
                     emitted: int = 0, sequences: int = 0) -> None:
         """A whole engine step's wall time (from before ``propose`` to its outputs), and
         the tokens its ``sequences`` decoding sequences emitted."""
+        if self._quiet:  # plain steps of one shape in a row: every 8th keeps the curve fresh
+            self._quiet_steps += 1
+            if self._quiet_steps % 8:
+                return
         start = time.perf_counter()
         self.controller.record_step(num_tokens, seconds, verify, graph, emitted, sequences)
         self.host_seconds += time.perf_counter() - start

@@ -148,3 +148,23 @@ def test_prompts_are_indexed_while_their_prefill_runs(default_model_dir):
         assert drafter._indexes[rid].indexed_upto == len(prompt) - 1
         while eng.has_unfinished():
             eng.step()
+
+
+def test_steps_nobody_can_probe_skip_the_pass_and_change_nothing(default_model_dir):
+    """Verify steps priced far above plain ones: after each request's first decode step
+    nobody can probe, so the speculator takes the steps as quiet ones (no pass over the
+    requests, one cost sample in 8) while the running requests stay the same; a new
+    request ends that (it probes at once). Outputs equal plain decode's."""
+    prompts = PROMPTS[:4]
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    llm = LLM(str(default_model_dir), max_num_seqs=4,
+              speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    spec = llm.engine.speculator
+    for rows in range(1, 80):  # a verify step priced at 100 plain steps: no draft can pay
+        for _ in range(2):
+            spec.controller.record_step(rows, 0.01, graph=False)
+            spec.controller.record_step(rows, 1.0, verify=True, graph=False)
+    plain = [r.token_ids for r in LLM(str(default_model_dir)).generate(prompts, greedy)]
+    assert [r.token_ids for r in llm.generate(prompts, greedy)] == plain
+    assert llm.engine.stats().spec_draft_tokens_total == 0
+    assert spec._quiet_steps >= 24 - 4  # all but a few of the decode steps
