@@ -31,16 +31,17 @@ each such probe in a row after ``probe_free_failures``, whichever is longer, up 
 request ramps down to 0 and waits the whole interval. A probe runs only when perfect
 acceptance would pay at this step's cost, when it costs at most ``probe_max_overhead``
 of the step, and from a budget that refills by ``probe_budget_per_step`` a step; a
-probe accepted whole gets its charge back (it paid), so the budget bounds what probes
-that find (next to) nothing cost. A probe denied by the step (its shape too dear, the
-budget empty) is not asked again at that shape until the answer could change (an
-interval; a quarter; the refill), and while no request can probe a step takes no
-per-request pass. The prior cannot turn a request on by itself: posterior means decay
-toward a population prior that may come from other, copy-heavy requests, and with ~10
-effective observations its floor (~0.13 at a 0.8 prior) kept a request that copies
-nothing drafting 5-6 tokens a step (simulated: 0.85x plain). An off request costs ~1
-us to choose for, not ~12 for a full evaluation (at 16 requests and a ~2 ms CUDA-graph
-step, that was ~10 % of it).
+probe accepted whole and followed by drafting gets its charge back (it paid), so the
+budget bounds what probes that do not pay cost; one that accepts but is not followed
+by drafting (the step too dear for what it accepts) waits as a failed probe does. A
+probe denied by the step (its shape too dear, the budget empty) is not asked again at
+that shape until the answer could change (an interval; a quarter; the refill), and
+while no request can probe a step takes no per-request pass. The prior cannot turn a
+request on by itself: posterior means decay toward a population prior that may come
+from other, copy-heavy requests, and with ~10 effective observations its floor (~0.13
+at a 0.8 prior) kept a request that copies nothing drafting 5-6 tokens a step
+(simulated: 0.85x plain). An off request costs ~1 us to choose for, not ~12 for a full
+evaluation (at 16 requests and a ~2 ms CUDA-graph step, that was ~10 % of it).
 A last check watches what speculation delivered rather than what it expected: over
 the last ~``guard_window`` verify steps (decayed sums) it compares the time they took
 with the time plain decode steps of the same batch sizes (the measured plain curve)
@@ -86,6 +87,7 @@ class _RequestState:
     misses: int = 0  # consecutive verified drafts with nothing accepted
     failed_probes: int = 0  # consecutive verified probes that accepted nothing
     full: bool = False  # the last verified draft was accepted whole
+    judge_probe: bool = False  # the last probe accepted: the next choice judges it
 
 
 class SpecController:
@@ -216,6 +218,20 @@ class SpecController:
                 target = 0 if state.winding_down else self._target(expected, plan)
                 up = max(self.max_step_change, state.k) if state.full else self.max_step_change
                 k = state.k + max(-self.max_step_change, min(up, target - state.k))
+            if state.judge_probe:
+                state.judge_probe = False
+                if k == 0:
+                    # it accepted, but not enough to pay at this step's cost (code at c=4
+                    # on the H200): a failed probe as far as waiting goes, or it probes
+                    # again at once, every other step
+                    state.failed_probes += 1
+                    state.wait = self._backoff(state)
+                else:
+                    state.failed_probes = 0
+                    if state.full:  # accepted whole and drafting follows: it paid, and
+                        # the budget is for probes that do not (prose that accepts one
+                        # token of two now and then must not buy more prose probes)
+                        self._probe_budget = min(1.0, self._probe_budget + state.probe_cost)
             state.steps_off = 0 if k else state.steps_off + 1
             state.winding_down = state.winding_down and k > 0
             state.k = k
@@ -270,12 +286,8 @@ class SpecController:
                     state.k, state.steps_off, state.misses = 0, 0, 0
                     state.failed_probes += 1
                     state.wait = self._backoff(state)
-                elif state.probing:
-                    state.wait, state.failed_probes = 1, 0
-                    if state.full:  # accepted whole: it paid, the budget is for probes
-                        # that find nothing (a 2-token probe of prose accepts one now
-                        # and then, and refunding those paid for more prose probes)
-                        self._probe_budget = min(1.0, self._probe_budget + state.probe_cost)
+                elif state.probing:  # accepted: the next choice says if it paid
+                    state.wait, state.judge_probe = 1, True
                 elif state.misses >= self.miss_limit:  # ramp down, then wait for a probe
                     state.winding_down, state.misses = True, 0
                     state.wait = self.probe_interval

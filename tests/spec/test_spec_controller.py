@@ -469,16 +469,29 @@ def test_failed_probes_back_off_doubling_even_when_verify_looks_free() -> None:
     assert max(sim.history["r0"][3:6]) >= 2 and min(sim.history["r0"][-6:]) >= 6
 
 
-def test_only_a_probe_accepted_whole_gets_its_budget_charge_back() -> None:
-    ctrl = SpecController(k_max=8)
-    for _ in range(2):
-        ctrl.record_step(1, 0.0010)
-        ctrl.record_step(3, 0.0013, verify=True)  # a probe costs 0.3 of a step
-    for accepted, refunded in ((1, False), (2, True)):
-        ctrl._probe_budget = 1.0
-        rid = f"r{accepted}"
-        assert ctrl.choose([rid]) == [2]  # a new request probes at once
-        assert ctrl._probe_budget == pytest.approx(1.0 - 0.3)  # full (1.0), less the probe
-        ctrl.observe(rid, 2, accepted)
-        spent = 1.0 - ctrl._probe_budget
-        assert spent == pytest.approx(0.0 if refunded else 0.3)
+def test_a_probe_is_refunded_only_when_accepted_whole_and_followed_by_drafting() -> None:
+    """A probe paid if it was accepted whole and the request then drafts: its budget
+    charge comes back. Accepted in part, it is not refunded; accepted whole but in a step
+    too dear for drafting to follow, it is neither refunded nor retried at once (it waits
+    as a failed probe would, not every other step)."""
+    for accepted, verify_s, refunded, drafts in ((2, 0.0013, True, True),
+                                                 (1, 0.0013, False, None),
+                                                 (2, 0.0018, False, False)):
+        ctrl = SpecController(k_max=8)
+        for _ in range(2):
+            ctrl.record_step(1, 0.0010)
+            ctrl.record_step(3, verify_s, verify=True)
+        if not drafts:  # other requests' drafts failed: a low prior for this one
+            for _ in range(300):
+                ctrl.observe("other", 2, 0)
+        assert ctrl.choose(["r"]) == [2]  # a new request probes at once
+        charge = verify_s / 0.0010 - 1.0
+        assert ctrl._probe_budget == pytest.approx(1.0 - charge)
+        ctrl.observe("r", 2, accepted)
+        k = ctrl.choose(["r"])[0]
+        if drafts is not None:
+            assert (k > 0) == drafts
+        spent = 1.0 + ctrl.probe_budget_per_step - ctrl._probe_budget
+        assert spent == pytest.approx(0.0 if refunded else charge, abs=0.011)
+        if drafts is False:  # waits, as after a failed probe
+            assert [ctrl.choose(["r"])[0] for _ in range(3)] == [0, 0, 0]
