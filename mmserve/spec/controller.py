@@ -101,7 +101,7 @@ class SpecController:
         max_step_change: int = 2,
         probe_interval: int = 16,
         probe_k: int = 2,
-        probe_max_overhead: float = 1.0,
+        probe_max_overhead: float = 0.5,
         probe_free_failures: int = 3,
         probe_budget_per_step: float = 0.01,
         probe_forget: float = 0.3,
