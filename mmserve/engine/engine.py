@@ -172,8 +172,6 @@ class LLMEngine:
         if not schedule.seqs:
             return []
         result = self.runner.run(schedule.seqs)
-        if self.spec is not None:  # before the sampler waits for the forward
-            self.spec.while_forward_runs(schedule.seqs)
         sampled, picks = self._sample(schedule.seqs, result)
         outputs, now = [], time.monotonic()
         emit_s, emitted, emitters = 0.0, 0, 0  # per-token work: detokenizing, stop checks

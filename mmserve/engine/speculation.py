@@ -41,6 +41,15 @@ class Speculator:
         self._steady_shape: tuple[int, int] | None = None
         self._quiet = False  # this step was taken as quiet (controller.quiet_step)
         self._quiet_steps = 0
+        # requests the drafter has prepared (indexed) for, and this step's time doing so:
+        # a one-off per request, kept out of the step's measured cost. Charged to a first
+        # probe's verify step (a prompt-lookup index is ~80 us for 300 tokens, ~400 us for
+        # 1,500 on the dev CPU), it made the H200's 12-row (c=4) probe bucket read dearer
+        # than 36 rows and held every c=4 probe back (edit c=4 1.27x at 0.89 acceptance).
+        # Built for every prompt at prefill instead, it cost 16 long prompts that never
+        # drafted ~6 ms of a ~350 ms c=16 run.
+        self._prepared: set[str] = set()
+        self._one_off = 0.0
 
     def propose(self, running: list[Request], budget: int) -> dict[str, list[int]]:
         """Drafts for the decoding requests of the coming step, keyed by request id."""
@@ -84,6 +93,12 @@ class Speculator:
         batch = [b for b in batch if b.k > 0]
         if not batch:
             return {}
+        for b in batch:
+            if b.request_id not in self._prepared:  # its first draft: index its context
+                self._prepared.add(b.request_id)
+                start = time.perf_counter()
+                self.drafter.prepare(b)
+                self._one_off += time.perf_counter() - start
         drafts = self.drafter.propose(batch)
         out = {}
         for b, d in zip(batch, drafts, strict=True):
@@ -93,23 +108,6 @@ class Speculator:
             else:
                 self.controller.no_draft(b.request_id)
         return out
-
-    def while_forward_runs(self, seqs: list[ScheduledSeq]) -> None:
-        """Host work for a step whose forward was just launched (on CUDA it runs while this
-        does): the drafter indexes each prompt in its first prefill chunk. Done in the
-        request's first probe instead (as before), a prompt's index (~80 us for 300 tokens,
-        ~400 us for 1,500, on the dev CPU) is charged to that probe's verify step: the
-        probe shape's cost curve reads dearer than it is, and 16 long prompts are ~6 ms of
-        a ~350 ms c=16 run on the H200 that the GPU could have hidden."""
-        if self._quiet:  # the same decoding requests as before: no prompt to index
-            return
-        start = time.perf_counter()
-        for s in seqs:
-            req = s.req
-            if (s.num_real > 1 and s.start == req.num_cached_tokens  # its first chunk
-                    and req.params.logprobs is None):
-                self.drafter.prepare(DraftRequest(req.request_id, req.all_ids, 0))
-        self.host_seconds += time.perf_counter() - start
 
     def verify(self, seq: ScheduledSeq, logits: torch.Tensor, sampler: Sampler) -> list[int]:
         """Tokens to append (accepted draft prefix + one target token); logits: (k+1, V)."""
@@ -145,10 +143,12 @@ class Speculator:
             if self._quiet_steps % 8:
                 return
         start = time.perf_counter()
+        seconds, self._one_off = max(seconds - self._one_off, 1e-9), 0.0
         self.controller.record_step(num_tokens, seconds, verify, graph, emitted, sequences)
         self.host_seconds += time.perf_counter() - start
 
     def forget(self, request_id: str) -> None:
+        self._prepared.discard(request_id)
         self.controller.forget(request_id)
         self.drafter.on_finished(request_id)
         self._probs.pop(request_id, None)

@@ -77,7 +77,8 @@ class Drafter(ABC):
     - ``on_finished(request_id)`` releases any per-request state; calling it for an
       unknown id is a no-op. After it, the id may be reused for a new request.
     - ``prepare(request)`` may build per-request caches ahead of the first ``propose``
-      (the engine calls it while the prompt is prefilled); it changes no draft.
+      (the speculator calls it before a request's first draft and keeps its time out of
+      the step's measured cost); it changes no draft.
     """
 
     @abstractmethod

@@ -11,6 +11,7 @@ import random
 import pytest
 
 from mmserve import LLM, SamplingParams
+from mmserve.bench.spec_workloads import workload
 from mmserve.spec.ngram_build import build_table
 
 MAX_TOKENS = 8
@@ -131,23 +132,35 @@ def test_speculation_switched_off_is_plain_decode_on_the_same_engine(default_mod
         LLM(str(default_model_dir)).engine.set_speculation(True)
 
 
-def test_prompts_are_indexed_while_their_prefill_runs(default_model_dir):
-    """The prompt-lookup drafter indexes a prompt in the step that prefills it (while the
-    forward runs on CUDA), not in the request's first probe, whose verify step's measured
-    cost would carry it; a prompt partly served from the prefix cache too."""
+def test_a_drafts_first_index_is_kept_out_of_the_measured_step_cost(default_model_dir,
+                                                                     monkeypatch):
+    """The drafter prepares (indexes) a request's context once, before its first draft,
+    and that one-off time is not charged to the step's cost: made 1 s slower here, it
+    shows in no verify step the controller measured. A request that never drafts is
+    never indexed."""
+    import time
+
     llm = LLM(str(default_model_dir), max_num_seqs=2,
               speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
-    eng, drafter = llm.engine, llm.engine.speculator.drafter
-    greedy = SamplingParams(temperature=0, max_tokens=4)
-    prompt = llm.tokenizer.encode(PROMPTS[0] * 3, add_special_tokens=True)
-    for n in range(2):  # the second time, its full blocks come from the prefix cache
-        rid = eng.add_request(prompt, greedy)
-        eng.step()  # the prefill: no decode step has run, so no probe either
-        cached = eng.requests[rid].num_cached_tokens
-        assert cached == 0 if n == 0 else 0 < cached < len(prompt)
-        assert drafter._indexes[rid].indexed_upto == len(prompt) - 1
-        while eng.has_unfinished():
-            eng.step()
+    spec = llm.engine.speculator
+    drafter, calls = spec.drafter, []
+    real = drafter.prepare
+
+    def slow_prepare(request):
+        calls.append(request.request_id)
+        time.sleep(1.0)
+        real(request)
+
+    monkeypatch.setattr(drafter, "prepare", slow_prepare)
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    llm.chat(workload("edit", 1), greedy)  # copies its prompt
+    assert llm.engine.stats().spec_draft_tokens_total > 0
+    assert len(calls) == 1  # once, for the request that drafted
+    verify = spec.controller._verify_cost._points.values()
+    assert verify and max(p.seconds for p in verify) < 1.0
+    plain = SamplingParams(temperature=0, max_tokens=4, logprobs=1)  # never drafts
+    llm.generate(["Hello"], plain)
+    assert len(calls) == 1
 
 
 def test_steps_nobody_can_probe_skip_the_pass_and_change_nothing(default_model_dir):
