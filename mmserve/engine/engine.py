@@ -166,7 +166,7 @@ class LLMEngine:
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
-        drafts = self.spec.propose(self.scheduler.running, self.config.max_num_batched_tokens) \
+        drafts = self.spec.propose(self.scheduler.running, len(self.scheduler.waiting)) \
             if self.spec is not None else None
         schedule = self.scheduler.schedule(drafts)
         if not schedule.seqs:

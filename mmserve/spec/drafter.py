@@ -32,6 +32,9 @@ class DraftRequest:
     request_id: str
     token_ids: Sequence[int]
     k: int  # max tokens to draft (the controller's choice); 0 = skip this request
+    # draft only from a match of at least this many context tokens (drafters that copy
+    # from a match honour it; others match more than this anyway or do not match)
+    min_match: int = 1
 
 
 @dataclass

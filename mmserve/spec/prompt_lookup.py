@@ -59,7 +59,7 @@ class PromptLookupDrafter(Drafter):
         index = self._updated_index(request.request_id, request.token_ids)
         tokens = request.token_ids
         length = len(tokens)
-        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+        for n in range(min(self.max_n, length - 1), max(self.min_n, request.min_match) - 1, -1):
             suffix = tuple(tokens[length - n :])
             end = index.ends[n - self.min_n].get(suffix)
             if end is not None:

@@ -47,6 +47,17 @@ def test_prefers_longest_n_then_most_recent() -> None:
     assert d3.propose([DraftRequest("a", tokens, 1)])[0].tokens == []
 
 
+def test_min_match_of_a_request_raises_min_n_for_it() -> None:
+    """A probe asks for a match of 2 tokens or more: a 1-token match drafts nothing."""
+    d = PromptLookupDrafter(min_n=1, max_n=3)
+    tokens = [4, 1, 9, 7, 1]  # only "1" recurs
+    assert d.propose([DraftRequest("a", tokens, 2)])[0].tokens == [9, 7]
+    assert d.propose([DraftRequest("a", tokens, 2, min_match=2)])[0].tokens == []
+    tokens = [4, 1, 9, 7, 4, 1]  # "4 1" recurs
+    assert d.propose([DraftRequest("b", tokens, 2, min_match=2)])[0].tokens == [9, 7]
+    assert d.propose([DraftRequest("b", tokens, 2, min_match=3)])[0].tokens == []
+
+
 def test_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="min_n <= max_n"):
         PromptLookupDrafter(min_n=3, max_n=2)

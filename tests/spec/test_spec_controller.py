@@ -107,6 +107,7 @@ def test_changes_are_gradual() -> None:
     """k falls by at most 2 a step and rises by 2, or at most doubles after a draft that
     was accepted whole."""
     ctrl = SpecController(k_max=8, max_step_change=2)
+    ctrl.waiting = 1  # a queue: the batch's throughput counts, no step is vetoed
     sim = Sim(ctrl, SLOPED, seed=5)
     for accept in (0.95, 0.02, 0.8, 0.3, 0.9):
         sim.run(40, accept=accept, ids=["a", "b"])
@@ -498,3 +499,54 @@ def test_a_probe_is_refunded_only_when_accepted_whole_and_followed_by_drafting()
         assert spent == pytest.approx(0.0 if refunded else charge, abs=0.011)
         if drafts is False:  # waits, as after a failed probe
             assert [ctrl.choose(["r"])[0] for _ in range(3)] == [0, 0, 0]
+
+
+def _mixed_run(ctrl: SpecController, steps: int, accept: dict[str, float],
+               sim: Sim) -> list[list[int]]:
+    """Steps of requests with their own acceptance; -> the ks of each step."""
+    ids, out = list(accept), []
+    for _ in range(steps):
+        probing = [ctrl.probing(r) for r in ids]
+        ks = ctrl.choose(ids)
+        for rid, k in zip(ids, ks, strict=True):
+            if k:
+                sim.verify(rid, k, accept[rid])
+        sim.record(len(ids) + sum(ks), ks)
+        out.append([k if not p else -k for k, p in zip(ks, probing, strict=True)])
+    return out
+
+
+def test_with_nobody_waiting_no_request_is_slowed_for_another() -> None:
+    """While no request waits for a slot, a step drafts only if none of its requests is
+    expected to run slower than plain: a copying request does not draft beside one that
+    drafts nothing (every verify step would slow that one, and a batch finishes with
+    its slowest request). With a queue, the batch's throughput decides and it drafts.
+    When the other request leaves, it drafts at once."""
+    accept = {"copy": 0.95, "prose": 0.0}
+    for waiting in (0, 1):
+        ctrl = SpecController(k_max=8)
+        ctrl.waiting = waiting
+        sim = Sim(ctrl, SLOPED, seed=3)
+        steps = _mixed_run(ctrl, 200, accept, sim)
+        # after the first steps (both probe), drafting steps in which "prose" neither
+        # drafts nor probes
+        mixed = [ks for ks in steps[20:] if ks[0] > 0 and ks[1] == 0]
+        if waiting:
+            assert len(mixed) > 150
+        else:
+            assert mixed == []
+            assert ctrl.vetoes > 0
+            # the vetoed set is not re-planned every step: pauses of 1, 2, 4 .. 16 steps
+            assert ctrl.vetoes < 40
+    ctrl.forget("prose")
+    ks = [ctrl.choose(["copy"])[0] for _ in range(3)]
+    assert ks[0] > 0  # alone: the veto held another set of requests
+
+
+def test_with_nobody_waiting_requests_that_all_pay_draft_together() -> None:
+    """The veto is not a ban on batches: requests that all copy draft in every step."""
+    ctrl = SpecController(k_max=8)
+    sim = Sim(ctrl, SLOPED, seed=4)
+    steps = _mixed_run(ctrl, 100, {"a": 0.95, "b": 0.95, "c": 0.9}, sim)
+    assert all(min(ks) > 0 for ks in steps[10:])
+    assert ctrl.vetoes == 0

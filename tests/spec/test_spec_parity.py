@@ -181,3 +181,35 @@ def test_steps_nobody_can_probe_skip_the_pass_and_change_nothing(default_model_d
     assert [r.token_ids for r in llm.generate(prompts, greedy)] == plain
     assert llm.engine.stats().spec_draft_tokens_total == 0
     assert spec._quiet_steps >= 24 - 4  # all but a few of the decode steps
+
+
+def test_probes_ask_for_longer_matches_and_the_queue_reaches_the_controller(
+        default_model_dir, monkeypatch):
+    """The engine tells the controller how many requests wait for a slot (6 prompts, 2
+    slots: 4, then fewer), and a probe's draft request asks for a match of 2 tokens or
+    more while a drafting request's asks for 1. Outputs equal plain decode's."""
+    from mmserve.engine.speculation import PROBE_MIN_MATCH
+
+    prompts = PROMPTS[:3] + PROMPTS[40:43]  # copy-heavy and code
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    llm = LLM(str(default_model_dir), max_num_seqs=2,
+              speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    spec = llm.engine.speculator
+    ctrl, seen, waits = spec.controller, [], []
+    real_propose, real_choose = spec.drafter.propose, ctrl.choose
+
+    def propose(batch):
+        seen.extend((r.min_match, ctrl.probing(r.request_id)) for r in batch)
+        return real_propose(batch)
+
+    def choose(ids, other=0):
+        waits.append(ctrl.waiting)
+        return real_choose(ids, other)
+
+    monkeypatch.setattr(spec.drafter, "propose", propose)
+    monkeypatch.setattr(ctrl, "choose", choose)
+    plain = [r.token_ids for r in LLM(str(default_model_dir)).generate(prompts, greedy)]
+    assert [r.token_ids for r in llm.generate(prompts, greedy)] == plain
+    assert {m for m, probe in seen if probe} == {PROBE_MIN_MATCH}
+    assert {m for m, probe in seen if not probe} == {1}
+    assert max(waits) == 4 and min(waits) == 0
