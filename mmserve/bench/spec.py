@@ -64,6 +64,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
             host = spec.engine.speculator
             assert host is not None
             host_before = (host.host_seconds, host.host_steps)
+            vetoes_before = host.controller.vetoes
             plain_times, spec_times = [], []
             for i in range(repeats):  # interleaved pairs: drift hits both sides alike
                 for on in ((False, True) if i % 2 == 0 else (True, False)):  # either first
@@ -95,6 +96,9 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                 "acceptance": accepted / drafted if drafted else 0.0,
                 "identical": ids_plain == ids_spec,
                 "guard_pauses": after.spec_guard_pauses_total - before.spec_guard_pauses_total,
+                # steps whose drafts were held back because another request of the step
+                # would have run slower (mmserve.spec.controller, nobody waiting)
+                "vetoed_steps": host.controller.vetoes - vetoes_before,
                 # what choosing k, drafting and the controller's bookkeeping cost the host
                 # each speculative step (measured here, on this machine's CPU)
                 "spec_host_us_per_step": 1e6 * (host.host_seconds - host_before[0])
