@@ -119,6 +119,11 @@ class Speculator:
                 self._probs[b.request_id] = d.probs
             else:
                 self.controller.no_draft(b.request_id)
+        if out and self.controller.hold_drafts():  # a probe came back empty: veto
+            probing = self.controller.probing
+            for request_id in [r for r in out if not probing(r)]:
+                del out[request_id]
+                self._probs.pop(request_id, None)
         return out
 
     def verify(self, seq: ScheduledSeq, logits: torch.Tensor, sampler: Sampler) -> list[int]:

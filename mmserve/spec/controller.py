@@ -184,6 +184,10 @@ class SpecController:
         self._veto_until = 0
         self._veto_pause = 1
         self.vetoes = 0  # steps whose drafts were vetoed (tests, traces)
+        # this step's requests when its drafts passed the veto only because a probe was
+        # counted on to draft, and whether one then drafted nothing (``hold_drafts``)
+        self._probe_step: tuple[str, ...] = ()
+        self._blank_probe = False
 
     def choose(self, request_ids: Sequence[str], num_other_tokens: int = 0) -> list[int]:
         """k for each decoding request of this step, in order.
@@ -193,6 +197,7 @@ class SpecController:
         state of each request.
         """
         tokens = len(request_ids) + num_other_tokens
+        self._probe_step, self._blank_probe = (), False
         if self.paused():
             return [0] * len(request_ids)
         if self.padded and num_other_tokens:
@@ -292,24 +297,43 @@ class SpecController:
     def _veto(self, request_ids: Sequence[str], ks: list[int], worst: float,
               plan: _StepPlan) -> None:
         """Hold this step's drafts back (probes run) if a request of it that is not
-        probing is expected to run slower than in a plain step (module docstring)."""
+        probing is expected to run slower than in a plain step (module docstring). One
+        that drafts nothing always would: a verify step with more rows is never cheaper
+        than the plain step, whatever noisy curves say."""
         states = self._requests
-        if worst * self._cost.cost(len(request_ids) + plan.num_other) >= plan.verify_cost(
-                plan.tokens_with(0)):
-            if not any(states[r].probing for r in request_ids):
+        probes = [r for r in request_ids if states[r].probing]
+        if worst > 1.0 and worst * self._cost.cost(len(request_ids) + plan.num_other) >= (
+                plan.verify_cost(plan.tokens_with(0))):
+            if probes:  # a probe that drafts nothing leaves its request slower
+                self._probe_step = tuple(request_ids)
+            else:
                 self._veto_pause = 1  # drafting that leaves nobody slower: forgiven
             return
         vetoed = False
         for i, r in enumerate(request_ids):
             if ks[i] and not states[r].probing:
                 ks[i], vetoed = 0, True  # its k stays the ramp's: it resumes there
-        if not vetoed:
-            return
-        plan.verifying = any(ks)
+        if vetoed:
+            plan.verifying = any(ks)
+            self._vetoed(request_ids)
+
+    def _vetoed(self, request_ids: Sequence[str]) -> None:
         self.vetoes += 1
         self._veto_ids = tuple(request_ids)
         self._veto_until = self._steps + self._veto_pause
         self._veto_pause = min(2 * self._veto_pause, self.probe_interval)
+
+    def hold_drafts(self) -> bool:
+        """Call after the drafter ran and ``no_draft`` was called: True if the drafts of
+        requests that are not probing must be dropped, because a probe of the step
+        drafted nothing (no match long enough) and its request, now a plain one, would
+        run slower for them (the veto, decided once the drafts are known)."""
+        ids, blank = self._probe_step, self._blank_probe
+        self._probe_step, self._blank_probe = (), False
+        if not (ids and blank):
+            return False
+        self._vetoed(ids)
+        return True
 
     def _skip_step(self) -> None:
         """A step taken plain without a per-request pass (off requests' waits run on)."""
@@ -387,6 +411,7 @@ class SpecController:
         if state is None:
             return
         if state.probing:  # no verify step: the budget gets its charge back
+            self._blank_probe = True
             state.probing, state.k, state.steps_off = False, 0, 0
             state.wait = self._backoff(state)
             self._probe_budget = min(1.0, self._probe_budget + max(state.probe_cost, 0.0))

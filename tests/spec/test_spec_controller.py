@@ -550,3 +550,21 @@ def test_with_nobody_waiting_requests_that_all_pay_draft_together() -> None:
     steps = _mixed_run(ctrl, 100, {"a": 0.95, "b": 0.95, "c": 0.9}, sim)
     assert all(min(ks) > 0 for ks in steps[10:])
     assert ctrl.vetoes == 0
+
+
+def test_a_probe_that_drafts_nothing_vetoes_the_steps_drafts() -> None:
+    """A new request probes beside one that drafts: the drafts pass the veto counting on
+    the probe to draft. If the drafter finds no match for it, its request runs as a
+    plain one, slower for the others' drafts: ``hold_drafts`` says drop them. If the
+    probe drafted, the step stands."""
+    for blank in (True, False):
+        ctrl = SpecController(k_max=8)
+        sim = Sim(ctrl, FLAT, seed=1)
+        sim.run(20, accept=0.95, ids=["a"])  # alone, "a" drafts deep
+        ks = ctrl.choose(["a", "b"])
+        assert ks[0] > 0 and ctrl.probing("b") and ks[1] == ctrl.probe_k
+        if blank:
+            ctrl.no_draft("b")
+        assert ctrl.hold_drafts() is blank
+        assert ctrl.vetoes == int(blank)
+        assert ctrl.hold_drafts() is False  # once per step
