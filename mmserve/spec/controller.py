@@ -87,6 +87,8 @@ from mmserve.spec.cost_model import StepCostModel
 # what a probe is charged while verify steps of its size were never measured (a fraction
 # of a step): enough to explore once, not to probe every step on a guess
 PROBE_NOMINAL = 0.25
+# whether a probe for which the drafter found no match counts toward the doubling wait
+BLANK_PROBE_FAILS = 1
 
 
 @dataclass
@@ -280,7 +282,10 @@ class SpecController:
         if plan.verifying and not self.waiting and len(ks) > 1:
             self._veto(request_ids, ks, worst, plan)
         self._since_plain = self._since_plain + 1 if plan.verifying else 0
-        self._quiet = 0 if plan.verifying else self._quiet_steps(shape)
+        # a vetoed step's requests keep their k, so no request is off and due: the pause
+        # itself is quiet (on the H200 code c=4 paid ~40 us a step planning vetoed steps)
+        vetoed = self._veto_until - self._steps if self._veto_ids == tuple(request_ids) else 0
+        self._quiet = 0 if plan.verifying else max(self._quiet_steps(shape), vetoed)
         self._quiet_shape = shape
         return ks
 
@@ -413,6 +418,7 @@ class SpecController:
         if state.probing:  # no verify step: the budget gets its charge back
             self._blank_probe = True
             state.probing, state.k, state.steps_off = False, 0, 0
+            state.failed_probes += BLANK_PROBE_FAILS
             state.wait = self._backoff(state)
             self._probe_budget = min(1.0, self._probe_budget + max(state.probe_cost, 0.0))
             return

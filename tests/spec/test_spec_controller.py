@@ -568,3 +568,21 @@ def test_a_probe_that_drafts_nothing_vetoes_the_steps_drafts() -> None:
         assert ctrl.hold_drafts() is blank
         assert ctrl.vetoes == int(blank)
         assert ctrl.hold_drafts() is False  # once per step
+
+
+def test_a_vetoed_sets_pause_is_taken_quiet() -> None:
+    """The steps a veto holds back cost no planning: the same requests' next steps are
+    quiet ones (the speculator then skips its pass over them) for the pause's length."""
+    ctrl = SpecController(k_max=8)
+    sim = Sim(ctrl, SLOPED, seed=3)
+    accept = {"copy": 0.95, "prose": 0.0}
+    for _ in range(200):
+        before = ctrl.vetoes
+        _mixed_run(ctrl, 1, accept, sim)
+        if ctrl.vetoes > before and ctrl._veto_until - ctrl._steps >= 4:
+            break
+    else:
+        pytest.fail("no veto with a pause of 4 steps or more")
+    pause = ctrl._veto_until - ctrl._steps
+    assert all(ctrl.quiet_step((2, 0)) for _ in range(pause))
+    assert not ctrl.quiet_step((2, 0))  # the pause is over: plan again
