@@ -586,3 +586,21 @@ def test_a_vetoed_sets_pause_is_taken_quiet() -> None:
     pause = ctrl._veto_until - ctrl._steps
     assert all(ctrl.quiet_step((2, 0)) for _ in range(pause))
     assert not ctrl.quiet_step((2, 0))  # the pause is over: plan again
+
+
+def test_with_nobody_waiting_a_verify_step_has_every_request_in_it() -> None:
+    """With nobody waiting, every step that verifies has every request drafting or
+    probing: a probe beside a request that does neither is called off (what it learns
+    could not be used: the veto would hold the drafts back) and its budget refunded.
+    Requests that start together probe together, and copying ones draft together."""
+    for accept in ({"a": 0.95, "b": 0.95, "p": 0.0}, {"a": 0.95, "b": 0.9, "c": 0.95}):
+        ctrl = SpecController(k_max=8)
+        sim = Sim(ctrl, SLOPED, seed=6)
+        steps = _mixed_run(ctrl, 300, accept, sim)
+        assert all(min(map(abs, ks)) > 0 for ks in steps if any(ks)), steps
+        assert all(abs(k) == ctrl.probe_k for k in steps[0])  # all new: all probe
+        drafting = sum(1 for ks in steps if any(ks))
+        if "p" in accept:
+            assert drafting < 30  # a request that never accepts keeps the others off
+        else:
+            assert drafting > 250
