@@ -65,7 +65,10 @@ vetoed (probes, budgeted exploration, still run) and the same requests are not
 planned again for 1, 2, 4 .. ``probe_interval`` steps; a new set of requests (one
 finished, one admitted) is planned at once. On the H200 the sum alone drafted for three
 code requests at c=4 while a fourth, the longest, drafted nothing and ran ~35 %
-slower in every verify step: the batch took 0.90x plain decode's time to finish.
+slower in every verify step: the batch took 0.90x plain decode's time to finish. For
+the same reason, with none waiting a probe beside a request that neither drafts nor
+probes is called off (what it learns could not be used), and a probe that drafts
+nothing (the speculator asks probes for a match of 2+ tokens) vetoes the others.
 Everything is a deterministic function of the calls made.
 """
 
@@ -87,8 +90,6 @@ from mmserve.spec.cost_model import StepCostModel
 # what a probe is charged while verify steps of its size were never measured (a fraction
 # of a step): enough to explore once, not to probe every step on a guess
 PROBE_NOMINAL = 0.25
-# whether a probe for which the drafter found no match counts toward the doubling wait
-BLANK_PROBE_FAILS = 1
 
 
 @dataclass
@@ -439,7 +440,7 @@ class SpecController:
         if state.probing:  # no verify step: the budget gets its charge back
             self._blank_probe = True
             state.probing, state.k, state.steps_off = False, 0, 0
-            state.failed_probes += BLANK_PROBE_FAILS
+            state.failed_probes += 1  # found nothing: as failed (H200 A/B, NOTES session 7)
             state.wait = self._backoff(state)
             self._probe_budget = min(1.0, self._probe_budget + max(state.probe_cost, 0.0))
             return
