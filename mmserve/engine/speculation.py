@@ -120,7 +120,6 @@ class Speculator:
             else:
                 self.controller.no_draft(b.request_id)
         if out and self.controller.hold_drafts():  # a probe came back empty: veto
-            probing = self.controller.probing
             for request_id in [r for r in out if not probing(r)]:
                 del out[request_id]
                 self._probs.pop(request_id, None)

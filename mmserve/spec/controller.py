@@ -282,8 +282,8 @@ class SpecController:
             ks.append(k)
         if plan.verifying and not self.waiting and len(ks) > 1:
             self._probes_need_company(request_ids, ks, plan)
-        if plan.verifying and not self.waiting and len(ks) > 1:
-            self._veto(request_ids, ks, worst, plan)
+            if plan.verifying:
+                self._veto(request_ids, ks, worst, plan)
         self._since_plain = self._since_plain + 1 if plan.verifying else 0
         # a vetoed step's requests keep their k, so no request is off and due: the pause
         # itself is quiet (on the H200 code c=4 paid ~40 us a step planning vetoed steps)
@@ -309,10 +309,10 @@ class SpecController:
         that drafts nothing always would: a verify step with more rows is never cheaper
         than the plain step, whatever noisy curves say."""
         states = self._requests
-        probes = [r for r in request_ids if states[r].probing]
         if worst > 1.0 and worst * self._cost.cost(len(request_ids) + plan.num_other) >= (
                 plan.verify_cost(plan.tokens_with(0))):
-            if probes:  # a probe that drafts nothing leaves its request slower
+            if any(states[r].probing for r in request_ids):  # one that drafts nothing
+                # leaves its request slower: decided once the drafts are known
                 self._probe_step = tuple(request_ids)
             else:
                 self._veto_pause = 1  # drafting that leaves nobody slower: forgiven
@@ -341,8 +341,12 @@ class SpecController:
             if state.probing:
                 state.probing, state.k, ks[i] = False, 0, 0
                 state.steps_off, state.wait = 0, self.probe_interval
-                self._probe_budget = min(1.0, self._probe_budget + max(state.probe_cost, 0.0))
+                self._refund(state)
         plan.verifying = any(ks)
+
+    def _refund(self, state: _RequestState) -> None:
+        """Give back the budget charge of a probe that ran no verify step."""
+        self._probe_budget = min(1.0, self._probe_budget + max(state.probe_cost, 0.0))
 
     def _vetoed(self, request_ids: Sequence[str]) -> None:
         self.vetoes += 1
@@ -442,7 +446,7 @@ class SpecController:
             state.probing, state.k, state.steps_off = False, 0, 0
             state.failed_probes += 1  # found nothing: as failed (H200 A/B, NOTES session 7)
             state.wait = self._backoff(state)
-            self._probe_budget = min(1.0, self._probe_budget + max(state.probe_cost, 0.0))
+            self._refund(state)
             return
         state.misses += 1
         if state.misses >= self.miss_limit:
