@@ -115,73 +115,86 @@ if triton is not None:
         BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr, PREFETCH: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        wait_previous(PDL)  # before the early return: a grid never ends before its predecessor
-        seq = tl.program_id(0)
-        tile = tl.program_id(1)
-        kvh = tl.program_id(2)
+        wait_previous(PDL)  # before any exit: a grid never ends before its predecessor
+        attention_rows(
+            tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_ptr, v_ptr, o_ptr,
+            tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, ks_ptr, vs_ptr, scale_log2,
+            stride_qn, stride_qh, stride_on, stride_oh, stride_kb, stride_ks, stride_kh,
+            stride_bt, stride_sb, stride_ss, G, D, PAGE, WINDOW, BM, BN, FP8, PREFETCH)
+
+    @triton.jit
+    def attention_rows(
+        seq, tile, kvh, q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
+        ks_ptr, vs_ptr, scale_log2,
+        stride_qn, stride_qh, stride_on, stride_oh,
+        stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
+        G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr, PREFETCH: tl.constexpr,
+    ):
+        """Query rows ``tile`` of (sequence ``seq``, kv head ``kvh``): the kernel above, or
+        one phase of a persistent kernel."""
         qlen = tl.load(qlen_ptr + seq)  # the three loads in flight together
         ctx = tl.load(ctx_ptr + seq)
         qstart = tl.load(qstart_ptr + seq)
-        if tile * BM >= qlen * G:
-            return
-        rows = tile * BM + tl.arange(0, BM)
-        row_ok = rows < qlen * G
-        tok = rows // G
-        head = kvh * G + rows % G
-        qpos = ctx - qlen + tok  # (BM,) absolute position of each row's token
-        d = tl.arange(0, D)
-        q = tl.load(q_ptr + (qstart + tok)[:, None] * stride_qn + head[:, None] * stride_qh
-                    + d[None, :], mask=row_ok[:, None], other=0.0)
-        last_tok = tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
-        hi = ctx - qlen + last_tok + 1  # keys the tile's last row can see
-        lo = ctx * 0
-        if WINDOW > 0:  # skip whole aligned blocks no row of the tile can see
-            lo = tl.maximum(0, ctx - qlen + (tile * BM) // G - WINDOW + 1) // BN * BN
-        m_i = tl.full([BM], float("-inf"), tl.float32)
-        l_i = tl.zeros([BM], tl.float32)
-        acc = tl.zeros([BM, D], tl.float32)
-        table = tables_ptr + seq * stride_bt
-        if PREFETCH:  # the first step's cache blocks; each step then fetches the next's
-            kpos = lo + tl.arange(0, BN)
-            blk = tl.load(table + kpos // PAGE, mask=kpos < hi, other=0)
-        for start in range(lo, hi, BN):
-            kpos = start + tl.arange(0, BN)
-            k_in = kpos < hi
-            if not PREFETCH:
-                blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
-            off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
-            # keys and values in flight together (a decode step is a chain of these waits)
-            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
-            v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
-            if FP8:  # e4m3 -> q's dtype is exact; the per-key scale multiplies the scores
-                soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
-                k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)
-                v_s = tl.load(vs_ptr + soff, mask=k_in, other=0.0)
-            if PREFETCH:
-                nxt = kpos + BN
-                blk = tl.load(table + nxt // PAGE, mask=nxt < hi, other=0)
-            if FP8:
-                s = tl.dot(q, tl.trans(k.to(tl.float32).to(q.dtype))) * k_s[None, :]
-            else:
-                s = tl.dot(q, tl.trans(k)) * scale_log2  # (BM, BN) fp32, log2 units
-            visible = (kpos[None, :] <= qpos[:, None]) & k_in[None, :]
-            if WINDOW > 0:
-                visible = visible & (qpos[:, None] - kpos[None, :] < WINDOW)
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if FP8:  # fold each value's scale into its weight: sum_j p_j * s_j * v8_j
-                pv = (p * v_s[None, :]).to(q.dtype)
-                acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32).to(q.dtype))
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptr + (qstart + tok)[:, None] * stride_on + head[:, None] * stride_oh
-                 + d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        if tile * BM < qlen * G:
+            rows = tile * BM + tl.arange(0, BM)
+            row_ok = rows < qlen * G
+            tok = rows // G
+            head = kvh * G + rows % G
+            qpos = ctx - qlen + tok  # (BM,) absolute position of each row's token
+            d = tl.arange(0, D)
+            q = tl.load(q_ptr + (qstart + tok)[:, None] * stride_qn + head[:, None] * stride_qh
+                        + d[None, :], mask=row_ok[:, None], other=0.0)
+            last_tok = tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
+            hi = ctx - qlen + last_tok + 1  # keys the tile's last row can see
+            lo = ctx * 0
+            if WINDOW > 0:  # skip whole aligned blocks no row of the tile can see
+                lo = tl.maximum(0, ctx - qlen + (tile * BM) // G - WINDOW + 1) // BN * BN
+            m_i = tl.full([BM], float("-inf"), tl.float32)
+            l_i = tl.zeros([BM], tl.float32)
+            acc = tl.zeros([BM, D], tl.float32)
+            table = tables_ptr + seq * stride_bt
+            if PREFETCH:  # the first step's cache blocks; each step then fetches the next's
+                kpos = lo + tl.arange(0, BN)
+                blk = tl.load(table + kpos // PAGE, mask=kpos < hi, other=0)
+            for start in range(lo, hi, BN):
+                kpos = start + tl.arange(0, BN)
+                k_in = kpos < hi
+                if not PREFETCH:
+                    blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
+                off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
+                # keys and values in flight together (a decode step is a chain of these waits)
+                k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
+                v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
+                if FP8:  # e4m3 -> q's dtype is exact; the per-key scale multiplies the scores
+                    soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
+                    k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)
+                    v_s = tl.load(vs_ptr + soff, mask=k_in, other=0.0)
+                if PREFETCH:
+                    nxt = kpos + BN
+                    blk = tl.load(table + nxt // PAGE, mask=nxt < hi, other=0)
+                if FP8:
+                    s = tl.dot(q, tl.trans(k.to(tl.float32).to(q.dtype))) * k_s[None, :]
+                else:
+                    s = tl.dot(q, tl.trans(k)) * scale_log2  # (BM, BN) fp32, log2 units
+                visible = (kpos[None, :] <= qpos[:, None]) & k_in[None, :]
+                if WINDOW > 0:
+                    visible = visible & (qpos[:, None] - kpos[None, :] < WINDOW)
+                s = tl.where(visible, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                if FP8:  # fold each value's scale into its weight: sum_j p_j * s_j * v8_j
+                    pv = (p * v_s[None, :]).to(q.dtype)
+                    acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32).to(q.dtype))
+                else:
+                    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m_i = m_new
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(o_ptr + (qstart + tok)[:, None] * stride_on + head[:, None] * stride_oh
+                     + d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit
     def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kn, stride_vn,

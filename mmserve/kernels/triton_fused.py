@@ -123,13 +123,27 @@ if triton is not None:
                            GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                            CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr):
-        rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
+        wait_previous(PDL)
+        fused_tile(tl.program_id(0), a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K,
+                   UP, stride_am, stride_wn, stride_om, stride_rm, eps, offset, NORM, HAS_BIAS,
+                   RESIDUAL, GATED, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "")
+
+    @triton.jit
+    def fused_tile(pid, a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
+                   stride_am, stride_wn, stride_om, stride_rm, eps, offset,
+                   NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+                   GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
+                   BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                   CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
+        """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
+        persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
+        written by other programs of the launch, from L2)."""
+        rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         row_ok = rm < M
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
         u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: the up rows
-        wait_previous(PDL)
         if NORM:  # each row's squares, summed elementwise over K chunks in ascending order
             ck = tl.arange(0, CH)
             sq = tl.zeros([BM, CH], tl.float32)
@@ -140,7 +154,7 @@ if triton is not None:
                 for u in tl.static_range(UNROLL):
                     kk = k + u * CH + ck
                     x = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < K),
-                                other=0.0).to(tl.float32)
+                                other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
                     sq += x * x
             rstd = _rstd(sq, K, eps, BM, CH)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
@@ -148,7 +162,8 @@ if triton is not None:
         for k in range(0, K, BK):
             kk = k + rk
             k_ok = kk < K
-            a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+                        cache_modifier=ACT_CACHE)
             if NORM:  # the unfused norm's float32 math, rounded as its output is
                 nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
                 a = (a.to(tl.float32) * rstd[:, None] * (offset + nw)[None, :]).to(
@@ -164,7 +179,7 @@ if triton is not None:
         out_ok = row_ok[:, None] & (rn[None, :] < N)
         if RESIDUAL:  # round as linear's output, then torch's half add: fp32 add, round
             r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
-                        mask=out_ok, other=0.0).to(tl.float32)
+                        mask=out_ok, other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
             acc = _round(acc, ROUND) + r
         if GATED:  # F.silu(gate) * up on the rounded gate and up, each op rounded
             g = _round(acc, ROUND)
@@ -174,15 +189,16 @@ if triton is not None:
 
     @triton.jit
     def _rotated(x_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                 ROUND: tl.constexpr):
+                 ROUND: tl.constexpr, X_CACHE: tl.constexpr):
         """H heads at x_ptr (head stride 2*HALF) rotated, rounding as torch does -> the two
         halves (BLOCK_H, HALF) as fp32 holding activation-dtype values."""
         h = tl.arange(0, BLOCK_H)
         i = tl.arange(0, HALF)
         ok = (h < H)[:, None]
         src = x_ptr + h[:, None] * 2 * HALF
-        f1 = tl.load(src + i[None, :], mask=ok, other=0.0).to(tl.float32)
-        f2 = tl.load(src + HALF + i[None, :], mask=ok, other=0.0).to(tl.float32)
+        f1 = tl.load(src + i[None, :], mask=ok, other=0.0, cache_modifier=X_CACHE).to(tl.float32)
+        f2 = tl.load(src + HALF + i[None, :], mask=ok, other=0.0,
+                     cache_modifier=X_CACHE).to(tl.float32)
         # torch: x * cos + cat(-x2, x1) * sin, each op rounded to the activation dtype
         o1 = _round(_round(f1 * c1, ROUND) + _round(-f2 * s1, ROUND), ROUND)
         o2 = _round(_round(f2 * c2, ROUND) + _round(f1 * s2, ROUND), ROUND)
@@ -200,9 +216,10 @@ if triton is not None:
 
     @triton.jit
     def _rotate_heads(x_ptr, o_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr,
-                      BLOCK_H: tl.constexpr, ROUND: tl.constexpr):
-        """Rotate H heads at x_ptr into o_ptr (same layout), rounding as torch does."""
-        o1, o2 = _rotated(x_ptr, H, c1, s1, c2, s2, HALF, BLOCK_H, ROUND)
+                      BLOCK_H: tl.constexpr, ROUND: tl.constexpr, X_CACHE: tl.constexpr):
+        """Rotate H heads at x_ptr into o_ptr (same layout), rounding as torch does
+        (``X_CACHE``: the load's cache modifier, ".cg" in a persistent kernel)."""
+        o1, o2 = _rotated(x_ptr, H, c1, s1, c2, s2, HALF, BLOCK_H, ROUND, X_CACHE)
         _store_halves(o_ptr, o1, o2, H, HALF, BLOCK_H)
 
     @triton.jit
@@ -211,7 +228,7 @@ if triton is not None:
         """``_rotate_heads`` into an e4m3 cache: each rotated head (rounded as torch rounds
         it) is quantised with ``_quantize_store``'s arithmetic (per-head max|x| / 448,
         IEEE divisions, clamp, round to nearest even), so the bytes equal rotate + write."""
-        o1, o2 = _rotated(x_ptr, H, c1, s1, c2, s2, HALF, BLOCK_H, ROUND)
+        o1, o2 = _rotated(x_ptr, H, c1, s1, c2, s2, HALF, BLOCK_H, ROUND, "")
         amax = tl.maximum(tl.max(tl.abs(o1), 1), tl.max(tl.abs(o2), 1))  # (BLOCK_H,)
         scale = tl.math.div_rn(amax, tl.full([BLOCK_H], 448.0, tl.float32))
         safe = tl.broadcast_to(tl.where(scale > 0.0, scale, 1.0)[:, None], [BLOCK_H, HALF])
@@ -239,7 +256,7 @@ if triton is not None:
         c2 = _round(tl.load(cos_ptr + table + HALF + i), ROUND)[None, :]
         s2 = _round(tl.load(sin_ptr + table + HALF + i), ROUND)[None, :]
         _rotate_heads(q_ptr + n * stride_qn, qo_ptr + n * HQ * 2 * HALF, HQ, c1, s1, c2, s2,
-                      HALF, BLOCK_HQ, ROUND)
+                      HALF, BLOCK_HQ, ROUND, "")
         slot = tl.load(slot_ptr + n).to(tl.int64)
         if slot >= 0:  # negative: a padding token, nothing written
             row = slot * HKV * 2 * HALF
@@ -251,7 +268,7 @@ if triton is not None:
                                 2 * HALF, BLOCK_HKV, 2 * HALF)
             else:
                 _rotate_heads(k_ptr + n * stride_kn, kc_ptr + row, HKV, c1, s1, c2, s2,
-                              HALF, BLOCK_HKV, ROUND)
+                              HALF, BLOCK_HKV, ROUND, "")
                 h = tl.arange(0, BLOCK_HKV)[:, None]
                 d = tl.arange(0, 2 * HALF)[None, :]
                 ok = h < HKV

@@ -56,6 +56,10 @@ class CausalLM(nn.Module, ABC):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight
 
+    def placed(self) -> None:
+        """Called once the weights are on their device and dtype (``build_model``), before
+        any CUDA graph holds their addresses: a family may lay them out anew here."""
+
 
 def load_into(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Copy tensors into parameters by name; every parameter must be covered."""

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmserve.kernels import decode_stack
 from mmserve.kernels.attention import AttentionMetadata, KVLike, kv_layer
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
@@ -64,6 +65,7 @@ class LlamaForCausalLM(CausalLM):
         self.tied = bool(cfg.get("tie_word_embeddings", False))
         qk_norm = cfg["model_type"] == "qwen3"
         bias = cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias", False))
+        self.num_heads = cfg["num_attention_heads"]
         self.embed_tokens = nn.Embedding(self.vocab_size, h)
         self.layers = nn.ModuleList(
             LlamaLayer(cfg, self.head_dim, qk_norm, bias) for _ in range(self.num_layers))
@@ -71,6 +73,10 @@ class LlamaForCausalLM(CausalLM):
         self.lm_head = None if self.tied else nn.Parameter(torch.empty(self.vocab_size, h))
         theta, scaling = rope_settings(cfg)
         self.rope = RotaryTable(self.head_dim, theta, self.max_position_embeddings, scaling)
+        attn = self.layers[0].attn
+        # what the one-launch decode stack covers (kernels/decode_stack.py)
+        self.stack_ok = (not qk_norm and not bias and attn.window is None
+                         and self.head_dim & (self.head_dim - 1) == 0)
 
     @classmethod
     def from_hf_config(cls, config: dict) -> LlamaForCausalLM:
@@ -98,9 +104,20 @@ class LlamaForCausalLM(CausalLM):
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         assert input_ids is not None or inputs_embeds is not None
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # type: ignore[arg-type]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, positions, self.rope, meta, kv_layer(kv_cache, i))
+        if decode_stack.applies(x, kv_cache, self.stack_ok) and decode_stack.ready(self.layers):
+            # one token on CUDA: every layer in one persistent launch, the same bits
+            x = decode_stack.run(x, self.layers, positions, meta, kv_cache, self.rope,
+                                 heads=self.num_heads, kv_heads=self.num_kv_heads,
+                                 eps=self.eps, scale=self.head_dim**-0.5)
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, positions, self.rope, meta, kv_layer(kv_cache, i))
         return rms_norm(x, self.norm, self.eps)
+
+    def placed(self) -> None:
+        """On CUDA, stack the layer weights for the one-launch decode (kernels.decode_stack)."""
+        if self.stack_ok and self.norm.is_cuda:
+            decode_stack.stacked_weights(self.layers)
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head

@@ -37,7 +37,9 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor],
     config = text_config(config)
     model = family(config).from_hf_config(config)
     model.load_hf_state_dict(state_dict)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    model.placed()
+    return model
 
 
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,

@@ -1,0 +1,100 @@
+"""One-token decode of a whole Llama stack in one persistent launch, where it applies.
+
+:mod:`mmserve.kernels.triton_decode_stack` holds the kernel; this decides when it runs
+and keeps the layer weights stacked (one (L, ...) tensor per kind, the layers' own
+parameters rebound as views into it, so no weight is held twice).
+
+It runs for a step of exactly one token on CUDA when the layered path would take the
+fused Triton kernels (bf16, batch-invariant mode, hidden <= ``FUSE_MAX_HIDDEN``, a bf16
+cache) and the model has no QKV bias, q/k norm or sliding window. Its output has the
+bits of the layered path (GPU tests), so which one ran never shows in a token.
+It is off unless ``set_decode_stack_enabled(True)`` (or ``MMSERVE_DECODE_STACK=1``):
+measured slower than the layered path so far (see ``_state``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from mmserve.kernels import fused
+from mmserve.kernels.triton_dispatch import use_triton
+
+# Off by default: on the H200 the first version is 4 % slower than the layered path it
+# replaces (bench/NOTES.md, session 8: batch-1 graph replay 920 vs 887 us, SmolLM2-135M
+# shape); ``MMSERVE_DECODE_STACK=1`` or ``set_decode_stack_enabled(True)`` turns it on.
+_state = {"enabled": os.environ.get("MMSERVE_DECODE_STACK", "0") == "1"}
+
+# (stacked name, attribute path under a layer)
+STACKED = (("qkv", "attn.qkv_weight"), ("o", "attn.o_weight"), ("gate_up", "mlp.gate_up_weight"),
+           ("down", "mlp.down_weight"), ("input_norm", "input_norm"),
+           ("post_norm", "post_attn_norm"))
+
+
+def set_decode_stack_enabled(enabled: bool) -> None:
+    _state["enabled"] = enabled
+
+
+def decode_stack_enabled() -> bool:
+    return _state["enabled"]
+
+
+def whole_cache(kv) -> torch.Tensor | None:
+    """The (L, 2, blocks, bs, Hkv, D) tensor behind a cache, a KVCache or a plain tensor
+    (an fp8 one is excluded by its dtype in ``applies``)."""
+    return kv if isinstance(kv, torch.Tensor) else getattr(kv, "data", None)
+
+
+def applies(x: torch.Tensor, kv, model_ok: bool) -> bool:
+    """Whether a step of ``x`` (N, H) runs as one persistent launch."""
+    if not (_state["enabled"] and model_ok and x.shape[0] == 1 and use_triton(x)
+            and x.dtype == torch.bfloat16 and fused.fused_enabled()
+            and fused._fused_gemm(x, x.shape[-1])):
+        return False
+    cache = whole_cache(kv)
+    return cache is not None and cache.dtype == x.dtype and cache.is_contiguous()
+
+
+def stacked_weights(layers: nn.ModuleList) -> dict[str, torch.Tensor]:
+    """The layers' weights as (L, ...) tensors; built once, the layers then view into them
+    (call it before anything keeps a weight's address, as ``CausalLM.placed`` does)."""
+    cached = getattr(layers, "_stacked", None)
+    if cached is not None:
+        return cached
+    out = {}
+    for name, path in STACKED:
+        params = [_attr(layer, path) for layer in layers]
+        full = torch.stack([p.data for p in params])
+        for i, p in enumerate(params):
+            p.data = full[i]
+        out[name] = full
+    layers._stacked = out
+    return out
+
+
+def _attr(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def ready(layers: nn.ModuleList) -> bool:
+    """The stack was built when the model was placed (``CausalLM.placed``): built later,
+    the rebinding would move weights that captured CUDA graphs still read."""
+    return getattr(layers, "_stacked", None) is not None
+
+
+def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, kv, rope, *,
+        heads: int, kv_heads: int, eps: float, scale: float) -> torch.Tensor:
+    """Every layer for the one token x (1, H) -> the residual stream after the last."""
+    from mmserve.kernels.triton_attention import paged_metadata
+    from mmserve.kernels.triton_decode_stack import decode_stack
+
+    cache = whole_cache(kv)
+    assert cache is not None
+    pm = paged_metadata(meta, cache.shape[3])
+    return decode_stack(x, stacked_weights(layers), cache, rope.cos, rope.sin, positions,
+                        pm.slot_mapping, pm.block_tables, pm.context_lens, pm.query_start,
+                        pm.query_lens, heads=heads, kv_heads=kv_heads, eps=eps, scale=scale)

@@ -1,0 +1,192 @@
+"""A Llama decoder stack for one decode token in one persistent Triton launch.
+
+At batch 1 a small model's step is a chain of short kernels, each bound by its own
+critical path (bench/NOTES.md, session 5: SmolLM2-135M ~30 us a layer over six launches,
+1,089 tok/s). Here a fixed grid of at most one program per SM runs every layer; the six
+launches of a layer become five phases separated by grid barriers
+(:mod:`mmserve.kernels.triton_grid`, ~1.1 us each on the H200):
+
+A. RMSNorm + QKV product (``fused_tile``, tiles over the QKV columns);
+B. per kv head: rope of its query heads and its key, the key and value written to the
+   paged cache, then attention over the cache (``attention_rows``) — one program owns a
+   kv head, so the write and the read need only a barrier of its own threads;
+C. o product + residual; D. RMSNorm + gate/up product + silu * up; E. down product +
+   residual (``fused_tile``).
+
+Bits. Every phase calls the device functions of the layered kernels
+(:mod:`mmserve.kernels.triton_fused`, :mod:`mmserve.kernels.triton_attention`) with the
+same arithmetic, so the stack's output equals the six-launch layer's bit for bit (tests
+on the GPU); the tile shape differs, which the GEMM's invariance covers. So greedy
+outputs do not depend on which path ran a step.
+
+Every intermediate has its own buffer per layer (written once per launch), and values
+another program wrote are read through L2 (``.cg``), never a stale L1 line.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode, norm_unroll
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tiles)
+# Speed only (the bits do not depend on them; the attention phase needs 4 warps to keep
+# the layered kernel's row-sum order): norm chunks loaded per round, pipeline stages.
+TUNING = {"unroll": norm_unroll(16), "num_stages": 3}
+
+
+if triton is not None:
+    from mmserve.kernels.triton_attention import BLOCK_M, BLOCK_N, attention_rows
+    from mmserve.kernels.triton_fused import _rotate_heads, _round, fused_tile
+    from mmserve.kernels.triton_grid import grid_sync
+
+    @triton.jit
+    def _rope_write_head(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, h,
+                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                         G: tl.constexpr, BLOCK_G: tl.constexpr, ROUND: tl.constexpr):
+        """Kv head ``h`` of the token: rotate its G query heads into ``qrot`` and its key
+        into the cache slot, copy its value there (``_rope_write_kv_kernel``'s math)."""
+        HALF: tl.constexpr = D // 2
+        pos = tl.load(pos_ptr).to(tl.int64)
+        i = tl.arange(0, HALF)
+        table = pos * D
+        c1 = _round(tl.load(cos_ptr + table + i), ROUND)[None, :]
+        s1 = _round(tl.load(sin_ptr + table + i), ROUND)[None, :]
+        c2 = _round(tl.load(cos_ptr + table + HALF + i), ROUND)[None, :]
+        s2 = _round(tl.load(sin_ptr + table + HALF + i), ROUND)[None, :]
+        _rotate_heads(qkv + h * G * D, qrot + h * G * D, G, c1, s1, c2, s2, HALF, BLOCK_G,
+                      ROUND, ".cg")
+        slot = tl.load(slot_ptr).to(tl.int64)
+        if slot >= 0:
+            row = slot * HKV * D + h * D
+            _rotate_heads(qkv + HQ * D + h * D, kc + row, 1, c1, s1, c2, s2, HALF, 1, ROUND,
+                          ".cg")
+            d = tl.arange(0, D)
+            tl.store(vc + row + d, tl.load(qkv + (HQ + HKV) * D + h * D + d,
+                                           cache_modifier=".cg"))
+
+    @triton.jit
+    def _decode_stack_kernel(
+        xs_ptr, mids_ptr, qkv_ptr, qrot_ptr, attn_ptr, act_ptr,
+        wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr,
+        kv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
+        qlen_ptr, counter_ptr, L, eps, scale_log2,
+        stride_kvl, stride_kv2, stride_kb, stride_ks, stride_kh, stride_bt,
+        H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+        INTER: tl.constexpr, PAGE: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
+        BK: tl.constexpr, BKG: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
+        ROUND: tl.constexpr, BLOCK_G: tl.constexpr, ATT_BM: tl.constexpr,
+        ATT_BN: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        G: tl.constexpr = HQ // HKV
+        Q: tl.constexpr = HQ * D
+        QKV: tl.constexpr = (HQ + 2 * HKV) * D
+        phase = 0
+        for layer in range(L):
+            lw = tl.cast(layer, tl.int64)
+            x_in = xs_ptr + lw * H
+            mid = mids_ptr + lw * H
+            qkv = qkv_ptr + lw * QKV
+            qrot = qrot_ptr + lw * Q
+            attn = attn_ptr + lw * Q
+            act = act_ptr + lw * INTER
+            # A: qkv = rms_norm(x) @ Wqkv.T
+            for t in range(pid, (QKV + BN - 1) // BN, P):
+                fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
+                           1, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False, False,
+                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
+            phase += 1
+            grid_sync(counter_ptr, phase, P)
+            # B: rope + cache write, then attention, one kv head per program
+            kc = kv_ptr + lw * stride_kvl
+            vc = kc + stride_kv2
+            for h in range(pid, HKV, P):
+                _rope_write_head(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, h,
+                                 HQ, HKV, D, G, BLOCK_G, ROUND)
+                tl.debug_barrier()  # the program's own writes, read back below
+                attention_rows(0, 0, h, qrot, kc, vc, attn, tables_ptr, ctx_ptr, qstart_ptr,
+                               qlen_ptr, kc, vc, scale_log2, Q, D, Q, D, stride_kb, stride_ks,
+                               stride_kh, stride_bt, 0, 0, G, D, PAGE, 0, ATT_BM, ATT_BN,
+                               False, True)
+            phase += 1
+            grid_sync(counter_ptr, phase, P)
+            # C: mid = x + attn @ Wo.T
+            for t in range(pid, (H + BN - 1) // BN, P):
+                fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, 1, H, Q, H, Q, Q,
+                           H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BK, 8,
+                           CH, UNROLL, ".cg")
+            phase += 1
+            grid_sync(counter_ptr, phase, P)
+            # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
+            for t in range(pid, (INTER + BN - 1) // BN, P):
+                fused_tile(t, mid, wgu_ptr + lw * 2 * INTER * H, act, act, act,
+                           n2_ptr + lw * H, 1, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
+                           True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg")
+            phase += 1
+            grid_sync(counter_ptr, phase, P)
+            # E: x_next = mid + act @ Wd.T
+            for t in range(pid, (H + BN - 1) // BN, P):
+                fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + H, x_in, mid, x_in, 1, H,
+                           INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
+                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
+            phase += 1
+            grid_sync(counter_ptr, phase, P)
+
+
+def stack_programs(hidden: int, qkv: int, inter: int, kv_heads: int, sms: int) -> int:
+    """Grid size: enough programs for the widest phase, at most one per SM."""
+    widest = max(-(-qkv // BN), -(-hidden // BN), -(-inter // BN), kv_heads)
+    return max(1, min(sms, widest))
+
+
+def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                 slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, query_start: torch.Tensor,
+                 query_lens: torch.Tensor, *, heads: int, kv_heads: int, eps: float,
+                 scale: float, programs: int | None = None) -> torch.Tensor:
+    """Every layer for one token: x (1, H) -> the residual stream after the last layer.
+
+    ``weights``: ``qkv`` (L, (Hq + 2 Hkv) D, H), ``o`` (L, H, Hq D), ``gate_up``
+    (L, 2 I, H), ``down`` (L, H, I), ``input_norm``/``post_norm`` (L, H), contiguous.
+    ``kv``: the whole cache (L, 2, blocks, block_size, Hkv, D), contiguous, x's dtype.
+    The metadata are the paged-attention tensors of a one-sequence, one-token step.
+    ``programs``: the grid (tests; default one per SM up to the widest phase).
+    """
+    n_layers, _, hidden = weights["qkv"].shape
+    d = kv.shape[-1]
+    inter = weights["down"].shape[-1]
+    qkv_n = (heads + 2 * kv_heads) * d
+    assert x.shape == (1, hidden) and kv.is_contiguous() and kv.dtype == x.dtype
+    assert all(w.is_contiguous() for w in weights.values())
+    dev, dt = x.device, x.dtype
+    xs = torch.empty(n_layers + 1, hidden, dtype=dt, device=dev)
+    xs[0].copy_(x[0])
+    mids = torch.empty(n_layers, hidden, dtype=dt, device=dev)
+    qkv = torch.empty(n_layers, qkv_n, dtype=dt, device=dev)
+    qrot = torch.empty(n_layers, heads * d, dtype=dt, device=dev)
+    attn = torch.empty(n_layers, heads * d, dtype=dt, device=dev)
+    act = torch.empty(n_layers, inter, dtype=dt, device=dev)
+    counter = torch.zeros(1, dtype=torch.int32, device=dev)
+    if programs is None:
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if x.is_cuda else 1
+        programs = stack_programs(hidden, qkv_n, inter, kv_heads, sms)
+    _decode_stack_kernel[(programs,)](
+        xs, mids, qkv, qrot, attn, act, weights["qkv"], weights["o"], weights["gate_up"],
+        weights["down"], weights["input_norm"], weights["post_norm"], kv, cos, sin,
+        positions, slot_mapping, block_tables, context_lens, query_start, query_lens, counter,
+        n_layers, eps, scale * 1.4426950408889634,
+        kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
+        block_tables.stride(0),
+        H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
+        BN=BN, BK=256, BKG=128, CH=NORM_CHUNK, UNROLL=TUNING["unroll"],
+        ROUND=_round_mode(dt), BLOCK_G=triton.next_power_of_2(heads // kv_heads),
+        ATT_BM=BLOCK_M, ATT_BN=BLOCK_N, num_warps=4, num_stages=TUNING["num_stages"])
+    return xs[n_layers:]

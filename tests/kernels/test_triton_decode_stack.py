@@ -1,0 +1,119 @@
+"""The one-launch decode stack against the layered path it replaces.
+
+On CUDA the two must give the same bits (hidden state and the KV cache), at every grid
+size; under Triton's interpreter (one program, float32) they must agree to rounding.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from triton_kit import DEVICE, INTERPRET, ON_CUDA, needs_triton
+
+from mmserve.kernels import decode_stack
+from mmserve.kernels.attention import AttentionMetadata, kv_layer
+from mmserve.models.harness import SequenceRunner
+
+
+def _layered(model, x, positions, meta, kv):
+    for i, layer in enumerate(model.layers):
+        x = layer(x, positions, model.rope, meta, kv_layer(kv, i))
+    return x
+
+
+def _model(tiny_llama):
+    model = tiny_llama(str(DEVICE))
+    return model if ON_CUDA else model.float()
+
+
+@needs_triton
+@torch.inference_mode()
+@pytest.mark.parametrize("programs", [1, 3, None] if ON_CUDA else [1])
+def test_decode_stack_equals_the_layers(tiny_llama, programs):
+    """Eight decode steps after a 37-token prompt, scattered cache blocks: each step's
+    hidden state and cache bytes from the one launch equal the layered path's."""
+    from mmserve.kernels.triton_attention import paged_metadata
+    from mmserve.kernels.triton_decode_stack import decode_stack as launch
+
+    model = _model(tiny_llama)
+    runner = SequenceRunner(model, max_len=256)
+    rng = np.random.default_rng(3)
+    runner.table = rng.permutation(len(runner.table)).tolist()
+    prompt = rng.integers(0, 1000, 37).tolist()
+    runner.step(prompt, 0)  # a prefill: the layered path
+    weights = decode_stack.stacked_weights(model.layers)
+    for step in range(8):
+        pos = len(prompt) + step
+        meta = AttentionMetadata.build([1], [pos + 1], [runner.table], 16, DEVICE)
+        positions = torch.tensor([pos], device=DEVICE)
+        x = model.embed(torch.tensor([int(rng.integers(0, 1000))], device=DEVICE))
+        kv_want = runner.kv.clone()
+        want = _layered(model, x, positions, meta, kv_want)
+        pm = paged_metadata(meta, 16)
+        got = launch(x, weights, runner.kv, model.rope.cos, model.rope.sin, positions,
+                     pm.slot_mapping, pm.block_tables, pm.context_lens, pm.query_start,
+                     pm.query_lens, heads=4, kv_heads=2, eps=model.eps,
+                     scale=model.head_dim**-0.5, programs=programs)
+        if ON_CUDA:
+            assert torch.equal(got, want), f"step {step}"
+            assert torch.equal(runner.kv, kv_want), f"step {step}: cache bytes"
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(runner.kv, kv_want, rtol=1e-5, atol=1e-5)
+            runner.kv.copy_(kv_want)
+
+
+def test_stacked_weights_are_the_layers_own(tiny_llama):
+    """Stacking rebinds every layer's parameter as a view of the stack: no second copy,
+    and the model computes what it did before."""
+    model = tiny_llama("cpu").float()
+    runner = SequenceRunner(model, max_len=64)
+    before = runner.step([5, 6, 7], 0)
+    weights = decode_stack.stacked_weights(model.layers)
+    for i, layer in enumerate(model.layers):
+        assert layer.attn.qkv_weight.data_ptr() == weights["qkv"][i].data_ptr()
+        assert layer.mlp.down_weight.data_ptr() == weights["down"][i].data_ptr()
+        assert layer.post_attn_norm.data_ptr() == weights["post_norm"][i].data_ptr()
+    assert decode_stack.stacked_weights(model.layers) is weights
+    runner.kv.zero_()
+    assert torch.equal(runner.step([5, 6, 7], 0), before)
+
+
+def test_decode_stack_is_off_by_default():
+    """Measured slower than the layered path so far (bench/NOTES.md, session 8)."""
+    assert not decode_stack.decode_stack_enabled() or os.environ.get("MMSERVE_DECODE_STACK")
+
+
+def test_decode_stack_never_runs_on_cpu(tiny_llama, monkeypatch):
+    monkeypatch.setitem(decode_stack._state, "enabled", True)
+    model = tiny_llama("cpu").float()
+    x = torch.zeros(1, 256)
+    assert not decode_stack.applies(x, SequenceRunner(model, max_len=32).kv, model.stack_ok)
+
+
+@pytest.mark.skipif(not ON_CUDA or INTERPRET, reason="needs CUDA")
+@torch.inference_mode()
+def test_greedy_tokens_same_with_and_without_the_stack(tiny_llama):
+    """Through the model's forward (the stack runs every one-token step): the same tokens
+    and logits as the layered path."""
+    model = tiny_llama("cuda")
+    prompt = list(range(3, 40))
+    runs = []
+    default = decode_stack.decode_stack_enabled()
+    for on in (False, True):
+        decode_stack.set_decode_stack_enabled(on)
+        try:
+            runner = SequenceRunner(model, max_len=256)
+            logits = [runner.step(prompt, 0)[-1]]
+            ids = [int(logits[0].argmax())]
+            for _ in range(16):
+                logits.append(runner.step(ids[-1:], len(prompt) + len(ids) - 1)[-1])
+                ids.append(int(logits[-1].argmax()))
+            runs.append((ids, torch.stack(logits)))
+        finally:
+            decode_stack.set_decode_stack_enabled(default)
+    assert runs[0][0] == runs[1][0]
+    assert torch.equal(runs[0][1], runs[1][1])
