@@ -37,8 +37,9 @@ except ImportError:  # pragma: no cover - CPU-only installs
 
 BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tiles)
 # Speed only (the bits do not depend on them; the attention phase needs 4 warps to keep
-# the layered kernel's row-sum order): norm chunks loaded per round, pipeline stages.
-TUNING = {"unroll": norm_unroll(16), "num_stages": 3}
+# the layered kernel's row-sum order): norm chunks loaded per round, pipeline stages,
+# the K step of the plain and the gated products.
+TUNING = {"unroll": norm_unroll(16), "num_stages": 4, "bk": 256, "bk_gated": 256}
 
 
 if triton is not None:
@@ -72,19 +73,29 @@ if triton is not None:
                                            cache_modifier=".cg"))
 
     @triton.jit
+    def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr):
+        """Program 0 records its SM clock (cycles) at slot ``idx`` (phase timing)."""
+        if TIMING:
+            if pid == 0:
+                t = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [pid],
+                                              dtype=tl.int64, is_pure=False, pack=1)
+                tl.store(timing_ptr + idx, t)
+
+    @triton.jit
     def _decode_stack_kernel(
         xs_ptr, mids_ptr, qkv_ptr, qrot_ptr, attn_ptr, act_ptr,
         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr,
         kv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
-        qlen_ptr, counter_ptr, L, eps, scale_log2,
+        qlen_ptr, counter_ptr, timing_ptr, L, eps, scale_log2,
         stride_kvl, stride_kv2, stride_kb, stride_ks, stride_kh, stride_bt,
         H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
         INTER: tl.constexpr, PAGE: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
         BK: tl.constexpr, BKG: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
         ROUND: tl.constexpr, BLOCK_G: tl.constexpr, ATT_BM: tl.constexpr,
-        ATT_BN: tl.constexpr,
+        ATT_BN: tl.constexpr, TIMING: tl.constexpr,
     ):
         pid = tl.program_id(0)
+        _stamp(timing_ptr, 1, pid, TIMING)
         G: tl.constexpr = HQ // HKV
         Q: tl.constexpr = HQ * D
         QKV: tl.constexpr = (HQ + 2 * HKV) * D
@@ -102,8 +113,10 @@ if triton is not None:
                 fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
                            1, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False, False,
                            ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
+            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
             phase += 1
             grid_sync(counter_ptr, phase, P)
+            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
             # B: rope + cache write, then attention, one kv head per program
             kc = kv_ptr + lw * stride_kvl
             vc = kc + stride_kv2
@@ -115,29 +128,37 @@ if triton is not None:
                                qlen_ptr, kc, vc, scale_log2, Q, D, Q, D, stride_kb, stride_ks,
                                stride_kh, stride_bt, 0, 0, G, D, PAGE, 0, ATT_BM, ATT_BN,
                                False, True)
+            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
             phase += 1
             grid_sync(counter_ptr, phase, P)
+            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
             # C: mid = x + attn @ Wo.T
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, 1, H, Q, H, Q, Q,
                            H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BK, 8,
                            CH, UNROLL, ".cg")
+            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
             phase += 1
             grid_sync(counter_ptr, phase, P)
+            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
             for t in range(pid, (INTER + BN - 1) // BN, P):
                 fused_tile(t, mid, wgu_ptr + lw * 2 * INTER * H, act, act, act,
                            n2_ptr + lw * H, 1, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
                            True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg")
+            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
             phase += 1
             grid_sync(counter_ptr, phase, P)
+            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
             # E: x_next = mid + act @ Wd.T
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + H, x_in, mid, x_in, 1, H,
                            INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
                            ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
+            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
             phase += 1
             grid_sync(counter_ptr, phase, P)
+            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
 
 
 def stack_programs(hidden: int, qkv: int, inter: int, kv_heads: int, sms: int) -> int:
@@ -151,7 +172,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
                  slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, query_start: torch.Tensor,
                  query_lens: torch.Tensor, *, heads: int, kv_heads: int, eps: float,
-                 scale: float, programs: int | None = None) -> torch.Tensor:
+                 scale: float, programs: int | None = None,
+                 timing: torch.Tensor | None = None) -> torch.Tensor:
     """Every layer for one token: x (1, H) -> the residual stream after the last layer.
 
     ``weights``: ``qkv`` (L, (Hq + 2 Hkv) D, H), ``o`` (L, H, Hq D), ``gate_up``
@@ -159,6 +181,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     ``kv``: the whole cache (L, 2, blocks, block_size, Hkv, D), contiguous, x's dtype.
     The metadata are the paged-attention tensors of a one-sequence, one-token step.
     ``programs``: the grid (tests; default one per SM up to the widest phase).
+    ``timing``: int64 (2 + 10 L,) for program 0's clock at the start, after each phase's
+    work (even slots) and after each barrier (odd slots), in SM cycles (benchmarks).
     """
     n_layers, _, hidden = weights["qkv"].shape
     d = kv.shape[-1]
@@ -182,11 +206,13 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         xs, mids, qkv, qrot, attn, act, weights["qkv"], weights["o"], weights["gate_up"],
         weights["down"], weights["input_norm"], weights["post_norm"], kv, cos, sin,
         positions, slot_mapping, block_tables, context_lens, query_start, query_lens, counter,
+        timing if timing is not None else counter,
         n_layers, eps, scale * 1.4426950408889634,
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
         block_tables.stride(0),
         H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
-        BN=BN, BK=256, BKG=128, CH=NORM_CHUNK, UNROLL=TUNING["unroll"],
+        BN=BN, BK=TUNING["bk"], BKG=TUNING["bk_gated"], CH=NORM_CHUNK, UNROLL=TUNING["unroll"],
         ROUND=_round_mode(dt), BLOCK_G=triton.next_power_of_2(heads // kv_heads),
-        ATT_BM=BLOCK_M, ATT_BN=BLOCK_N, num_warps=4, num_stages=TUNING["num_stages"])
+        ATT_BM=BLOCK_M, ATT_BN=BLOCK_N, TIMING=timing is not None, num_warps=4,
+        num_stages=TUNING["num_stages"])
     return xs[n_layers:]

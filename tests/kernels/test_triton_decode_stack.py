@@ -6,8 +6,6 @@ size; under Triton's interpreter (one program, float32) they must agree to round
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -80,11 +78,6 @@ def test_stacked_weights_are_the_layers_own(tiny_llama):
     assert decode_stack.stacked_weights(model.layers) is weights
     runner.kv.zero_()
     assert torch.equal(runner.step([5, 6, 7], 0), before)
-
-
-def test_decode_stack_is_off_by_default():
-    """Measured slower than the layered path so far (bench/NOTES.md, session 8)."""
-    assert not decode_stack.decode_stack_enabled() or os.environ.get("MMSERVE_DECODE_STACK")
 
 
 def test_decode_stack_never_runs_on_cpu(tiny_llama, monkeypatch):
