@@ -27,14 +27,25 @@ def _model(tiny_llama):
     return model if ON_CUDA else model.float()
 
 
+# launch settings are speed only: the bits must not move with them
+TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
+           {"bk": 64, "bk_gated": 64, "num_stages": 2, "unroll": 16}]
+
+
 @needs_triton
 @torch.inference_mode()
-@pytest.mark.parametrize("programs", [1, 3, None] if ON_CUDA else [1])
-def test_decode_stack_equals_the_layers(tiny_llama, programs):
+@pytest.mark.parametrize("programs,tuning", [(1, None), (3, None)]
+                         + [(None, t) for t in TUNINGS] if ON_CUDA else [(1, None)])
+def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatch):
     """Eight decode steps after a 37-token prompt, scattered cache blocks: each step's
-    hidden state and cache bytes from the one launch equal the layered path's."""
+    hidden state and cache bytes from the one launch equal the layered path's, whatever
+    the grid and the launch settings."""
+    from mmserve.kernels import triton_decode_stack
     from mmserve.kernels.triton_attention import paged_metadata
     from mmserve.kernels.triton_decode_stack import decode_stack as launch
+
+    for key, value in (tuning or {}).items():
+        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
 
     model = _model(tiny_llama)
     runner = SequenceRunner(model, max_len=256)
