@@ -59,7 +59,7 @@ def applies(x: torch.Tensor, kv, model_ok: bool) -> bool:
 def stacked_weights(layers: nn.ModuleList) -> dict[str, torch.Tensor]:
     """The layers' weights as (L, ...) tensors; built once, the layers then view into them
     (call it before anything keeps a weight's address, as ``CausalLM.placed`` does)."""
-    cached = getattr(layers, "_stacked", None)
+    cached = layers.__dict__.get("_stacked")
     if cached is not None:
         return cached
     out = {}
@@ -69,7 +69,7 @@ def stacked_weights(layers: nn.ModuleList) -> dict[str, torch.Tensor]:
         for i, p in enumerate(params):
             p.data = full[i]
         out[name] = full
-    layers._stacked = out
+    layers.__dict__["_stacked"] = out
     return out
 
 
@@ -82,7 +82,7 @@ def _attr(obj, path: str):
 def ready(layers: nn.ModuleList) -> bool:
     """The stack was built when the model was placed (``CausalLM.placed``): built later,
     the rebinding would move weights that captured CUDA graphs still read."""
-    return getattr(layers, "_stacked", None) is not None
+    return layers.__dict__.get("_stacked") is not None
 
 
 def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, kv, rope, *,

@@ -7,6 +7,8 @@ embeddings, Mistral's sliding window.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,7 +75,7 @@ class LlamaForCausalLM(CausalLM):
         self.lm_head = None if self.tied else nn.Parameter(torch.empty(self.vocab_size, h))
         theta, scaling = rope_settings(cfg)
         self.rope = RotaryTable(self.head_dim, theta, self.max_position_embeddings, scaling)
-        attn = self.layers[0].attn
+        attn = cast(LlamaLayer, self.layers[0]).attn
         # what the one-launch decode stack covers (kernels/decode_stack.py)
         self.stack_ok = (not qk_norm and not bias and attn.window is None
                          and self.head_dim & (self.head_dim - 1) == 0)
