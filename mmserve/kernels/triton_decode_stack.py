@@ -124,10 +124,11 @@ if triton is not None:
                 _rope_write_head(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, h,
                                  HQ, HKV, D, G, BLOCK_G, ROUND)
                 tl.debug_barrier()  # the program's own writes, read back below
-                attention_rows(0, 0, h, qrot, kc, vc, attn, tables_ptr, ctx_ptr, qstart_ptr,
-                               qlen_ptr, kc, vc, scale_log2, Q, D, Q, D, stride_kb, stride_ks,
-                               stride_kh, stride_bt, 0, 0, G, D, PAGE, 0, ATT_BM, ATT_BN,
-                               False, True)
+                for tile in tl.static_range((G + ATT_BM - 1) // ATT_BM):  # G query rows
+                    attention_rows(0, tile, h, qrot, kc, vc, attn, tables_ptr, ctx_ptr,
+                                   qstart_ptr, qlen_ptr, kc, vc, scale_log2, Q, D, Q, D,
+                                   stride_kb, stride_ks, stride_kh, stride_bt, 0, 0, G, D,
+                                   PAGE, 0, ATT_BM, ATT_BN, False, True)
             _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
             phase += 1
             grid_sync(counter_ptr, phase, P)

@@ -75,6 +75,58 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
             runner.kv.copy_(kv_want)
 
 
+def _grouped_model(heads: int, kv_heads: int, head_dim: int):
+    """A 1-layer random Llama whose kv heads each serve ``heads // kv_heads`` query heads."""
+    from mmserve.models.registry import build_model
+
+    h, inter, vocab = 64, 96, 100
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=1, head_dim=head_dim,
+               num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter,
+               vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=512)
+    q, kv = heads * head_dim, kv_heads * head_dim
+    shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
+              "model.layers.0.self_attn.q_proj.weight": (q, h),
+              "model.layers.0.self_attn.k_proj.weight": (kv, h),
+              "model.layers.0.self_attn.v_proj.weight": (kv, h),
+              "model.layers.0.self_attn.o_proj.weight": (h, q),
+              "model.layers.0.mlp.gate_proj.weight": (inter, h),
+              "model.layers.0.mlp.up_proj.weight": (inter, h),
+              "model.layers.0.mlp.down_proj.weight": (h, inter),
+              "model.layers.0.input_layernorm.weight": (h,),
+              "model.layers.0.post_attention_layernorm.weight": (h,)}
+    gen = torch.Generator().manual_seed(1)
+    sd = {k: torch.randn(v, generator=gen) * (1.0 if len(v) == 1 else v[-1] ** -0.5)
+          for k, v in shapes.items()}
+    return build_model(cfg, sd, torch.bfloat16 if ON_CUDA else torch.float32, DEVICE)
+
+
+@needs_triton
+@torch.inference_mode()
+def test_decode_stack_more_query_heads_than_one_attention_tile():
+    """34 query heads on 2 kv heads: 17 rows a kv head, two 16-row attention tiles."""
+    from mmserve.kernels.triton_attention import paged_metadata
+    from mmserve.kernels.triton_decode_stack import decode_stack as launch
+
+    model = _grouped_model(34, 2, 16)
+    runner = SequenceRunner(model, max_len=64)
+    runner.step(list(range(1, 20)), 0)
+    meta = AttentionMetadata.build([1], [20], [runner.table], 16, DEVICE)
+    positions = torch.tensor([19], device=DEVICE)
+    x = model.embed(torch.tensor([42], device=DEVICE))
+    kv_want = runner.kv.clone()
+    want = _layered(model, x, positions, meta, kv_want)
+    pm = paged_metadata(meta, 16)
+    got = launch(x, decode_stack.stacked_weights(model.layers), runner.kv, model.rope.cos,
+                 model.rope.sin, positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
+                 pm.query_start, pm.query_lens, heads=34, kv_heads=2, eps=model.eps,
+                 scale=model.head_dim**-0.5, programs=None if ON_CUDA else 1)
+    if ON_CUDA:
+        assert torch.equal(got, want) and torch.equal(runner.kv, kv_want)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(runner.kv, kv_want, rtol=1e-5, atol=1e-5)
+
+
 def test_stacked_weights_are_the_layers_own(tiny_llama):
     """Stacking rebinds every layer's parameter as a view of the stack: no second copy,
     and the model computes what it did before."""
