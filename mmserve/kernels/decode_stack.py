@@ -6,7 +6,8 @@ parameters rebound as views into it, so no weight is held twice).
 
 It runs for a step of exactly one token on CUDA when the layered path would take the
 fused Triton kernels (bf16, batch-invariant mode, hidden <= ``FUSE_MAX_HIDDEN``, a bf16
-cache) and the model has no QKV bias, q/k norm or sliding window. Its output has the
+cache), the model has no QKV bias, q/k norm or sliding window, and each phase's tiles
+fit one program per SM (``fits_one_wave``). Its output has the
 bits of the layered path (GPU tests), so which one ran never shows in a token.
 ``set_decode_stack_enabled(False)`` (or ``MMSERVE_DECODE_STACK=0``) keeps the layered
 path, for comparisons.
@@ -38,6 +39,16 @@ def set_decode_stack_enabled(enabled: bool) -> None:
 
 def decode_stack_enabled() -> bool:
     return _state["enabled"]
+
+
+def fits_one_wave(hidden: int, qkv: int, inter: int, kv_heads: int, device) -> bool:
+    """Whether every phase's tiles fit one program per SM, as on the model it was measured
+    on (SmolLM2-135M: 96 tiles at most); wider models keep the layered kernels until the
+    looping grid is measured."""
+    from mmserve.kernels.triton_decode_stack import widest_phase
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return widest_phase(hidden, qkv, inter, kv_heads) <= sms
 
 
 def whole_cache(kv) -> torch.Tensor | None:

@@ -162,10 +162,14 @@ if triton is not None:
             _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
 
 
+def widest_phase(hidden: int, qkv: int, inter: int, kv_heads: int) -> int:
+    """The most tiles (or kv heads) any phase of a layer has."""
+    return max(-(-qkv // BN), -(-hidden // BN), -(-inter // BN), kv_heads)
+
+
 def stack_programs(hidden: int, qkv: int, inter: int, kv_heads: int, sms: int) -> int:
     """Grid size: enough programs for the widest phase, at most one per SM."""
-    widest = max(-(-qkv // BN), -(-hidden // BN), -(-inter // BN), kv_heads)
-    return max(1, min(sms, widest))
+    return max(1, min(sms, widest_phase(hidden, qkv, inter, kv_heads)))
 
 
 def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Tensor,

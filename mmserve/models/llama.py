@@ -118,7 +118,13 @@ class LlamaForCausalLM(CausalLM):
 
     def placed(self) -> None:
         """On CUDA, stack the layer weights for the one-launch decode (kernels.decode_stack)."""
-        if self.stack_ok and self.norm.is_cuda:
+        if not (self.stack_ok and self.norm.is_cuda):
+            return
+        layer = cast(LlamaLayer, self.layers[0])
+        qkv, hidden = layer.attn.qkv_weight.shape
+        self.stack_ok = decode_stack.fits_one_wave(hidden, qkv, layer.mlp.inter,
+                                                   self.num_kv_heads, self.norm.device)
+        if self.stack_ok:
             decode_stack.stacked_weights(self.layers)
 
     def lm_head_weight(self) -> torch.Tensor:
