@@ -21,8 +21,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--prefill-len", type=int, default=d.prefill_len)
     p.add_argument("--eager-steps", type=int, default=d.eager_steps)
     p.add_argument("--variants", nargs="+", default=list(d.variants),
-                   help="invariant (fused, the engine path) | stack (one-launch decode "
-                   "stack) | nopdl (PDL off) | unfused | cublas | "
+                   help="invariant (fused, the engine path) | layered (no one-launch "
+                   "decode stack) | nopdl (PDL off) | unfused | cublas | "
                    "fp8kv "
                    "(invariant over an fp8 e4m3 KV cache, as --kv-cache-dtype fp8_e4m3)")
     p.add_argument("--no-hf", dest="hf", action="store_false")

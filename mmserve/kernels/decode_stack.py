@@ -57,11 +57,11 @@ def whole_cache(kv) -> torch.Tensor | None:
     return kv if isinstance(kv, torch.Tensor) else getattr(kv, "data", None)
 
 
-def applies(x: torch.Tensor, kv, model_ok: bool) -> bool:
-    """Whether a step of ``x`` (N, H) runs as one persistent launch."""
-    if not (_state["enabled"] and model_ok and x.shape[0] == 1 and use_triton(x)
-            and x.dtype == torch.bfloat16 and fused.fused_enabled()
-            and fused._fused_gemm(x, x.shape[-1])):
+def applies(x: torch.Tensor, kv, layers: nn.ModuleList) -> bool:
+    """Whether a step of ``x`` (N, H) runs as one persistent launch: the model stacked its
+    layers when it was placed (``ready``) and the step takes the fused kernels."""
+    if not (_state["enabled"] and x.shape[0] == 1 and ready(layers) and use_triton(x)
+            and x.dtype == torch.bfloat16 and fused._fused_gemm(x, x.shape[-1])):
         return False
     cache = whole_cache(kv)
     return cache is not None and cache.dtype == x.dtype and cache.is_contiguous()

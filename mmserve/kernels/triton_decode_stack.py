@@ -44,7 +44,7 @@ TUNING = {"unroll": norm_unroll(16), "num_stages": 4, "bk": 256, "bk_gated": 256
 
 if triton is not None:
     from mmserve.kernels.triton_attention import BLOCK_M, BLOCK_N, attention_rows
-    from mmserve.kernels.triton_fused import _rotate_heads, _round, fused_tile
+    from mmserve.kernels.triton_fused import _rotate_heads, fused_tile, rope_row
     from mmserve.kernels.triton_grid import grid_sync
 
     @triton.jit
@@ -54,13 +54,7 @@ if triton is not None:
         """Kv head ``h`` of the token: rotate its G query heads into ``qrot`` and its key
         into the cache slot, copy its value there (``_rope_write_kv_kernel``'s math)."""
         HALF: tl.constexpr = D // 2
-        pos = tl.load(pos_ptr).to(tl.int64)
-        i = tl.arange(0, HALF)
-        table = pos * D
-        c1 = _round(tl.load(cos_ptr + table + i), ROUND)[None, :]
-        s1 = _round(tl.load(sin_ptr + table + i), ROUND)[None, :]
-        c2 = _round(tl.load(cos_ptr + table + HALF + i), ROUND)[None, :]
-        s2 = _round(tl.load(sin_ptr + table + HALF + i), ROUND)[None, :]
+        c1, s1, c2, s2 = rope_row(cos_ptr, sin_ptr, pos_ptr, HALF, ROUND)
         _rotate_heads(qkv + h * G * D, qrot + h * G * D, G, c1, s1, c2, s2, HALF, BLOCK_G,
                       ROUND, ".cg")
         slot = tl.load(slot_ptr).to(tl.int64)

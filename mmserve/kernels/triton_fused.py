@@ -239,6 +239,20 @@ if triton is not None:
         tl.store(scale_ptr + h, scale, mask=h < H)
 
     @triton.jit
+    def rope_row(cos_ptr, sin_ptr, pos_ptr, HALF: tl.constexpr, ROUND: tl.constexpr):
+        """cos and sin halves (1, HALF) of the token position at ``pos_ptr``, rounded to
+        the activation dtype (the table repeats its frequencies, but both halves are read
+        as the reference does)."""
+        pos = tl.load(pos_ptr).to(tl.int64)
+        i = tl.arange(0, HALF)
+        table = pos * 2 * HALF
+        c1 = _round(tl.load(cos_ptr + table + i), ROUND)[None, :]
+        s1 = _round(tl.load(sin_ptr + table + i), ROUND)[None, :]
+        c2 = _round(tl.load(cos_ptr + table + HALF + i), ROUND)[None, :]
+        s2 = _round(tl.load(sin_ptr + table + HALF + i), ROUND)[None, :]
+        return c1, s1, c2, s2
+
+    @triton.jit
     def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
                               cos_ptr, sin_ptr, pos_ptr, slot_ptr, HQ, HKV: tl.constexpr,
                               stride_qn,
@@ -247,14 +261,7 @@ if triton is not None:
                               PDL: tl.constexpr):
         wait_previous(PDL)
         n = tl.program_id(0).to(tl.int64)
-        pos = tl.load(pos_ptr + n).to(tl.int64)
-        i = tl.arange(0, HALF)
-        table = pos * 2 * HALF
-        # the table repeats its frequencies, but read both halves as the reference does
-        c1 = _round(tl.load(cos_ptr + table + i), ROUND)[None, :]
-        s1 = _round(tl.load(sin_ptr + table + i), ROUND)[None, :]
-        c2 = _round(tl.load(cos_ptr + table + HALF + i), ROUND)[None, :]
-        s2 = _round(tl.load(sin_ptr + table + HALF + i), ROUND)[None, :]
+        c1, s1, c2, s2 = rope_row(cos_ptr, sin_ptr, pos_ptr + n, HALF, ROUND)
         _rotate_heads(q_ptr + n * stride_qn, qo_ptr + n * HQ * 2 * HALF, HQ, c1, s1, c2, s2,
                       HALF, BLOCK_HQ, ROUND, "")
         slot = tl.load(slot_ptr + n).to(tl.int64)

@@ -106,7 +106,7 @@ class LlamaForCausalLM(CausalLM):
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         assert input_ids is not None or inputs_embeds is not None
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # type: ignore[arg-type]
-        if decode_stack.applies(x, kv_cache, self.stack_ok) and decode_stack.ready(self.layers):
+        if decode_stack.applies(x, kv_cache, self.layers):
             # one token on CUDA: every layer in one persistent launch, the same bits
             x = decode_stack.run(x, self.layers, positions, meta, kv_cache, self.rope,
                                  heads=self.num_heads, kv_heads=self.num_kv_heads,
@@ -122,9 +122,8 @@ class LlamaForCausalLM(CausalLM):
             return
         layer = cast(LlamaLayer, self.layers[0])
         qkv, hidden = layer.attn.qkv_weight.shape
-        self.stack_ok = decode_stack.fits_one_wave(hidden, qkv, layer.mlp.inter,
-                                                   self.num_kv_heads, self.norm.device)
-        if self.stack_ok:
+        if decode_stack.fits_one_wave(hidden, qkv, layer.mlp.inter, self.num_kv_heads,
+                                      self.norm.device):
             decode_stack.stacked_weights(self.layers)
 
     def lm_head_weight(self) -> torch.Tensor:

@@ -22,6 +22,32 @@ def _layered(model, x, positions, meta, kv):
     return x
 
 
+def _check_step(model, runner, pos: int, token: int, programs, what: str = "") -> None:
+    """One decode step of ``token`` at ``pos``: the one launch against the layered path
+    (hidden state and cache bytes); the cache then holds the layered path's bytes."""
+    from mmserve.kernels.triton_attention import paged_metadata
+    from mmserve.kernels.triton_decode_stack import decode_stack as launch
+
+    meta = AttentionMetadata.build([1], [pos + 1], [runner.table], 16, DEVICE)
+    positions = torch.tensor([pos], device=DEVICE)
+    x = model.embed(torch.tensor([token], device=DEVICE))
+    kv_want = runner.kv.clone()
+    want = _layered(model, x, positions, meta, kv_want)
+    pm = paged_metadata(meta, 16)
+    got = launch(x, decode_stack.stacked_weights(model.layers), runner.kv, model.rope.cos,
+                 model.rope.sin, positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
+                 pm.query_start, pm.query_lens, heads=model.num_heads,
+                 kv_heads=model.num_kv_heads, eps=model.eps, scale=model.head_dim**-0.5,
+                 programs=programs)
+    if ON_CUDA:
+        assert torch.equal(got, want), what
+        assert torch.equal(runner.kv, kv_want), f"{what}: cache bytes"
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(runner.kv, kv_want, rtol=1e-5, atol=1e-5)
+        runner.kv.copy_(kv_want)
+
+
 def _model(tiny_llama):
     model = tiny_llama(str(DEVICE))
     return model if ON_CUDA else model.float()
@@ -41,8 +67,6 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
     hidden state and cache bytes from the one launch equal the layered path's, whatever
     the grid and the launch settings."""
     from mmserve.kernels import triton_decode_stack
-    from mmserve.kernels.triton_attention import paged_metadata
-    from mmserve.kernels.triton_decode_stack import decode_stack as launch
 
     for key, value in (tuning or {}).items():
         monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
@@ -53,26 +77,9 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
     runner.table = rng.permutation(len(runner.table)).tolist()
     prompt = rng.integers(0, 1000, 37).tolist()
     runner.step(prompt, 0)  # a prefill: the layered path
-    weights = decode_stack.stacked_weights(model.layers)
     for step in range(8):
-        pos = len(prompt) + step
-        meta = AttentionMetadata.build([1], [pos + 1], [runner.table], 16, DEVICE)
-        positions = torch.tensor([pos], device=DEVICE)
-        x = model.embed(torch.tensor([int(rng.integers(0, 1000))], device=DEVICE))
-        kv_want = runner.kv.clone()
-        want = _layered(model, x, positions, meta, kv_want)
-        pm = paged_metadata(meta, 16)
-        got = launch(x, weights, runner.kv, model.rope.cos, model.rope.sin, positions,
-                     pm.slot_mapping, pm.block_tables, pm.context_lens, pm.query_start,
-                     pm.query_lens, heads=4, kv_heads=2, eps=model.eps,
-                     scale=model.head_dim**-0.5, programs=programs)
-        if ON_CUDA:
-            assert torch.equal(got, want), f"step {step}"
-            assert torch.equal(runner.kv, kv_want), f"step {step}: cache bytes"
-        else:
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(runner.kv, kv_want, rtol=1e-5, atol=1e-5)
-            runner.kv.copy_(kv_want)
+        _check_step(model, runner, len(prompt) + step, int(rng.integers(0, 1000)), programs,
+                    f"step {step}")
 
 
 def _grouped_model(heads: int, kv_heads: int, head_dim: int):
@@ -104,27 +111,10 @@ def _grouped_model(heads: int, kv_heads: int, head_dim: int):
 @torch.inference_mode()
 def test_decode_stack_more_query_heads_than_one_attention_tile():
     """34 query heads on 2 kv heads: 17 rows a kv head, two 16-row attention tiles."""
-    from mmserve.kernels.triton_attention import paged_metadata
-    from mmserve.kernels.triton_decode_stack import decode_stack as launch
-
     model = _grouped_model(34, 2, 16)
     runner = SequenceRunner(model, max_len=64)
     runner.step(list(range(1, 20)), 0)
-    meta = AttentionMetadata.build([1], [20], [runner.table], 16, DEVICE)
-    positions = torch.tensor([19], device=DEVICE)
-    x = model.embed(torch.tensor([42], device=DEVICE))
-    kv_want = runner.kv.clone()
-    want = _layered(model, x, positions, meta, kv_want)
-    pm = paged_metadata(meta, 16)
-    got = launch(x, decode_stack.stacked_weights(model.layers), runner.kv, model.rope.cos,
-                 model.rope.sin, positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
-                 pm.query_start, pm.query_lens, heads=34, kv_heads=2, eps=model.eps,
-                 scale=model.head_dim**-0.5, programs=None if ON_CUDA else 1)
-    if ON_CUDA:
-        assert torch.equal(got, want) and torch.equal(runner.kv, kv_want)
-    else:
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(runner.kv, kv_want, rtol=1e-5, atol=1e-5)
+    _check_step(model, runner, 19, 42, None if ON_CUDA else 1)
 
 
 def test_stacked_weights_are_the_layers_own(tiny_llama):
@@ -147,7 +137,8 @@ def test_decode_stack_never_runs_on_cpu(tiny_llama, monkeypatch):
     monkeypatch.setitem(decode_stack._state, "enabled", True)
     model = tiny_llama("cpu").float()
     x = torch.zeros(1, 256)
-    assert not decode_stack.applies(x, SequenceRunner(model, max_len=32).kv, model.stack_ok)
+    decode_stack.stacked_weights(model.layers)
+    assert not decode_stack.applies(x, SequenceRunner(model, max_len=32).kv, model.layers)
 
 
 @pytest.mark.skipif(not ON_CUDA or INTERPRET, reason="needs CUDA")
