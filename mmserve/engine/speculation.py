@@ -13,6 +13,7 @@ and truncating the block table; no KV is copied.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -56,6 +57,7 @@ class Speculator:
         # drafted ~6 ms of a ~350 ms c=16 run.
         self._prepared: set[str] = set()
         self._one_off = 0.0
+        self._checks_matches = type(drafter).has_match is not Drafter.has_match
 
     def propose(self, running: list[Request], waiting: int = 0) -> dict[str, list[int]]:
         """Drafts for the decoding requests of the coming step, keyed by request id;
@@ -93,7 +95,8 @@ class Speculator:
         if not decoding or self.controller.paused():
             return {}
         if self.config.auto:
-            ks = self.controller.choose([r.request_id for r in decoding], max(0, others))
+            ks = self.controller.choose([r.request_id for r in decoding], max(0, others),
+                                        self._match_check(decoding))
         else:
             ks = [self.config.max_tokens_per_step] * len(decoding)
         # only requests given k > 0: all_ids copies the whole context. A probe drafts only
@@ -106,11 +109,7 @@ class Speculator:
         if not batch:
             return {}
         for b in batch:
-            if b.request_id not in self._prepared:  # its first draft: index its context
-                self._prepared.add(b.request_id)
-                start = time.perf_counter()
-                self.drafter.prepare(b)
-                self._one_off += time.perf_counter() - start
+            self._prepare(b)
         drafts = self.drafter.propose(batch)
         out = {}
         for b, d in zip(batch, drafts, strict=True):
@@ -124,6 +123,31 @@ class Speculator:
                 del out[request_id]
                 self._probs.pop(request_id, None)
         return out
+
+    def _prepare(self, request: DraftRequest) -> None:
+        if request.request_id not in self._prepared:  # its first draft: index its context
+            self._prepared.add(request.request_id)
+            start = time.perf_counter()
+            self.drafter.prepare(request)
+            self._one_off += time.perf_counter() - start
+
+    def _match_check(self, decoding: list[Request]) -> Callable[[str], bool] | None:
+        """For the controller: whether a probe of a request would draft anything (a
+        context match of PROBE_MIN_MATCH tokens), where the drafter can tell without
+        drafting; a probe that would not is then never planned."""
+        if not self._checks_matches:
+            return None
+        by_id: dict[str, Request] = {}
+
+        def has_match(request_id: str) -> bool:
+            if not by_id:
+                by_id.update((r.request_id, r) for r in decoding)
+            r = by_id[request_id]
+            probe = DraftRequest(request_id, r.all_ids, 1, PROBE_MIN_MATCH)
+            self._prepare(probe)
+            return self.drafter.has_match(probe) is not False
+
+        return has_match
 
     def verify(self, seq: ScheduledSeq, logits: torch.Tensor, sampler: Sampler) -> list[int]:
         """Tokens to append (accepted draft prefix + one target token); logits: (k+1, V)."""

@@ -91,6 +91,12 @@ class Drafter(ABC):
     def on_finished(self, request_id: str) -> None:  # noqa: B027 - stateless default
         """Release per-request state. Stateless drafters need not override this."""
 
+    def has_match(self, request: DraftRequest) -> bool | None:
+        """Whether ``propose`` would draft anything for ``request`` (its ``k`` ignored),
+        told more cheaply than drafting; None: cannot tell without drafting. The
+        controller asks before planning a probe (planning one costs more than a look-up)."""
+        return None
+
     def prepare(self, request: DraftRequest) -> None:  # noqa: B027 - stateless default
         """Build per-request caches for ``request.token_ids`` (``k`` is ignored) before the
         first ``propose``: off the decode steps whose cost decides speculation."""

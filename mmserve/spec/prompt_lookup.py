@@ -53,18 +53,30 @@ class PromptLookupDrafter(Drafter):
         if len(request.token_ids) >= 2:
             self._updated_index(request.request_id, request.token_ids)
 
+    def has_match(self, request: DraftRequest) -> bool:
+        return self._match(request) is not None
+
     def _propose_one(self, request: DraftRequest) -> Draft:
-        if request.k <= 0 or len(request.token_ids) < 2:
+        if request.k <= 0:
             return empty_draft()
-        index = self._updated_index(request.request_id, request.token_ids)
+        end = self._match(request)
+        if end is None:
+            return empty_draft()
+        return Draft(tokens=_copy_forward(request.token_ids, end, request.k))
+
+    def _match(self, request: DraftRequest) -> int | None:
+        """Where the copy starts: the end of the latest earlier occurrence of the longest
+        suffix of ``max(min_n, min_match)``..``max_n`` tokens that has one."""
         tokens = request.token_ids
         length = len(tokens)
+        if length < 2:
+            return None
+        index = self._updated_index(request.request_id, tokens)
         for n in range(min(self.max_n, length - 1), max(self.min_n, request.min_match) - 1, -1):
-            suffix = tuple(tokens[length - n :])
-            end = index.ends[n - self.min_n].get(suffix)
+            end = index.ends[n - self.min_n].get(tuple(tokens[length - n :]))
             if end is not None:
-                return Draft(tokens=_copy_forward(tokens, end, request.k))
-        return empty_draft()
+                return end
+        return None
 
     def _updated_index(self, request_id: str, tokens: Sequence[int]) -> _LookupIndex:
         index = self._indexes.get(request_id)

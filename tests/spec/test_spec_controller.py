@@ -604,3 +604,73 @@ def test_with_nobody_waiting_a_verify_step_has_every_request_in_it() -> None:
             assert drafting < 30  # a request that never accepts keeps the others off
         else:
             assert drafting > 250
+
+
+def test_a_due_probe_with_nothing_to_draft_is_not_planned(monkeypatch) -> None:
+    """Once a shape's probes passed an evaluation, ``has_match`` is asked first: a due
+    probe the drafter has no match for is not evaluated (no cost look-up, no budget
+    spent), the request stays off and waits as after a blank probe; once a match
+    exists, it probes."""
+    ctrl = SpecController(k_max=8, probe_interval=32)
+    asked: list[str] = []
+
+    def no_match(request_id: str) -> bool:
+        asked.append(request_id)
+        return False
+
+    # the shape was never evaluated: the first probe is, and goes ahead (then finds nothing)
+    assert ctrl.choose(["a"], has_match=no_match) == [ctrl.probe_k] and asked == []
+    ctrl.no_draft("a")
+    calls: list[int] = []
+    real = ctrl._probe_fits
+    monkeypatch.setattr(ctrl, "_probe_fits", lambda plan: calls.append(1) or real(plan))
+    budget = ctrl._probe_budget
+    ks = [ctrl.choose(["a"], has_match=no_match)[0] for _ in range(30)]
+    assert ks == [0] * 30 and calls == [] and len(asked) >= 2
+    assert ctrl._probe_budget >= budget and not ctrl.probing("a")
+    for _ in range(32):
+        ks = ctrl.choose(["a"], has_match=lambda r: True)
+        if ks[0]:
+            break
+    assert ks == [ctrl.probe_k] and ctrl.probing("a") and calls == [1]
+
+
+def test_a_blank_due_probe_is_company_and_denied_shapes_ask_no_drafter() -> None:
+    """A request whose due probe has nothing to draft keeps the step's other probes
+    company, as the probe it replaces did (else at c=4 a copying request's probes were
+    called off beside it: edit c=4 1.4-2.0x -> 1.1x on the H200). And a shape whose
+    probes do not pass an evaluation never asks the drafter, so its quiet steps stay
+    quiet (asked first, the look-ups took c=16 steps from 13 to 61 us of host time on
+    the H200: nothing matched, so the shape was never evaluated and never denied)."""
+    ctrl = SpecController(k_max=8)
+    assert ctrl.choose(["a", "b"]) == [ctrl.probe_k] * 2  # the shape's probes pass
+    ctrl.no_draft("a")
+    ctrl.no_draft("b")
+    ctrl.hold_drafts()
+    for _ in range(ctrl.probe_interval):
+        ks = ctrl.choose(["a", "b"], has_match=lambda r: r == "a")
+        if any(ks):
+            break
+    assert ks == [ctrl.probe_k, 0] and ctrl.probing("a") and not ctrl.probing("b")
+
+    ctrl = SpecController(k_max=8, probe_interval=16)
+    ctrl.padded = True  # 16 rows padded to k + 1: STEEP prices any probe too dear
+    ids = [f"r{i}" for i in range(16)]
+    sim = Sim(ctrl, STEEP)
+    asked: list[str] = []
+
+    def has_match(request_id: str) -> bool:  # chat: nothing to copy
+        asked.append(request_id)
+        return False
+
+    for i in range(16):
+        sim.run(1, accept=0.5, ids=ids[: i + 1])
+    sim.run(40, accept=0.5, ids=ids)
+    quiet = 0
+    for _ in range(80):
+        if ctrl.quiet_step((16, 0)):
+            quiet += 1
+            continue
+        assert ctrl.choose(ids, has_match=has_match) == [0] * 16
+        sim.record(16, [0] * 16)
+    assert asked == [] and quiet >= 60, (asked, quiet)
