@@ -70,10 +70,9 @@ def main() -> None:
     prompt = torch.randint(0, cfg["vocab_size"], (128,), generator=torch.Generator().manual_seed(0))
     first = dec.prefill([prompt.tolist()])
     base = dict(triton_decode_stack.TUNING)
+    # (session 8: K steps of 512 and 1024 were slower, 986-1,038 and 7,855 us)
     settings = {"layered": None, "stack": base,
-                "stack_bk512_s3": {**base, "bk": 512, "bk_gated": 512, "num_stages": 3},
-                "stack_bk512_s2": {**base, "bk": 512, "bk_gated": 512, "num_stages": 2},
-                "stack_bk1024_s2": {**base, "bk": 1024, "bk_gated": 1024, "num_stages": 2}}
+                "stack_noprefetch": {**base, "prefetch": False}}
     rows, default = [], decode_stack_enabled()
     for rnd in range(args.rounds):
         for name, tuning in settings.items():
@@ -92,8 +91,13 @@ def main() -> None:
                          "replay_us": replay_us, "row0": r.row0})
             print(rnd, name, f"{r.tok_s:,.0f} tok/s", f"replay {replay_us:.1f} us", flush=True)
     set_decode_stack_enabled(default)
+    phases = {}
+    for name, tuning in settings.items():
+        if tuning:
+            print(name, flush=True)
+            triton_decode_stack.TUNING.update(tuning)
+            phases[name] = phase_times(model, dec)
     triton_decode_stack.TUNING.update(base)
-    phases = phase_times(model, dec)
     same = all(r["row0"] == rows[0]["row0"] for r in rows)
     print("row 0 tokens equal across variants:", same)
     with open(args.out, "w") as f:

@@ -21,6 +21,14 @@ outputs do not depend on which path ran a step.
 
 Every intermediate has its own buffer per layer (written once per launch), and values
 another program wrote are read through L2 (``.cg``), never a stale L1 line.
+
+Prefetch. The weights (~7 MB a layer at SmolLM2-135M) and the cache stream from HBM, so
+each phase's first loads waited on HBM latency. While phase B runs on the kv heads'
+programs, the others ask L2 for the next layer's weights, norm weights and cached keys
+and values (``prefetch.global.L2``: no register waits for it). On the H200 a batch-1
+replay went 852 -> 812 us (bench/NOTES.md, session 9); issued by every program at a
+layer's start instead, the asking cost the QKV phase ~0.7 us and the gain was 851 -> 838.
+A hint moves no bits.
 """
 
 from __future__ import annotations
@@ -39,13 +47,45 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # Speed only (the bits do not depend on them; the attention phase needs 4 warps to keep
 # the layered kernel's row-sum order): norm chunks loaded per round, pipeline stages,
 # the K step of the plain and the gated products.
-TUNING = {"unroll": norm_unroll(16), "num_stages": 4, "bk": 256, "bk_gated": 256}
+TUNING = {"unroll": norm_unroll(16), "num_stages": 4, "bk": 256, "bk_gated": 256,
+          "prefetch": True}
+KV_ROWS = 16  # cache positions a program asks L2 for per round (the next layer's keys/values)
 
 
 if triton is not None:
     from mmserve.kernels.triton_attention import BLOCK_M, BLOCK_N, attention_rows
     from mmserve.kernels.triton_fused import _rotate_heads, fused_tile, rope_row
-    from mmserve.kernels.triton_grid import grid_sync
+    from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
+
+    @triton.jit
+    def _prefetch_layer(lw, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr, worker,
+                        workers, H: tl.constexpr, Q: tl.constexpr, QKV: tl.constexpr,
+                        INTER: tl.constexpr, LINE: tl.constexpr, LQKV: tl.constexpr,
+                        LO: tl.constexpr, LGU: tl.constexpr, LD: tl.constexpr):
+        """Layer ``lw``'s weights into L2, ``worker``'s share of their lines."""
+        prefetch_share(n1_ptr + lw * H, H, worker, workers, LINE, 1)
+        prefetch_share(n2_ptr + lw * H, H, worker, workers, LINE, 1)
+        prefetch_share(wqkv_ptr + lw * QKV * H, QKV * H, worker, workers, LINE, LQKV)
+        prefetch_share(wo_ptr + lw * H * Q, H * Q, worker, workers, LINE, LO)
+        prefetch_share(wgu_ptr + lw * 2 * INTER * H, 2 * INTER * H, worker, workers, LINE,
+                       LGU)
+        prefetch_share(wd_ptr + lw * H * INTER, H * INTER, worker, workers, LINE, LD)
+
+    @triton.jit
+    def _prefetch_kv(kc, vc, tables_ptr, ctx_ptr, worker, workers, stride_kb, stride_ks,
+                     ROW: tl.constexpr, PAGE: tl.constexpr, LINE: tl.constexpr,
+                     ROWS: tl.constexpr, LINES: tl.constexpr):
+        """A layer's cached keys and values of the sequence (every kv head: ``ROW``
+        elements a position) into L2; ``worker`` takes every ``workers``-th run of
+        ``ROWS`` positions."""
+        n_ctx = tl.load(ctx_ptr)
+        c = tl.minimum(tl.arange(0, LINES) * LINE, ROW - 1)
+        for base in range(worker * ROWS, n_ctx, workers * ROWS):
+            j = tl.minimum(base + tl.arange(0, ROWS), n_ctx - 1)
+            blk = tl.load(tables_ptr + j // PAGE).to(tl.int64)
+            off = (blk * stride_kb + (j % PAGE) * stride_ks)[:, None] + c[None, :]
+            prefetch_l2(kc + off)
+            prefetch_l2(vc + off)
 
     @triton.jit
     def _rope_write_head(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, h,
@@ -86,7 +126,9 @@ if triton is not None:
         INTER: tl.constexpr, PAGE: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
         BK: tl.constexpr, BKG: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
         ROUND: tl.constexpr, BLOCK_G: tl.constexpr, ATT_BM: tl.constexpr,
-        ATT_BN: tl.constexpr, TIMING: tl.constexpr,
+        ATT_BN: tl.constexpr, TIMING: tl.constexpr, PREFETCH: tl.constexpr,
+        LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
+        LD: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
     ):
         pid = tl.program_id(0)
         _stamp(timing_ptr, 1, pid, TIMING)
@@ -94,6 +136,15 @@ if triton is not None:
         Q: tl.constexpr = HQ * D
         QKV: tl.constexpr = (HQ + 2 * HKV) * D
         phase = 0
+        # weights and cache stream from HBM: the programs without a kv head ask L2 for
+        # the next layer's while the attention phase runs (issued at a layer's start by
+        # every program instead, the asking cost the QKV phase 0.7 us)
+        PREFETCH_ON: tl.constexpr = PREFETCH and P > HKV
+        if PREFETCH_ON:
+            if pid >= HKV:
+                _prefetch_layer(tl.cast(0, tl.int64), wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
+                                n1_ptr, n2_ptr, pid - HKV, P - HKV, H, Q, QKV, INTER, LINE,
+                                LQKV, LO, LGU, LD)
         for layer in range(L):
             lw = tl.cast(layer, tl.int64)
             x_in = xs_ptr + lw * H
@@ -123,6 +174,15 @@ if triton is not None:
                                    qstart_ptr, qlen_ptr, kc, vc, scale_log2, Q, D, Q, D,
                                    stride_kb, stride_ks, stride_kh, stride_bt, 0, 0, G, D,
                                    PAGE, 0, ATT_BM, ATT_BN, False, True)
+            if PREFETCH_ON:
+                if pid >= HKV:
+                    if layer + 1 < L:
+                        _prefetch_layer(lw + 1, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr,
+                                        n2_ptr, pid - HKV, P - HKV, H, Q, QKV, INTER, LINE,
+                                        LQKV, LO, LGU, LD)
+                        _prefetch_kv(kc + stride_kvl, vc + stride_kvl, tables_ptr, ctx_ptr,
+                                     pid - HKV, P - HKV, stride_kb, stride_ks, HKV * D, PAGE,
+                                     LINE, KV_ROWS, KV_LINES)
             _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
             phase += 1
             grid_sync(counter_ptr, phase, P)
@@ -201,6 +261,12 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     if programs is None:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count if x.is_cuda else 1
         programs = stack_programs(hidden, qkv_n, inter, kv_heads, sms)
+    line = 128 // x.element_size()  # elements a 128-byte L2 line holds
+
+    def lines(numel: int) -> int:  # a prefetching program's share of a matrix's lines
+        workers = max(1, programs - kv_heads)
+        return triton.next_power_of_2(triton.cdiv(triton.cdiv(numel, line), workers))
+
     _decode_stack_kernel[(programs,)](
         xs, mids, qkv, qrot, attn, act, weights["qkv"], weights["o"], weights["gate_up"],
         weights["down"], weights["input_norm"], weights["post_norm"], kv, cos, sin,
@@ -212,6 +278,9 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
         BN=BN, BK=TUNING["bk"], BKG=TUNING["bk_gated"], CH=NORM_CHUNK, UNROLL=TUNING["unroll"],
         ROUND=_round_mode(dt), BLOCK_G=triton.next_power_of_2(heads // kv_heads),
-        ATT_BM=BLOCK_M, ATT_BN=BLOCK_N, TIMING=timing is not None, num_warps=4,
-        num_stages=TUNING["num_stages"])
+        ATT_BM=BLOCK_M, ATT_BN=BLOCK_N, TIMING=timing is not None,
+        PREFETCH=TUNING["prefetch"], LINE=line, LQKV=lines(qkv_n * hidden),
+        LO=lines(hidden * heads * d), LGU=lines(2 * inter * hidden), LD=lines(hidden * inter),
+        KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
+        num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers:]

@@ -20,6 +20,8 @@ program can pass a barrier there (tests use that to check the arithmetic on CPU)
 
 from __future__ import annotations
 
+import os
+
 try:
     import triton
     import triton.language as tl
@@ -40,3 +42,25 @@ if triton is not None:
         while seen < target:
             seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
+
+    if os.environ.get("TRITON_INTERPRET") == "1":  # no inline PTX there; a hint changes nothing
+
+        @triton.jit
+        def prefetch_l2(ptrs):
+            pass
+    else:
+
+        @triton.jit
+        def prefetch_l2(ptrs):
+            """Ask L2 for the lines holding ``ptrs`` (any shape of pointers) and go on: no
+            register waits for them (``prefetch.global.L2``), so a program can fetch what a
+            later phase reads while it works or waits at a barrier."""
+            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
+                                      [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def prefetch_share(ptr, numel, worker, workers, LINE: tl.constexpr, LINES: tl.constexpr):
+        """``worker``'s share (every ``workers``-th 128-byte line, ``LINES`` of them at most)
+        of the ``numel`` elements at ``ptr`` (``LINE`` elements a line), into L2."""
+        i = worker + workers * tl.arange(0, LINES).to(tl.int64)
+        prefetch_l2(ptr + tl.minimum(i * LINE, numel - 1))
