@@ -17,6 +17,7 @@ from mmserve.bench.engine_run import PagedDecoder, random_cuda_model
 from mmserve.bench.limits import cuda_time_ms
 from mmserve.kernels import triton_decode_stack
 from mmserve.kernels.decode_stack import decode_stack_enabled, set_decode_stack_enabled
+from mmserve.kernels.triton_attention import KV_AHEAD
 
 PHASES = ("qkv", "rope+attention", "o+residual", "gate_up+silu", "down+residual")
 
@@ -70,13 +71,17 @@ def main() -> None:
     prompt = torch.randint(0, cfg["vocab_size"], (128,), generator=torch.Generator().manual_seed(0))
     first = dec.prefill([prompt.tolist()])
     base = dict(triton_decode_stack.TUNING)
-    # (session 8: K steps of 512 and 1024 were slower, 986-1,038 and 7,855 us)
-    settings = {"layered": None, "stack": base,
-                "stack_noprefetch": {**base, "prefetch": False}}
+    # (session 8: K steps of 512 and 1024 were slower, 986-1,038 and 7,855 us; session 9:
+    # the stack's L2 prefetch off, 851-852 us against 812-813)
+    # name -> (the stack's TUNING, or None for the layered path; keys/values a step ahead)
+    # (the stack's own attention keeps mode 1: TUNING["att_prefetch"], 813 against 825 us)
+    settings = {"layered": (None, True), "layered_kv_ahead_off": (None, False),
+                "stack": (base, True), "stack_kv_ahead": ({**base, "att_prefetch": 2}, True)}
     rows, default = [], decode_stack_enabled()
     for rnd in range(args.rounds):
-        for name, tuning in settings.items():
+        for name, (tuning, ahead) in settings.items():
             set_decode_stack_enabled(tuning is not None)
+            KV_AHEAD["on"] = ahead
             if tuning:
                 triton_decode_stack.TUNING.update(tuning)
             try:
@@ -92,12 +97,14 @@ def main() -> None:
             print(rnd, name, f"{r.tok_s:,.0f} tok/s", f"replay {replay_us:.1f} us", flush=True)
     set_decode_stack_enabled(default)
     phases = {}
-    for name, tuning in settings.items():
+    for name, (tuning, ahead) in settings.items():
         if tuning:
             print(name, flush=True)
             triton_decode_stack.TUNING.update(tuning)
+            KV_AHEAD["on"] = ahead
             phases[name] = phase_times(model, dec)
     triton_decode_stack.TUNING.update(base)
+    KV_AHEAD["on"] = True
     same = all(r["row0"] == rows[0]["row0"] for r in rows)
     print("row 0 tokens equal across variants:", same)
     with open(args.out, "w") as f:

@@ -53,6 +53,17 @@ LAUNCH = {"num_warps": 4, "num_stages": 2}
 # session 4): 8B batch 1 7.7 -> 6.9 us a call in a decode step; batch 64 and a 2k prefill
 # run 8-35 % slower with it, so big grids keep the plain loop. The bits are the same.
 PREFETCH_MAX_PROGRAMS = 128
+# Such grids also load each step's keys and values during the step before (mode 2), so a
+# step waits for the longer of its loads and its math, not both (an e4m3 cache keeps mode
+# 1). Speed only: the same values meet the same arithmetic. H200, batch-1 SmolLM2-135M-shape
+# replay of the layered path: 883 us against 894 with mode 1 (bench/NOTES.md, session 9).
+KV_AHEAD = {"on": True}
+
+
+def prefetch_mode(fp8: bool) -> int:
+    """``attention_rows``' PREFETCH for a small grid: 2 (block ids and keys/values a step
+    ahead), or 1 (block ids only: an e4m3 cache, or ``KV_AHEAD`` off)."""
+    return 2 if KV_AHEAD["on"] and not fp8 else 1
 
 
 def available() -> bool:
@@ -123,6 +134,17 @@ if triton is not None:
             stride_bt, stride_sb, stride_ss, G, D, PAGE, WINDOW, BM, BN, FP8, PREFETCH)
 
     @triton.jit
+    def _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb, stride_ks, stride_kh,
+                 PAGE: tl.constexpr):
+        """Keys and values (BN, D) at positions ``kpos`` of cache blocks ``blk`` (zeros
+        from ``hi`` on)."""
+        k_in = (kpos < hi)[:, None]
+        off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
+        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in, other=0.0)
+        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in, other=0.0)
+        return k, v
+
+    @triton.jit
     def attention_rows(
         seq, tile, kvh, q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
         ks_ptr, vs_ptr, scale_log2,
@@ -154,23 +176,34 @@ if triton is not None:
             l_i = tl.zeros([BM], tl.float32)
             acc = tl.zeros([BM, D], tl.float32)
             table = tables_ptr + seq * stride_bt
-            if PREFETCH:  # the first step's cache blocks; each step then fetches the next's
+            if PREFETCH > 0:  # the first step's cache blocks; each step then fetches the next's
                 kpos = lo + tl.arange(0, BN)
                 blk = tl.load(table + kpos // PAGE, mask=kpos < hi, other=0)
+                if PREFETCH == 2:  # and the first step's keys and values, then the next ids
+                    k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb,
+                                          stride_ks, stride_kh, PAGE)
+                    blk = tl.load(table + (kpos + BN) // PAGE, mask=kpos + BN < hi, other=0)
             for start in range(lo, hi, BN):
                 kpos = start + tl.arange(0, BN)
                 k_in = kpos < hi
-                if not PREFETCH:
-                    blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
-                off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
-                # keys and values in flight together (a decode step is a chain of these waits)
-                k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
-                v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in[:, None], other=0.0)
+                if PREFETCH == 2:  # this step's keys and values arrived during the last
+                    # step's math; the next step's are asked for before this one's
+                    k, v = k_nx, v_nx
+                    k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos + BN, hi, d, kvh, stride_kb,
+                                          stride_ks, stride_kh, PAGE)
+                    nxt = kpos + 2 * BN
+                    blk = tl.load(table + nxt // PAGE, mask=nxt < hi, other=0)
+                else:
+                    if PREFETCH == 0:
+                        blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
+                    # keys and values in flight together (a decode step is a chain of waits)
+                    k, v = _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb, stride_ks,
+                                    stride_kh, PAGE)
                 if FP8:  # e4m3 -> q's dtype is exact; the per-key scale multiplies the scores
                     soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
                     k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)
                     v_s = tl.load(vs_ptr + soff, mask=k_in, other=0.0)
-                if PREFETCH:
+                if PREFETCH == 1:
                     nxt = kpos + BN
                     blk = tl.load(table + nxt // PAGE, mask=nxt < hi, other=0)
                 if FP8:
@@ -270,7 +303,7 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     if b == 0 or n == 0:
         return out
     tiles = -(-pm.max_query_len * g // BLOCK_M)
-    prefetch = b * tiles * hkv < PREFETCH_MAX_PROGRAMS
+    prefetch = prefetch_mode(fp8) if b * tiles * hkv < PREFETCH_MAX_PROGRAMS else 0
     _paged_attention_kernel[(b, tiles, hkv)](
         q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
         pm.query_lens, k_scale, v_scale, scale * 1.4426950408889634,

@@ -47,8 +47,11 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # Speed only (the bits do not depend on them; the attention phase needs 4 warps to keep
 # the layered kernel's row-sum order): norm chunks loaded per round, pipeline stages,
 # the K step of the plain and the gated products.
+# "prefetch": the next layer into L2 during phase B; "att_prefetch": attention_rows'
+# PREFETCH mode, 1 (block ids a step ahead): keys and values a step ahead too (mode 2,
+# the layered kernel's) made the H200 replay 825 us against 813 (session 9).
 TUNING = {"unroll": norm_unroll(16), "num_stages": 4, "bk": 256, "bk_gated": 256,
-          "prefetch": True}
+          "prefetch": True, "att_prefetch": 1}
 KV_ROWS = 16  # cache positions a program asks L2 for per round (the next layer's keys/values)
 
 
@@ -129,6 +132,7 @@ if triton is not None:
         ATT_BN: tl.constexpr, TIMING: tl.constexpr, PREFETCH: tl.constexpr,
         LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
         LD: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
+        ATT_PREFETCH: tl.constexpr,
     ):
         pid = tl.program_id(0)
         _stamp(timing_ptr, 1, pid, TIMING)
@@ -173,7 +177,7 @@ if triton is not None:
                     attention_rows(0, tile, h, qrot, kc, vc, attn, tables_ptr, ctx_ptr,
                                    qstart_ptr, qlen_ptr, kc, vc, scale_log2, Q, D, Q, D,
                                    stride_kb, stride_ks, stride_kh, stride_bt, 0, 0, G, D,
-                                   PAGE, 0, ATT_BM, ATT_BN, False, True)
+                                   PAGE, 0, ATT_BM, ATT_BN, False, ATT_PREFETCH)
             if PREFETCH_ON:
                 if pid >= HKV:
                     if layer + 1 < L:
@@ -282,5 +286,6 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         PREFETCH=TUNING["prefetch"], LINE=line, LQKV=lines(qkv_n * hidden),
         LO=lines(hidden * heads * d), LGU=lines(2 * inter * hidden), LD=lines(hidden * inter),
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
+        ATT_PREFETCH=TUNING["att_prefetch"],
         num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers:]

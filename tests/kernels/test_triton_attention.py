@@ -128,12 +128,14 @@ def test_attention_module_dispatches_to_triton_on_cuda():
 
 @pytest.mark.parametrize("window", [None, 40])
 def test_block_prefetch_is_a_launch_option_only(monkeypatch, window):
-    """Small grids prefetch the next key step's block ids; the arithmetic is the loop's, so
-    the output bits are the same either way (the engine picks by grid size)."""
+    """Small grids prefetch the next key step's block ids, and its keys and values
+    (``KV_AHEAD``); the arithmetic is the loop's, so the output bits are the same every
+    way (the engine picks by grid size)."""
     from mmserve.kernels import triton_attention as ta
 
     outs = []
-    for limit in (0, 1 << 30):  # never, always
+    for limit, ahead in ((0, True), (1 << 30, False), (1 << 30, True)):  # never, ids, ids+kv
         monkeypatch.setattr(ta, "PREFETCH_MAX_PROGRAMS", limit)
+        monkeypatch.setitem(ta.KV_AHEAD, "on", ahead)
         outs.append(_run([1, 4, 1, 37], [1, 200, 129, 150], 2, 4, 128, window, seed=5)[-1])
-    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -55,7 +55,8 @@ def _model(tiny_llama):
 
 # launch settings are speed only: the bits must not move with them
 TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
-           {"bk": 64, "bk_gated": 64, "num_stages": 2, "unroll": 16}, {"prefetch": False}]
+           {"bk": 64, "bk_gated": 64, "num_stages": 2, "unroll": 16}, {"prefetch": False},
+           {"att_prefetch": 2}]
 
 
 @needs_triton
