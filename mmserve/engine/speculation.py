@@ -134,7 +134,9 @@ class Speculator:
     def _match_check(self, decoding: list[Request]) -> Callable[[str], bool] | None:
         """For the controller: whether a probe of a request would draft anything (a
         context match of PROBE_MIN_MATCH tokens), where the drafter can tell without
-        drafting; a probe that would not is then never planned."""
+        drafting. The controller asks at shapes whose probes passed an evaluation lately,
+        and does not plan a probe the answer is no for (elsewhere a probe is evaluated
+        first, and one that drafts nothing goes through ``no_draft``)."""
         if not self._checks_matches:
             return None
         by_id: dict[str, Request] = {}

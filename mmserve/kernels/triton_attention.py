@@ -154,7 +154,11 @@ if triton is not None:
         BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         """Query rows ``tile`` of (sequence ``seq``, kv head ``kvh``): the kernel above, or
-        one phase of a persistent kernel."""
+        one phase of a persistent kernel. ``PREFETCH`` (speed only, the same values meet
+        the same math): 0 loads a key step's block ids, keys and values in the step; 1
+        loads the ids a step ahead; 2 the keys and values too (not with an e4m3 cache,
+        whose scales are read with the step's own ids)."""
+        tl.static_assert(not (FP8 and PREFETCH == 2))
         qlen = tl.load(qlen_ptr + seq)  # the three loads in flight together
         ctx = tl.load(ctx_ptr + seq)
         qstart = tl.load(qstart_ptr + seq)

@@ -64,10 +64,11 @@ if triton is not None:
     def _prefetch_layer(lw, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr, worker,
                         workers, H: tl.constexpr, Q: tl.constexpr, QKV: tl.constexpr,
                         INTER: tl.constexpr, LINE: tl.constexpr, LQKV: tl.constexpr,
-                        LO: tl.constexpr, LGU: tl.constexpr, LD: tl.constexpr):
+                        LO: tl.constexpr, LGU: tl.constexpr, LD: tl.constexpr,
+                        LN: tl.constexpr):
         """Layer ``lw``'s weights into L2, ``worker``'s share of their lines."""
-        prefetch_share(n1_ptr + lw * H, H, worker, workers, LINE, 1)
-        prefetch_share(n2_ptr + lw * H, H, worker, workers, LINE, 1)
+        prefetch_share(n1_ptr + lw * H, H, worker, workers, LINE, LN)
+        prefetch_share(n2_ptr + lw * H, H, worker, workers, LINE, LN)
         prefetch_share(wqkv_ptr + lw * QKV * H, QKV * H, worker, workers, LINE, LQKV)
         prefetch_share(wo_ptr + lw * H * Q, H * Q, worker, workers, LINE, LO)
         prefetch_share(wgu_ptr + lw * 2 * INTER * H, 2 * INTER * H, worker, workers, LINE,
@@ -131,7 +132,7 @@ if triton is not None:
         ROUND: tl.constexpr, BLOCK_G: tl.constexpr, ATT_BM: tl.constexpr,
         ATT_BN: tl.constexpr, TIMING: tl.constexpr, PREFETCH: tl.constexpr,
         LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
-        LD: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
+        LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
         ATT_PREFETCH: tl.constexpr,
     ):
         pid = tl.program_id(0)
@@ -148,7 +149,7 @@ if triton is not None:
             if pid >= HKV:
                 _prefetch_layer(tl.cast(0, tl.int64), wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
                                 n1_ptr, n2_ptr, pid - HKV, P - HKV, H, Q, QKV, INTER, LINE,
-                                LQKV, LO, LGU, LD)
+                                LQKV, LO, LGU, LD, LN)
         for layer in range(L):
             lw = tl.cast(layer, tl.int64)
             x_in = xs_ptr + lw * H
@@ -183,7 +184,7 @@ if triton is not None:
                     if layer + 1 < L:
                         _prefetch_layer(lw + 1, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr,
                                         n2_ptr, pid - HKV, P - HKV, H, Q, QKV, INTER, LINE,
-                                        LQKV, LO, LGU, LD)
+                                        LQKV, LO, LGU, LD, LN)
                         _prefetch_kv(kc + stride_kvl, vc + stride_kvl, tables_ptr, ctx_ptr,
                                      pid - HKV, P - HKV, stride_kb, stride_ks, HKV * D, PAGE,
                                      LINE, KV_ROWS, KV_LINES)
@@ -285,6 +286,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         ATT_BM=BLOCK_M, ATT_BN=BLOCK_N, TIMING=timing is not None,
         PREFETCH=TUNING["prefetch"], LINE=line, LQKV=lines(qkv_n * hidden),
         LO=lines(hidden * heads * d), LGU=lines(2 * inter * hidden), LD=lines(hidden * inter),
+        LN=lines(hidden),
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
         ATT_PREFETCH=TUNING["att_prefetch"],
         num_warps=4, num_stages=TUNING["num_stages"])

@@ -174,9 +174,9 @@ class SpecController:
         # (decoding requests, other tokens) -> the step until which a probe at that shape,
         # with nobody drafting, is denied without an evaluation (see ``_probe``)
         self._denied: dict[tuple[int, int], int] = {}
-        # shape -> the step until which a due probe may first ask the drafter for a match
-        # (its last evaluation at that shape passed; see ``_probe``)
-        self._fits_until: dict[tuple[int, int], int] = {}
+        # shape -> (the step until which a due probe may first ask the drafter for a
+        # match, the probe cost that evaluation found): its last evaluation passed
+        self._fits: dict[tuple[int, int], tuple[int, float]] = {}
         # steps ahead in which no known request can be due for a probe and none drafts,
         # and the steps skipped that way (added to each ``steps_off`` when planning resumes)
         self._quiet = 0
@@ -462,8 +462,9 @@ class SpecController:
     def _blank(self, state: _RequestState) -> None:
         """A probe with nothing to draft (no context match long enough): as a failed one
         for the wait (H200 A/B, NOTES session 7). Found out before the probe is planned
-        (``choose``'s ``has_match``) it costs no evaluation: at chat c=1, 67 of 83 probes
-        were blank, each ~116 us of host time on the dev CPU, 83 of them planning it."""
+        (``choose``'s ``has_match``) it costs no evaluation, and no evidence is forgotten
+        (there is none): at chat c=1, 67 of 83 probes were blank, each ~116 us of host
+        time on the dev CPU, 83 of them planning it."""
         state.steps_off = 0
         state.failed_probes += 1
         state.wait = self._backoff(state)
@@ -533,20 +534,23 @@ class SpecController:
         fresh = not plan.verifying
         if not plan.probe_denied and fresh and self._denied.get(shape, 0) > self._steps:
             plan.probe_denied = True
-        if (not plan.probe_denied and has_match is not None
-                and self._fits_until.get(shape, 0) > self._steps and not has_match(request_id)):
+        fits_until, fit_cost = self._fits.get(shape, (0, 0.0))
+        if (not plan.probe_denied and has_match is not None and fits_until > self._steps
+                and not has_match(request_id)):
             # nothing to draft: a blank probe, found before it costs an evaluation. Asked
             # only at a shape whose probes passed one lately: elsewhere the evaluation
             # (and the shape's denial, its quiet steps) comes first. Asked first at every
             # due probe, the look-ups took the H200's c=16 steps from 13 to 61 us of host
             # time: nothing matched, so the shape was never evaluated and never denied
+            state.probe_cost = fit_cost  # what the probe would have cost: paces the wait
             self._blank(state)
             state.blank_step = self._steps  # company for the step's probes, as a probe was
             state.steps_off -= 1  # the caller counts this step off
             return False
         cost, retry = (None, 0) if plan.probe_denied else self._probe_fits(plan)
         if fresh and not plan.probe_denied:  # what an evaluation of the shape said
-            self._fits_until[shape] = self._steps + self.probe_interval if cost is not None else 0
+            self._fits[shape] = ((self._steps + self.probe_interval, cost) if cost is not None
+                                 else (0, 0.0))
         if cost is None:
             if fresh and not plan.probe_denied:
                 self._denied[shape] = self._steps + retry

@@ -94,7 +94,8 @@ class Drafter(ABC):
     def has_match(self, request: DraftRequest) -> bool | None:
         """Whether ``propose`` would draft anything for ``request`` (its ``k`` ignored),
         told more cheaply than drafting; None: cannot tell without drafting. The
-        controller asks before planning a probe (planning one costs more than a look-up)."""
+        controller may ask before planning a probe (planning one costs more than a
+        look-up) and then not plan it."""
         return None
 
     def prepare(self, request: DraftRequest) -> None:  # noqa: B027 - stateless default

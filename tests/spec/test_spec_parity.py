@@ -187,9 +187,8 @@ def test_probes_ask_for_longer_matches_and_the_queue_reaches_the_controller(
         default_model_dir, monkeypatch):
     """The engine tells the controller how many requests wait for a slot (6 prompts, 2
     slots: 4, then fewer), and a probe's draft request asks for a match of 2 tokens or
-    more while a drafting request's asks for 1; a probe with no such match is not
-    planned (none reaches the drafter to come back empty). Outputs equal plain
-    decode's."""
+    more while a drafting request's asks for 1; a request the drafter said has no such
+    match (``has_match``) does not probe in that step. Outputs equal plain decode's."""
     from mmserve.engine.speculation import PROBE_MIN_MATCH
 
     prompts = PROMPTS[:3] + PROMPTS[40:43]  # copy-heavy and code
@@ -198,24 +197,32 @@ def test_probes_ask_for_longer_matches_and_the_queue_reaches_the_controller(
               speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
     spec = llm.engine.speculator
     ctrl, seen, waits = spec.controller, [], []
+    no_match: set[tuple[int, str]] = set()  # (choose call, request) the drafter said no to
     real_propose, real_choose = spec.drafter.propose, ctrl.choose
 
     def propose(batch):
-        drafts = real_propose(batch)
-        seen.extend((r.min_match, ctrl.probing(r.request_id), bool(d.tokens))
-                    for r, d in zip(batch, drafts, strict=True))
-        return drafts
+        seen.extend((r.min_match, ctrl.probing(r.request_id), len(waits), r.request_id)
+                    for r in batch)
+        return real_propose(batch)
 
     def choose(ids, other=0, has_match=None):
         waits.append(ctrl.waiting)
-        return real_choose(ids, other, has_match)
+        if has_match is None:
+            return real_choose(ids, other, None)
+
+        def asked(request_id):
+            found = has_match(request_id)
+            if not found:
+                no_match.add((len(waits), request_id))
+            return found
+
+        return real_choose(ids, other, asked)
 
     monkeypatch.setattr(spec.drafter, "propose", propose)
     monkeypatch.setattr(ctrl, "choose", choose)
     plain = [r.token_ids for r in LLM(str(default_model_dir)).generate(prompts, greedy)]
     assert [r.token_ids for r in llm.generate(prompts, greedy)] == plain
-    assert {m for m, probe, _ in seen if probe} == {PROBE_MIN_MATCH}
-    assert {m for m, probe, _ in seen if not probe} == {1}
-    # the controller asked the drafter first: no probe it planned came back empty
-    assert all(drafted for _, probe, drafted in seen if probe)
+    assert {m for m, probe, _, _ in seen if probe} == {PROBE_MIN_MATCH}
+    assert {m for m, probe, _, _ in seen if not probe} == {1}
+    assert not no_match & {(step, r) for _, probe, step, r in seen if probe}
     assert max(waits) == 4 and min(waits) == 0
