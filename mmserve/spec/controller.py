@@ -171,12 +171,11 @@ class SpecController:
         self.query_sizes: tuple[int, ...] = ()
         self._guard = _RealizedGuard(guard_window, guard_floor, guard_pause, guard_pause_max)
         self._steps = 0  # steps planned (choose calls past the early returns)
-        # (decoding requests, other tokens) -> the step until which a probe at that shape,
-        # with nobody drafting, is denied without an evaluation (see ``_probe``)
-        self._denied: dict[tuple[int, int], int] = {}
-        # shape -> (the step until which a due probe may first ask the drafter for a
-        # match, the probe cost that evaluation found): its last evaluation passed
-        self._fits: dict[tuple[int, int], tuple[int, float]] = {}
+        # (decoding requests, other tokens) -> what the last evaluation of a probe at that
+        # shape, with nobody drafting, said, and until which step it holds: (until, None)
+        # denied, no evaluation before then; (until, cost) passed at that cost, a due probe
+        # may first ask the drafter for a match (see ``_probe``)
+        self._verdicts: dict[tuple[int, int], tuple[int, float | None]] = {}
         # steps ahead in which no known request can be due for a probe and none drafts,
         # and the steps skipped that way (added to each ``steps_off`` when planning resumes)
         self._quiet = 0
@@ -307,7 +306,8 @@ class SpecController:
             if state.k or state.probing:
                 return 0
             due = min(due, state.wait - state.steps_off - 1)
-        return max(0, due, self._denied.get(shape, 0) - self._steps - 1)
+        until, cost = self._verdicts.get(shape, (0, None))
+        return max(0, due, (until if cost is None else 0) - self._steps - 1)
 
     def _veto(self, request_ids: Sequence[str], ks: list[int], worst: float,
               plan: _StepPlan) -> None:
@@ -532,11 +532,11 @@ class SpecController:
         # speculation added to a c=16 step that drafted nothing; measured on the CPU)
         shape = (plan.num_decoding, plan.num_other)  # as ``choose`` keys it
         fresh = not plan.verifying
-        if not plan.probe_denied and fresh and self._denied.get(shape, 0) > self._steps:
+        until, fit_cost = self._verdicts.get(shape, (0, None))
+        if not plan.probe_denied and fresh and fit_cost is None and until > self._steps:
             plan.probe_denied = True
-        fits_until, fit_cost = self._fits.get(shape, (0, 0.0))
-        if (not plan.probe_denied and has_match is not None and fits_until > self._steps
-                and not has_match(request_id)):
+        if (not plan.probe_denied and has_match is not None and fit_cost is not None
+                and until > self._steps and not has_match(request_id)):
             # nothing to draft: a blank probe, found before it costs an evaluation. Asked
             # only at a shape whose probes passed one lately: elsewhere the evaluation
             # (and the shape's denial, its quiet steps) comes first. Asked first at every
@@ -549,11 +549,9 @@ class SpecController:
             return False
         cost, retry = (None, 0) if plan.probe_denied else self._probe_fits(plan)
         if fresh and not plan.probe_denied:  # what an evaluation of the shape said
-            self._fits[shape] = ((self._steps + self.probe_interval, cost) if cost is not None
-                                 else (0, 0.0))
+            self._verdicts[shape] = (self._steps + (self.probe_interval if cost is not None
+                                                    else retry), cost)
         if cost is None:
-            if fresh and not plan.probe_denied:
-                self._denied[shape] = self._steps + retry
             plan.probe_denied = True
             # try again later (each try costs a full evaluation)
             state.steps_off -= max(self.probe_interval // 4, state.wait // 2)
