@@ -120,6 +120,16 @@ if triton is not None:
                 tl.store(timing_ptr + idx, t)
 
     @triton.jit
+    def _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING: tl.constexpr):
+        """End phase number ``phase`` (0, 1, ...): the grid barrier after it, program 0's
+        clock stamped before (its work done) and after (every program arrived) -> the
+        next phase's number."""
+        _stamp(timing_ptr, 2 * phase, pid, TIMING)
+        grid_sync(counter_ptr, phase + 1, P)
+        _stamp(timing_ptr, 2 * phase + 3, pid, TIMING)
+        return phase + 1
+
+    @triton.jit
     def _decode_stack_kernel(
         xs_ptr, mids_ptr, qkv_ptr, qrot_ptr, attn_ptr, act_ptr,
         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr,
@@ -163,10 +173,7 @@ if triton is not None:
                 fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
                            1, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False, False,
                            ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
-            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
-            phase += 1
-            grid_sync(counter_ptr, phase, P)
-            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # B: rope + cache write, then attention, one kv head per program
             kc = kv_ptr + lw * stride_kvl
             vc = kc + stride_kv2
@@ -188,37 +195,25 @@ if triton is not None:
                         _prefetch_kv(kc + stride_kvl, vc + stride_kvl, tables_ptr, ctx_ptr,
                                      pid - HKV, P - HKV, stride_kb, stride_ks, HKV * D, PAGE,
                                      LINE, KV_ROWS, KV_LINES)
-            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
-            phase += 1
-            grid_sync(counter_ptr, phase, P)
-            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # C: mid = x + attn @ Wo.T
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, 1, H, Q, H, Q, Q,
                            H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BK, 8,
                            CH, UNROLL, ".cg")
-            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
-            phase += 1
-            grid_sync(counter_ptr, phase, P)
-            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
             for t in range(pid, (INTER + BN - 1) // BN, P):
                 fused_tile(t, mid, wgu_ptr + lw * 2 * INTER * H, act, act, act,
                            n2_ptr + lw * H, 1, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
                            True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg")
-            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
-            phase += 1
-            grid_sync(counter_ptr, phase, P)
-            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # E: x_next = mid + act @ Wd.T
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + H, x_in, mid, x_in, 1, H,
                            INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
                            ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
-            _stamp(timing_ptr, 2 * phase, pid, TIMING)  # this phase's work done
-            phase += 1
-            grid_sync(counter_ptr, phase, P)
-            _stamp(timing_ptr, 2 * phase + 1, pid, TIMING)  # every program arrived
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
 
 
 def widest_phase(hidden: int, qkv: int, inter: int, kv_heads: int) -> int:
