@@ -41,7 +41,7 @@ def phase_times(model, dec) -> dict:
     def launch() -> None:
         decode_stack(x, stacked_weights(model.layers), dec.kv, model.rope.cos, model.rope.sin,
                      pos, meta.slot_mapping, meta.block_tables, meta.context_lens,
-                     meta.query_start, meta.query_lens, heads=model.num_heads,
+                     meta.query_start, meta.query_lens, 1, heads=model.num_heads,
                      kv_heads=model.num_kv_heads, eps=model.eps, scale=model.head_dim**-0.5,
                      timing=timing)
 

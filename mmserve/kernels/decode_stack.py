@@ -1,10 +1,12 @@
-"""One-token decode of a whole Llama stack in one persistent launch, where it applies.
+"""Small steps (up to 16 tokens) of a whole Llama stack in one persistent launch, where
+it applies.
 
 :mod:`mmserve.kernels.triton_decode_stack` holds the kernel; this decides when it runs
 and keeps the layer weights stacked (one (L, ...) tensor per kind, the layers' own
 parameters rebound as views into it, so no weight is held twice).
 
-It runs for a step of exactly one token on CUDA when the layered path would take the
+It runs for a step of at most ``MAX_ROWS`` (16) tokens on CUDA — decodes of up to 16
+sequences, a verify block, a short prompt chunk — when the layered path would take the
 fused Triton kernels (bf16, batch-invariant mode, hidden <= ``FUSE_MAX_HIDDEN``, a bf16
 cache), the model has no QKV bias, q/k norm or sliding window, and each phase's tiles
 fit one program per SM (``fits_one_wave``). Its output has the
@@ -21,11 +23,12 @@ import torch
 from torch import nn
 
 from mmserve.kernels import fused
+from mmserve.kernels.triton_decode_stack import MAX_ROWS
 from mmserve.kernels.triton_dispatch import use_triton
 
 # On by default: H200, SmolLM2-135M shape, batch-1 graph replay 848 us against 887 us for
 # the layered path, three alternated rounds (bench/NOTES.md, session 8).
-_state = {"enabled": os.environ.get("MMSERVE_DECODE_STACK", "1") != "0"}
+_state = {"enabled": os.environ.get("MMSERVE_DECODE_STACK", "1") != "0", "max_rows": MAX_ROWS}
 
 # (stacked name, attribute path under a layer)
 STACKED = (("qkv", "attn.qkv_weight"), ("o", "attn.o_weight"), ("gate_up", "mlp.gate_up_weight"),
@@ -39,6 +42,13 @@ def set_decode_stack_enabled(enabled: bool) -> None:
 
 def decode_stack_enabled() -> bool:
     return _state["enabled"]
+
+
+def set_decode_stack_rows(rows: int) -> None:
+    """The most tokens a step may have to run as one launch (1..``MAX_ROWS``; benchmarks
+    compare against 1, the one-token stack)."""
+    assert 1 <= rows <= MAX_ROWS
+    _state["max_rows"] = rows
 
 
 def fits_one_wave(hidden: int, qkv: int, inter: int, kv_heads: int, device) -> bool:
@@ -58,10 +68,11 @@ def whole_cache(kv) -> torch.Tensor | None:
 
 
 def applies(x: torch.Tensor, kv, layers: nn.ModuleList) -> bool:
-    """Whether a step of ``x`` (N, H) runs as one persistent launch: the model stacked its
-    layers when it was placed (``ready``) and the step takes the fused kernels."""
-    if not (_state["enabled"] and x.shape[0] == 1 and ready(layers) and use_triton(x)
-            and x.dtype == torch.bfloat16 and fused._fused_gemm(x, x.shape[-1])):
+    """Whether a step of ``x`` (N, H) runs as one persistent launch: at most ``MAX_ROWS``
+    tokens, the model stacked its layers when it was placed (``ready``) and the step takes
+    the fused kernels."""
+    if not (_state["enabled"] and 0 < x.shape[0] <= _state["max_rows"] and ready(layers)
+            and use_triton(x) and x.dtype == torch.bfloat16 and fused._fused_gemm(x, x.shape[-1])):
         return False
     cache = whole_cache(kv)
     return cache is not None and cache.dtype == x.dtype and cache.is_contiguous()
@@ -98,7 +109,7 @@ def ready(layers: nn.ModuleList) -> bool:
 
 def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, kv, rope, *,
         heads: int, kv_heads: int, eps: float, scale: float) -> torch.Tensor:
-    """Every layer for the one token x (1, H) -> the residual stream after the last."""
+    """Every layer for the step's tokens x (N, H) -> the residual stream after the last."""
     from mmserve.kernels.triton_attention import paged_metadata
     from mmserve.kernels.triton_decode_stack import decode_stack
 
@@ -107,4 +118,5 @@ def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, k
     pm = paged_metadata(meta, cache.shape[3])
     return decode_stack(x, stacked_weights(layers), cache, rope.cos, rope.sin, positions,
                         pm.slot_mapping, pm.block_tables, pm.context_lens, pm.query_start,
-                        pm.query_lens, heads=heads, kv_heads=kv_heads, eps=eps, scale=scale)
+                        pm.query_lens, pm.max_query_len, heads=heads, kv_heads=kv_heads, eps=eps,
+                        scale=scale)

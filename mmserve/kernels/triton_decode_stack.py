@@ -1,4 +1,4 @@
-"""A Llama decoder stack for one decode token in one persistent Triton launch.
+"""A Llama decoder stack for a step of up to 16 tokens in one persistent Triton launch.
 
 At batch 1 a small model's step is a chain of short kernels, each bound by its own
 critical path (bench/NOTES.md, session 5: SmolLM2-135M ~30 us a layer over six launches,
@@ -7,11 +7,17 @@ launches of a layer become five phases separated by grid barriers
 (:mod:`mmserve.kernels.triton_grid`, ~1.1 us each on the H200):
 
 A. RMSNorm + QKV product (``fused_tile``, tiles over the QKV columns);
-B. per kv head: rope of its query heads and its key, the key and value written to the
-   paged cache, then attention over the cache (``attention_rows``) — one program owns a
-   kv head, so the write and the read need only a barrier of its own threads;
+B. per (sequence, kv head, 16-row query tile): rope of the sequence's query heads and
+   keys of that kv head, its keys and values written to the paged cache, then attention
+   over the cache (``attention_rows``) — the program that writes a key reads it, so the
+   write and the read need only a barrier of its own threads;
 C. o product + residual; D. RMSNorm + gate/up product + silu * up; E. down product +
    residual (``fused_tile``).
+
+The rows are any step's of at most ``MAX_ROWS`` tokens, laid out as the paged-attention
+metadata say: decodes of up to 16 sequences, a verify block (the last token and its
+drafts, causal inside the block), a short prompt chunk, or a mix. Every GEMM phase runs
+one 16-row tile whatever the row count, as the layered kernels' thin tiles do.
 
 Bits. Every phase calls the device functions of the layered kernels
 (:mod:`mmserve.kernels.triton_fused`, :mod:`mmserve.kernels.triton_attention`) with the
@@ -23,11 +29,12 @@ Every intermediate has its own buffer per layer (written once per launch), and v
 another program wrote are read through L2 (``.cg``), never a stale L1 line.
 
 Prefetch. The weights (~7 MB a layer at SmolLM2-135M) and the cache stream from HBM, so
-each phase's first loads waited on HBM latency. While phase B runs on the kv heads'
-programs, the others ask L2 for the next layer's weights, norm weights and cached keys
-and values (``prefetch.global.L2``: no register waits for it). On the H200 a batch-1
-replay went 852 -> 812 us (bench/NOTES.md, session 9); issued by every program at a
-layer's start instead, the asking cost the QKV phase ~0.7 us and the gain was 851 -> 838.
+each phase's first loads waited on HBM latency. While phase B runs, the last ``WORKERS``
+programs (past any step's phase-B items) ask L2 for the next layer's weights, norm
+weights and cached keys and values (``prefetch.global.L2``: no register waits for it).
+On the H200 a batch-1 replay went 852 -> 812 us (bench/NOTES.md, session 9); issued by
+every program at a layer's start instead, the asking cost the QKV phase ~0.7 us and the
+gain was 851 -> 838.
 A hint moves no bits.
 """
 
@@ -35,6 +42,8 @@ from __future__ import annotations
 
 import torch
 
+from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
+from mmserve.kernels.triton_attention import BLOCK_N as BLOCK_N_ATT
 from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode, norm_unroll
 
 try:
@@ -52,12 +61,16 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # the layered kernel's) made the H200 replay 825 us against 813 (session 9).
 TUNING = {"unroll": norm_unroll(16), "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1}
-KV_ROWS = 16  # cache positions a program asks L2 for per round (the next layer's keys/values)
+KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
+# Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
+# sequences, a verify block of 16, a short prompt chunk) costs the GEMM phases what one
+# token does.
+MAX_ROWS = 16
 
 
 if triton is not None:
-    from mmserve.kernels.triton_attention import BLOCK_M, BLOCK_N, attention_rows
-    from mmserve.kernels.triton_fused import _rotate_heads, fused_tile, rope_row
+    from mmserve.kernels.triton_attention import attention_rows
+    from mmserve.kernels.triton_fused import _rotated_at, fused_tile, rope_rows, store_halves_at
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
 
     @triton.jit
@@ -76,39 +89,67 @@ if triton is not None:
         prefetch_share(wd_ptr + lw * H * INTER, H * INTER, worker, workers, LINE, LD)
 
     @triton.jit
-    def _prefetch_kv(kc, vc, tables_ptr, ctx_ptr, worker, workers, stride_kb, stride_ks,
-                     ROW: tl.constexpr, PAGE: tl.constexpr, LINE: tl.constexpr,
+    def _prefetch_kv(kc, vc, tables_ptr, ctx_ptr, B, worker, workers, stride_kb, stride_ks,
+                     stride_bt, ROW: tl.constexpr, PAGE: tl.constexpr, LINE: tl.constexpr,
                      ROWS: tl.constexpr, LINES: tl.constexpr):
-        """A layer's cached keys and values of the sequence (every kv head: ``ROW``
-        elements a position) into L2; ``worker`` takes every ``workers``-th run of
-        ``ROWS`` positions."""
-        n_ctx = tl.load(ctx_ptr)
+        """A layer's cached keys and values of the B sequences (every kv head: ``ROW``
+        elements a position) into L2. Each sequence has ``workers // B`` workers of its
+        own (with fewer workers than sequences, a worker takes every ``workers``-th), each
+        taking every such run of ``ROWS`` positions: a worker's chain of dependent loads
+        is one sequence's, not every sequence's."""
         c = tl.minimum(tl.arange(0, LINES) * LINE, ROW - 1)
-        for base in range(worker * ROWS, n_ctx, workers * ROWS):
-            j = tl.minimum(base + tl.arange(0, ROWS), n_ctx - 1)
-            blk = tl.load(tables_ptr + j // PAGE).to(tl.int64)
-            off = (blk * stride_kb + (j % PAGE) * stride_ks)[:, None] + c[None, :]
-            prefetch_l2(kc + off)
-            prefetch_l2(vc + off)
+        subs = tl.maximum(workers // B, 1)
+        sub = worker // B
+        if sub < subs:
+            for b in range(worker % B, B, workers):
+                n_ctx = tl.load(ctx_ptr + b)
+                table = tables_ptr + b * stride_bt
+                for base in range(sub * ROWS, n_ctx, subs * ROWS):
+                    j = tl.minimum(base + tl.arange(0, ROWS), n_ctx - 1)
+                    blk = tl.load(table + j // PAGE).to(tl.int64)
+                    off = (blk * stride_kb + (j % PAGE) * stride_ks)[:, None] + c[None, :]
+                    prefetch_l2(kc + off)
+                    prefetch_l2(vc + off)
 
     @triton.jit
-    def _rope_write_head(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, h,
-                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                         G: tl.constexpr, BLOCK_G: tl.constexpr, ROUND: tl.constexpr):
-        """Kv head ``h`` of the token: rotate its G query heads into ``qrot`` and its key
-        into the cache slot, copy its value there (``_rope_write_kv_kernel``'s math)."""
+    def _rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qstart, qlen,
+                         tile, h, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                         G: tl.constexpr, BM: tl.constexpr, TK: tl.constexpr,
+                         ROUND: tl.constexpr):
+        """What attention tile ``tile`` of kv head ``h`` reads, for the sequence of ``qlen``
+        tokens from flat row ``qstart``: its ``BM`` query rows (``attention_rows``' layout,
+        row = token * G + head) rotated into ``qrot``; the keys of every token up to its
+        last row's rotated into their cache slots, the values copied there. All in one
+        pass, so a block of tokens waits for memory as one token does; another tile's
+        program writes the same bytes for the tokens they share. ``_rope_write_kv_kernel``'s
+        elementwise math, so the bits do not depend on the tiling; a negative slot writes
+        no key or value."""
         HALF: tl.constexpr = D // 2
-        c1, s1, c2, s2 = rope_row(cos_ptr, sin_ptr, pos_ptr, HALF, ROUND)
-        _rotate_heads(qkv + h * G * D, qrot + h * G * D, G, c1, s1, c2, s2, HALF, BLOCK_G,
-                      ROUND, ".cg")
-        slot = tl.load(slot_ptr).to(tl.int64)
-        if slot >= 0:
-            row = slot * HKV * D + h * D
-            _rotate_heads(qkv + HQ * D + h * D, kc + row, 1, c1, s1, c2, s2, HALF, 1, ROUND,
-                          ".cg")
-            d = tl.arange(0, D)
-            tl.store(vc + row + d, tl.load(qkv + (HQ + HKV) * D + h * D + d,
-                                           cache_modifier=".cg"))
+        QKV: tl.constexpr = (HQ + 2 * HKV) * D
+        rows = tile * BM + tl.arange(0, BM)
+        ok_q = rows < qlen * G
+        tq = qstart + rows // G
+        head = h * G + rows % G
+        pos = tl.load(pos_ptr + tq, mask=ok_q, other=0)[:, None]
+        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos, HALF, ROUND)
+        o1, o2 = _rotated_at(qkv + (tq * QKV + head * D)[:, None], ok_q[:, None], c1, s1, c2,
+                             s2, HALF, ROUND, ".cg")
+        store_halves_at(qrot + (tq * (HQ * D) + head * D)[:, None], o1, o2, ok_q[:, None],
+                        HALF)
+        t = tl.arange(0, TK)
+        ok_t = t <= tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
+        tk = qstart + t
+        slot = tl.load(slot_ptr + tk, mask=ok_t, other=-1).to(tl.int64)
+        ok_k = (slot >= 0)[:, None]
+        pos = tl.load(pos_ptr + tk, mask=ok_t, other=0)[:, None]
+        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos, HALF, ROUND)
+        src = qkv + (tk * QKV + HQ * D + h * D)[:, None]
+        o1, o2 = _rotated_at(src, ok_k, c1, s1, c2, s2, HALF, ROUND, ".cg")
+        row = (slot * HKV * D + h * D)[:, None]
+        store_halves_at(kc + row, o1, o2, ok_k, HALF)
+        d = tl.arange(0, D)[None, :]
+        tl.store(vc + row + d, tl.load(src + HKV * D + d, mask=ok_k, cache_modifier=".cg"),
+                 mask=ok_k)
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr):
@@ -129,18 +170,20 @@ if triton is not None:
         _stamp(timing_ptr, 2 * phase + 3, pid, TIMING)
         return phase + 1
 
-    @triton.jit
+    # one compiled kernel for every step shape: Triton would otherwise compile a variant
+    # for each of these equal to 1 or divisible by 16
+    @triton.jit(do_not_specialize=["L", "M", "B", "att_tiles"])
     def _decode_stack_kernel(
         xs_ptr, mids_ptr, qkv_ptr, qrot_ptr, attn_ptr, act_ptr,
         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr,
         kv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
-        qlen_ptr, counter_ptr, timing_ptr, L, eps, scale_log2,
+        qlen_ptr, counter_ptr, timing_ptr, L, M, B, att_tiles, eps, scale_log2,
         stride_kvl, stride_kv2, stride_kb, stride_ks, stride_kh, stride_bt,
         H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
         INTER: tl.constexpr, PAGE: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
         BK: tl.constexpr, BKG: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
-        ROUND: tl.constexpr, BLOCK_G: tl.constexpr, ATT_BM: tl.constexpr,
-        ATT_BN: tl.constexpr, TIMING: tl.constexpr, PREFETCH: tl.constexpr,
+        ROUND: tl.constexpr, TK: tl.constexpr, ATT_BM: tl.constexpr,
+        ATT_BN: tl.constexpr, TIMING: tl.constexpr, WORKERS: tl.constexpr,
         LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
         LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
         ATT_PREFETCH: tl.constexpr,
@@ -150,74 +193,87 @@ if triton is not None:
         G: tl.constexpr = HQ // HKV
         Q: tl.constexpr = HQ * D
         QKV: tl.constexpr = (HQ + 2 * HKV) * D
+        n_items = B * HKV * att_tiles  # phase B's work: (sequence, kv head, query tile)
         phase = 0
-        # weights and cache stream from HBM: the programs without a kv head ask L2 for
-        # the next layer's while the attention phase runs (issued at a layer's start by
-        # every program instead, the asking cost the QKV phase 0.7 us)
-        PREFETCH_ON: tl.constexpr = PREFETCH and P > HKV
-        if PREFETCH_ON:
-            if pid >= HKV:
+        # weights and cache stream from HBM: the last WORKERS programs (never given phase
+        # B's work) ask L2 for the next layer's while the attention phase runs (issued at a
+        # layer's start by every program instead, the asking cost the QKV phase 0.7 us)
+        worker = pid - (P - WORKERS)
+        if WORKERS > 0:
+            if worker >= 0:
                 _prefetch_layer(tl.cast(0, tl.int64), wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
-                                n1_ptr, n2_ptr, pid - HKV, P - HKV, H, Q, QKV, INTER, LINE,
+                                n1_ptr, n2_ptr, worker, WORKERS, H, Q, QKV, INTER, LINE,
                                 LQKV, LO, LGU, LD, LN)
         for layer in range(L):
             lw = tl.cast(layer, tl.int64)
-            x_in = xs_ptr + lw * H
-            mid = mids_ptr + lw * H
-            qkv = qkv_ptr + lw * QKV
-            qrot = qrot_ptr + lw * Q
-            attn = attn_ptr + lw * Q
-            act = act_ptr + lw * INTER
+            x_in = xs_ptr + lw * M * H  # (M, H) rows of each buffer, one buffer a layer
+            mid = mids_ptr + lw * M * H
+            qkv = qkv_ptr + lw * M * QKV
+            qrot = qrot_ptr + lw * M * Q
+            attn = attn_ptr + lw * M * Q
+            act = act_ptr + lw * M * INTER
             # A: qkv = rms_norm(x) @ Wqkv.T
             for t in range(pid, (QKV + BN - 1) // BN, P):
                 fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
-                           1, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False, False,
+                           M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False, False,
                            ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
-            # B: rope + cache write, then attention, one kv head per program
+            # B: per (sequence, kv head, query tile): rope of the tile's queries, rope +
+            # cache write of the keys and values it reads (the write and the read then need
+            # only a barrier of the program's own threads), then attention over the cache
             kc = kv_ptr + lw * stride_kvl
             vc = kc + stride_kv2
-            for h in range(pid, HKV, P):
-                _rope_write_head(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, h,
-                                 HQ, HKV, D, G, BLOCK_G, ROUND)
+            for item in range(pid, n_items, P):
+                seq = item // (HKV * att_tiles)
+                h = item // att_tiles % HKV
+                tile = item % att_tiles
+                _rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+                                 tl.load(qstart_ptr + seq), tl.load(qlen_ptr + seq), tile, h,
+                                 HQ, HKV, D, G, ATT_BM, TK, ROUND)
                 tl.debug_barrier()  # the program's own writes, read back below
-                for tile in tl.static_range((G + ATT_BM - 1) // ATT_BM):  # G query rows
-                    attention_rows(0, tile, h, qrot, kc, vc, attn, tables_ptr, ctx_ptr,
-                                   qstart_ptr, qlen_ptr, kc, vc, scale_log2, Q, D, Q, D,
-                                   stride_kb, stride_ks, stride_kh, stride_bt, 0, 0, G, D,
-                                   PAGE, 0, ATT_BM, ATT_BN, False, ATT_PREFETCH)
-            if PREFETCH_ON:
-                if pid >= HKV:
+                attention_rows(seq, tile, h, qrot, kc, vc, attn, tables_ptr,
+                               ctx_ptr, qstart_ptr, qlen_ptr, kc, vc, scale_log2, Q, D, Q, D,
+                               stride_kb, stride_ks, stride_kh, stride_bt, 0, 0, G, D, PAGE, 0,
+                               ATT_BM, ATT_BN, False, ATT_PREFETCH)
+            if WORKERS > 0:
+                if worker >= 0:
                     if layer + 1 < L:
                         _prefetch_layer(lw + 1, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr,
-                                        n2_ptr, pid - HKV, P - HKV, H, Q, QKV, INTER, LINE,
-                                        LQKV, LO, LGU, LD, LN)
-                        _prefetch_kv(kc + stride_kvl, vc + stride_kvl, tables_ptr, ctx_ptr,
-                                     pid - HKV, P - HKV, stride_kb, stride_ks, HKV * D, PAGE,
-                                     LINE, KV_ROWS, KV_LINES)
+                                        n2_ptr, worker, WORKERS, H, Q, QKV, INTER, LINE, LQKV,
+                                        LO, LGU, LD, LN)
+                        _prefetch_kv(kc + stride_kvl, vc + stride_kvl, tables_ptr, ctx_ptr, B,
+                                     worker, WORKERS, stride_kb, stride_ks, stride_bt, HKV * D,
+                                     PAGE, LINE, KV_ROWS, KV_LINES)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # C: mid = x + attn @ Wo.T
             for t in range(pid, (H + BN - 1) // BN, P):
-                fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, 1, H, Q, H, Q, Q,
+                fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H, Q, Q,
                            H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BK, 8,
                            CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
             for t in range(pid, (INTER + BN - 1) // BN, P):
                 fused_tile(t, mid, wgu_ptr + lw * 2 * INTER * H, act, act, act,
-                           n2_ptr + lw * H, 1, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
+                           n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
                            True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # E: x_next = mid + act @ Wd.T
             for t in range(pid, (H + BN - 1) // BN, P):
-                fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + H, x_in, mid, x_in, 1, H,
-                           INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
+                fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + M * H, x_in, mid, x_in, M,
+                           H, INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
                            ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
 
 
+def attention_items(rows: int, kv_heads: int, group: int) -> int:
+    """Most (sequence, kv head, query tile) items phase B can have in a step of ``rows``
+    query rows (each tile holds at least one token of its sequence)."""
+    return rows * kv_heads * -(-group // BLOCK_M_ATT)
+
+
 def widest_phase(hidden: int, qkv: int, inter: int, kv_heads: int) -> int:
-    """The most tiles (or kv heads) any phase of a layer has."""
+    """The most tiles any GEMM phase of a layer has (phase B's items are spread over
+    whatever grid this gives)."""
     return max(-(-qkv // BN), -(-hidden // BN), -(-inter // BN), kv_heads)
 
 
@@ -230,15 +286,19 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
                  cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                  slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, query_start: torch.Tensor,
-                 query_lens: torch.Tensor, *, heads: int, kv_heads: int, eps: float,
-                 scale: float, programs: int | None = None,
+                 query_lens: torch.Tensor, max_query_len: int, *, heads: int, kv_heads: int,
+                 eps: float, scale: float, programs: int | None = None,
                  timing: torch.Tensor | None = None) -> torch.Tensor:
-    """Every layer for one token: x (1, H) -> the residual stream after the last layer.
+    """Every layer for a step of at most ``MAX_ROWS`` tokens: x (N, H) -> the residual
+    stream after the last layer (N, H).
 
     ``weights``: ``qkv`` (L, (Hq + 2 Hkv) D, H), ``o`` (L, H, Hq D), ``gate_up``
     (L, 2 I, H), ``down`` (L, H, I), ``input_norm``/``post_norm`` (L, H), contiguous.
     ``kv``: the whole cache (L, 2, blocks, block_size, Hkv, D), contiguous, x's dtype.
-    The metadata are the paged-attention tensors of a one-sequence, one-token step.
+    The metadata are the paged-attention tensors of the step (``PagedMetadata``'s: any
+    number of sequences, each with its rows, e.g. decodes, verify blocks or a short
+    prompt chunk; padding rows and sequences as the CUDA graphs lay them out), and
+    ``max_query_len`` the most rows a sequence has.
     ``programs``: the grid (tests; default one per SM up to the widest phase).
     ``timing``: int64 (2 + 10 L,) for program 0's clock at the start, after each phase's
     work (even slots) and after each barrier (odd slots), in SM cycles (benchmarks).
@@ -247,42 +307,49 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     d = kv.shape[-1]
     inter = weights["down"].shape[-1]
     qkv_n = (heads + 2 * kv_heads) * d
-    assert x.shape == (1, hidden) and kv.is_contiguous() and kv.dtype == x.dtype
+    n = x.shape[0]
+    assert 0 < n <= MAX_ROWS and x.shape[1] == hidden and max_query_len <= n
+    assert kv.is_contiguous() and kv.dtype == x.dtype
     assert all(w.is_contiguous() for w in weights.values())
     dev, dt = x.device, x.dtype
-    xs = torch.empty(n_layers + 1, hidden, dtype=dt, device=dev)
-    xs[0].copy_(x[0])
-    mids = torch.empty(n_layers, hidden, dtype=dt, device=dev)
-    qkv = torch.empty(n_layers, qkv_n, dtype=dt, device=dev)
-    qrot = torch.empty(n_layers, heads * d, dtype=dt, device=dev)
-    attn = torch.empty(n_layers, heads * d, dtype=dt, device=dev)
-    act = torch.empty(n_layers, inter, dtype=dt, device=dev)
+    xs = torch.empty(n_layers + 1, n, hidden, dtype=dt, device=dev)
+    xs[0].copy_(x)
+    mids = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
+    qkv = torch.empty(n_layers, n, qkv_n, dtype=dt, device=dev)
+    qrot = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)
+    attn = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)
+    act = torch.empty(n_layers, n, inter, dtype=dt, device=dev)
     counter = torch.zeros(1, dtype=torch.int32, device=dev)
     if programs is None:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count if x.is_cuda else 1
         programs = stack_programs(hidden, qkv_n, inter, kv_heads, sms)
+    group = heads // kv_heads
+    # the prefetching programs: those past every step's phase-B items (one compiled
+    # kernel for every step shape)
+    workers = programs - attention_items(MAX_ROWS, kv_heads, group)
+    workers = workers if TUNING["prefetch"] and workers > 0 else 0
     line = 128 // x.element_size()  # elements a 128-byte L2 line holds
 
     def lines(numel: int) -> int:  # a prefetching program's share of a matrix's lines
-        workers = max(1, programs - kv_heads)
-        return triton.next_power_of_2(triton.cdiv(triton.cdiv(numel, line), workers))
+        return triton.next_power_of_2(triton.cdiv(triton.cdiv(numel, line), max(1, workers)))
 
     _decode_stack_kernel[(programs,)](
         xs, mids, qkv, qrot, attn, act, weights["qkv"], weights["o"], weights["gate_up"],
         weights["down"], weights["input_norm"], weights["post_norm"], kv, cos, sin,
         positions, slot_mapping, block_tables, context_lens, query_start, query_lens, counter,
         timing if timing is not None else counter,
-        n_layers, eps, scale * 1.4426950408889634,
+        n_layers, n, context_lens.shape[0], -(-max_query_len * group // BLOCK_M_ATT), eps,
+        scale * 1.4426950408889634,
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
         block_tables.stride(0),
         H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
         BN=BN, BK=TUNING["bk"], BKG=TUNING["bk_gated"], CH=NORM_CHUNK, UNROLL=TUNING["unroll"],
-        ROUND=_round_mode(dt), BLOCK_G=triton.next_power_of_2(heads // kv_heads),
-        ATT_BM=BLOCK_M, ATT_BN=BLOCK_N, TIMING=timing is not None,
-        PREFETCH=TUNING["prefetch"], LINE=line, LQKV=lines(qkv_n * hidden),
+        ROUND=_round_mode(dt), TK=MAX_ROWS,
+        ATT_BM=BLOCK_M_ATT, ATT_BN=BLOCK_N_ATT, TIMING=timing is not None,
+        WORKERS=workers, LINE=line, LQKV=lines(qkv_n * hidden),
         LO=lines(hidden * heads * d), LGU=lines(2 * inter * hidden), LD=lines(hidden * inter),
         LN=lines(hidden),
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
         ATT_PREFETCH=TUNING["att_prefetch"],
         num_warps=4, num_stages=TUNING["num_stages"])
-    return xs[n_layers:]
+    return xs[n_layers]

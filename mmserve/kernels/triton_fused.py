@@ -188,31 +188,39 @@ if triton is not None:
                  acc.to(o_ptr.dtype.element_ty), mask=out_ok)
 
     @triton.jit
-    def _rotated(x_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                 ROUND: tl.constexpr, X_CACHE: tl.constexpr):
-        """H heads at x_ptr (head stride 2*HALF) rotated, rounding as torch does -> the two
-        halves (BLOCK_H, HALF) as fp32 holding activation-dtype values."""
-        h = tl.arange(0, BLOCK_H)
-        i = tl.arange(0, HALF)
-        ok = (h < H)[:, None]
-        src = x_ptr + h[:, None] * 2 * HALF
-        f1 = tl.load(src + i[None, :], mask=ok, other=0.0, cache_modifier=X_CACHE).to(tl.float32)
-        f2 = tl.load(src + HALF + i[None, :], mask=ok, other=0.0,
-                     cache_modifier=X_CACHE).to(tl.float32)
+    def _rotated_at(src, ok, c1, s1, c2, s2, HALF: tl.constexpr, ROUND: tl.constexpr,
+                    X_CACHE: tl.constexpr):
+        """Heads starting at the pointers ``src`` (R, 1) (rows where ``ok`` (R, 1)) rotated
+        by the cos/sin halves (R or 1, HALF), rounding as torch does -> the two halves
+        (R, HALF) as fp32 holding activation-dtype values. Elementwise, so a head's bits do
+        not depend on which rows share the tile."""
+        i = tl.arange(0, HALF)[None, :]
+        f1 = tl.load(src + i, mask=ok, other=0.0, cache_modifier=X_CACHE).to(tl.float32)
+        f2 = tl.load(src + HALF + i, mask=ok, other=0.0, cache_modifier=X_CACHE).to(tl.float32)
         # torch: x * cos + cat(-x2, x1) * sin, each op rounded to the activation dtype
         o1 = _round(_round(f1 * c1, ROUND) + _round(-f2 * s1, ROUND), ROUND)
         o2 = _round(_round(f2 * c2, ROUND) + _round(f1 * s2, ROUND), ROUND)
         return o1, o2
 
     @triton.jit
+    def _rotated(x_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                 ROUND: tl.constexpr, X_CACHE: tl.constexpr):
+        """H heads at x_ptr (head stride 2*HALF) rotated (``_rotated_at``)."""
+        h = tl.arange(0, BLOCK_H)[:, None]
+        return _rotated_at(x_ptr + h * 2 * HALF, h < H, c1, s1, c2, s2, HALF, ROUND, X_CACHE)
+
+    @triton.jit
+    def store_halves_at(dst, o1, o2, ok, HALF: tl.constexpr):
+        """Store (R, HALF) halves as heads starting at the pointers ``dst`` (R, 1)."""
+        i = tl.arange(0, HALF)[None, :]
+        tl.store(dst + i, o1.to(dst.dtype.element_ty), mask=ok)
+        tl.store(dst + HALF + i, o2.to(dst.dtype.element_ty), mask=ok)
+
+    @triton.jit
     def _store_halves(o_ptr, o1, o2, H, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
         """Store (BLOCK_H, HALF) halves as H heads at o_ptr (head stride 2*HALF)."""
-        h = tl.arange(0, BLOCK_H)
-        i = tl.arange(0, HALF)
-        ok = (h < H)[:, None]
-        dst = o_ptr + h[:, None] * 2 * HALF
-        tl.store(dst + i[None, :], o1.to(o_ptr.dtype.element_ty), mask=ok)
-        tl.store(dst + HALF + i[None, :], o2.to(o_ptr.dtype.element_ty), mask=ok)
+        h = tl.arange(0, BLOCK_H)[:, None]
+        store_halves_at(o_ptr + h * 2 * HALF, o1, o2, h < H, HALF)
 
     @triton.jit
     def _rotate_heads(x_ptr, o_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr,
@@ -239,18 +247,23 @@ if triton is not None:
         tl.store(scale_ptr + h, scale, mask=h < H)
 
     @triton.jit
-    def rope_row(cos_ptr, sin_ptr, pos_ptr, HALF: tl.constexpr, ROUND: tl.constexpr):
-        """cos and sin halves (1, HALF) of the token position at ``pos_ptr``, rounded to
+    def rope_rows(cos_ptr, sin_ptr, pos, HALF: tl.constexpr, ROUND: tl.constexpr):
+        """cos and sin halves (R, HALF) of the token positions ``pos`` (R, 1), rounded to
         the activation dtype (the table repeats its frequencies, but both halves are read
         as the reference does)."""
-        pos = tl.load(pos_ptr).to(tl.int64)
-        i = tl.arange(0, HALF)
-        table = pos * 2 * HALF
-        c1 = _round(tl.load(cos_ptr + table + i), ROUND)[None, :]
-        s1 = _round(tl.load(sin_ptr + table + i), ROUND)[None, :]
-        c2 = _round(tl.load(cos_ptr + table + HALF + i), ROUND)[None, :]
-        s2 = _round(tl.load(sin_ptr + table + HALF + i), ROUND)[None, :]
+        i = tl.arange(0, HALF)[None, :]
+        table = pos.to(tl.int64) * 2 * HALF
+        c1 = _round(tl.load(cos_ptr + table + i), ROUND)
+        s1 = _round(tl.load(sin_ptr + table + i), ROUND)
+        c2 = _round(tl.load(cos_ptr + table + HALF + i), ROUND)
+        s2 = _round(tl.load(sin_ptr + table + HALF + i), ROUND)
         return c1, s1, c2, s2
+
+    @triton.jit
+    def rope_row(cos_ptr, sin_ptr, pos_ptr, HALF: tl.constexpr, ROUND: tl.constexpr):
+        """``rope_rows`` (1, HALF) of the one token position at ``pos_ptr``."""
+        pos = tl.load(pos_ptr + tl.zeros([1, 1], tl.int32))
+        return rope_rows(cos_ptr, sin_ptr, pos, HALF, ROUND)
 
     @triton.jit
     def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,

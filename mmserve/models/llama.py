@@ -107,7 +107,8 @@ class LlamaForCausalLM(CausalLM):
         assert input_ids is not None or inputs_embeds is not None
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # type: ignore[arg-type]
         if decode_stack.applies(x, kv_cache, self.layers):
-            # one token on CUDA: every layer in one persistent launch, the same bits
+            # a step of <= 16 tokens on CUDA: every layer in one persistent launch, the
+            # same bits
             x = decode_stack.run(x, self.layers, positions, meta, kv_cache, self.rope,
                                  heads=self.num_heads, kv_heads=self.num_kv_heads,
                                  eps=self.eps, scale=self.head_dim**-0.5)

@@ -1,7 +1,9 @@
 """The one-launch decode stack against the layered path it replaces.
 
 On CUDA the two must give the same bits (hidden state and the KV cache), at every grid
-size; under Triton's interpreter (one program, float32) they must agree to rounding.
+size and for every step shape the stack takes (decodes, verify blocks, several sequences,
+the CUDA graphs' padded layout); under Triton's interpreter (one program, float32) they
+must agree to rounding.
 """
 
 from __future__ import annotations
@@ -22,30 +24,48 @@ def _layered(model, x, positions, meta, kv):
     return x
 
 
-def _check_step(model, runner, pos: int, token: int, programs, what: str = "") -> None:
-    """One decode step of ``token`` at ``pos``: the one launch against the layered path
-    (hidden state and cache bytes); the cache then holds the layered path's bytes."""
+def _launch(model, kv, x, positions, meta, programs):
     from mmserve.kernels.triton_attention import paged_metadata
     from mmserve.kernels.triton_decode_stack import decode_stack as launch
 
-    meta = AttentionMetadata.build([1], [pos + 1], [runner.table], 16, DEVICE)
-    positions = torch.tensor([pos], device=DEVICE)
-    x = model.embed(torch.tensor([token], device=DEVICE))
-    kv_want = runner.kv.clone()
-    want = _layered(model, x, positions, meta, kv_want)
     pm = paged_metadata(meta, 16)
-    got = launch(x, decode_stack.stacked_weights(model.layers), runner.kv, model.rope.cos,
-                 model.rope.sin, positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
-                 pm.query_start, pm.query_lens, heads=model.num_heads,
-                 kv_heads=model.num_kv_heads, eps=model.eps, scale=model.head_dim**-0.5,
-                 programs=programs)
+    return launch(x, decode_stack.stacked_weights(model.layers), kv, model.rope.cos,
+                  model.rope.sin, positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
+                  pm.query_start, pm.query_lens, pm.max_query_len, heads=model.num_heads,
+                  kv_heads=model.num_kv_heads, eps=model.eps, scale=model.head_dim**-0.5,
+                  programs=programs)
+
+
+def _check(model, kv, x, positions, meta, programs, what: str = "", real=None) -> None:
+    """One step: the one launch against the layered path (hidden state of the ``real``
+    rows, default all, and cache bytes); the cache then holds the layered path's bytes."""
+    kv_want = kv.clone()
+    want = _layered(model, x, positions, meta, kv_want)
+    got = _launch(model, kv, x, positions, meta, programs)
+    if real is not None:
+        got, want = got[real], want[real]
     if ON_CUDA:
         assert torch.equal(got, want), what
-        assert torch.equal(runner.kv, kv_want), f"{what}: cache bytes"
+        assert torch.equal(kv, kv_want), f"{what}: cache bytes"
     else:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(runner.kv, kv_want, rtol=1e-5, atol=1e-5)
-        runner.kv.copy_(kv_want)
+        torch.testing.assert_close(kv, kv_want, rtol=1e-5, atol=1e-5)
+        kv.copy_(kv_want)
+
+
+def _check_seqs(model, kv, seqs, programs, what: str = "") -> None:
+    """A step of several sequences, each ``(block table, first position, tokens)``."""
+    meta = AttentionMetadata.build([len(t) for _, _, t in seqs],
+                                   [p + len(t) for _, p, t in seqs],
+                                   [table for table, _, _ in seqs], 16, DEVICE)
+    positions = torch.tensor([p + i for _, p, t in seqs for i in range(len(t))], device=DEVICE)
+    x = model.embed(torch.tensor([tok for _, _, t in seqs for tok in t], device=DEVICE))
+    _check(model, kv, x, positions, meta, programs, what)
+
+
+def _check_step(model, runner, pos: int, token: int, programs, what: str = "") -> None:
+    """One decode step of ``token`` at ``pos`` of the runner's sequence."""
+    _check_seqs(model, runner.kv, [(runner.table, pos, [token])], programs, what)
 
 
 def _model(tiny_llama):
@@ -116,6 +136,94 @@ def test_decode_stack_more_query_heads_than_one_attention_tile():
     runner = SequenceRunner(model, max_len=64)
     runner.step(list(range(1, 20)), 0)
     _check_step(model, runner, 19, 42, None if ON_CUDA else 1)
+
+
+@needs_triton
+@torch.inference_mode()
+def test_decode_stack_verify_blocks(tiny_llama):
+    """Verify-shaped steps of one sequence: 2, 5, 9 and 16 tokens (the last one two 16-row
+    attention tiles of a kv head, causal inside the block), each equal to the layers."""
+    model = _model(tiny_llama)
+    runner = SequenceRunner(model, max_len=256)
+    rng = np.random.default_rng(5)
+    runner.table = rng.permutation(len(runner.table)).tolist()
+    pos = 41
+    runner.step(rng.integers(0, 1000, pos).tolist(), 0)
+    for n in (2, 5, 9, 16):
+        toks = rng.integers(0, 1000, n).tolist()
+        _check_seqs(model, runner.kv, [(runner.table, pos, toks)], None if ON_CUDA else 1,
+                    f"{n} tokens")
+        pos += n
+
+
+@needs_triton
+@torch.inference_mode()
+def test_decode_stack_several_sequences(tiny_llama):
+    """Three sequences with their own scattered blocks and lengths: a decode step of
+    each, then a mixed step (1, 4 and 2 tokens), equal to the layers."""
+    model = _model(tiny_llama)
+    runner = SequenceRunner(model, max_len=3 * 128)
+    rng = np.random.default_rng(7)
+    blocks = rng.permutation(len(runner.table)).tolist()
+    tables = [blocks[i * 8:(i + 1) * 8] for i in range(3)]
+    lens = [19, 70, 33]
+    for table, n in zip(tables, lens, strict=True):
+        runner.table = table
+        runner.step(rng.integers(0, 1000, n).tolist(), 0)
+    programs = None if ON_CUDA else 1
+    step = [(t, n, [int(rng.integers(0, 1000))]) for t, n in zip(tables, lens, strict=True)]
+    _check_seqs(model, runner.kv, step, programs, "decode of three")
+    lens = [n + 1 for n in lens]
+    mixed = [(t, n, rng.integers(0, 1000, k).tolist())
+             for t, n, k in zip(tables, lens, (1, 4, 2), strict=True)]
+    _check_seqs(model, runner.kv, mixed, programs, "mixed step")
+
+
+@pytest.mark.skipif(not ON_CUDA or INTERPRET, reason="needs CUDA")
+@torch.inference_mode()
+def test_decode_stack_graph_padding_layout(tiny_llama):
+    """The CUDA graphs' verify layout: sequence i owns rows i*q .., rows past its tokens
+    and whole padding sequences write nothing (slot -1); the real rows and the cache equal
+    the layers'."""
+    from mmserve.kernels.triton_attention import PagedMetadata
+
+    model = tiny_llama("cuda")
+    runner = SequenceRunner(model, max_len=256)
+    runner.step(list(range(5, 45)), 0)  # 40 cached tokens in blocks 0..2 of sequence 0
+    q, counts = 5, (3, 5, 0)  # two sequences (3 and 5 tokens) and one of padding
+    table = torch.tensor([runner.table[:8], runner.table[8:16], runner.table[:8]],
+                         device=DEVICE, dtype=torch.int32)
+    starts = (40, 0, 0)
+    ids, pos, slots, real = [], [], [], []
+    for i, (n, s) in enumerate(zip(counts, starts, strict=True)):
+        for j in range(q):
+            ok = j < n
+            p = s + j if ok else 0
+            ids.append(7 + i * q + j if ok else 0)
+            pos.append(p)
+            slots.append(int(table[i, p // 16]) * 16 + p % 16 if ok else -1)
+            if ok:
+                real.append(i * q + j)
+    ctx = [s + n if n else 1 for n, s in zip(counts, starts, strict=True)]
+    meta = PagedMetadata(torch.tensor(slots, device=DEVICE), table,
+                         torch.tensor(ctx, device=DEVICE), torch.arange(3, device=DEVICE) * q,
+                         torch.tensor([n or 1 for n in counts], device=DEVICE), q)
+    x = model.embed(torch.tensor(ids, device=DEVICE))
+    _check(model, runner.kv, x, torch.tensor(pos, device=DEVICE), meta, None, "padded",
+           real=torch.tensor(real, device=DEVICE))
+
+
+@pytest.mark.skipif(not ON_CUDA or INTERPRET, reason="needs CUDA")
+def test_decode_stack_applies_up_to_sixteen_rows(tiny_llama):
+    from mmserve.kernels.triton_decode_stack import MAX_ROWS
+
+    model = tiny_llama("cuda")
+    kv = SequenceRunner(model, max_len=32).kv
+    h = model.embed_tokens.weight.shape[1]
+    assert MAX_ROWS == 16
+    for n, want in ((1, True), (16, True), (17, False)):
+        x = torch.zeros(n, h, dtype=torch.bfloat16, device="cuda")
+        assert decode_stack.applies(x, kv, model.layers) is want, n
 
 
 def test_stacked_weights_are_the_layers_own(tiny_llama):
