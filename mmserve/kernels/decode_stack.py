@@ -28,7 +28,8 @@ from mmserve.kernels.triton_dispatch import use_triton
 
 # On by default: H200, SmolLM2-135M shape, batch-1 graph replay 848 us against 887 us for
 # the layered path, three alternated rounds (bench/NOTES.md, session 8).
-_state = {"enabled": os.environ.get("MMSERVE_DECODE_STACK", "1") != "0", "max_rows": MAX_ROWS}
+_state: dict[str, int | bool] = {"enabled": os.environ.get("MMSERVE_DECODE_STACK", "1") != "0",
+                                 "max_rows": MAX_ROWS}
 
 # (stacked name, attribute path under a layer)
 STACKED = (("qkv", "attn.qkv_weight"), ("o", "attn.o_weight"), ("gate_up", "mlp.gate_up_weight"),
@@ -41,7 +42,7 @@ def set_decode_stack_enabled(enabled: bool) -> None:
 
 
 def decode_stack_enabled() -> bool:
-    return _state["enabled"]
+    return bool(_state["enabled"])
 
 
 def set_decode_stack_rows(rows: int) -> None:

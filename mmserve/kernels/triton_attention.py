@@ -7,15 +7,25 @@ Layout. The query rows of one (sequence, kv head) are its query tokens times the
 ``G = Hq / Hkv`` query heads that share the kv head, flattened as ``token * G + head``
 (the reference's order). One program owns ``BLOCK_M`` such rows and walks the
 sequence's keys in blocks of ``BLOCK_N`` absolute positions, gathering them through
-the block table, with an online softmax.
+the block table.
+
+Splits. The keys are cut into ``SPLIT``-key runs aligned to absolute positions; each is
+an online softmax of its own (max, denominator, weighted values), and a row's output is
+the merge of its splits' states in ascending order (``merge_split``, explicit FMAs),
+divided out. Here one program walks every split of its tile, the block loop running on
+across split ends; the decode stack gives a long context's splits programs of their own
+and merges their stored states in the same order: the same bits either way. The split
+ends also cut the online softmax's chain of dependent steps: H200, one split against
+128-key splits in this kernel (bench/NOTES.md, session 10), Llama-3-8B heads at batch 1
+and 1,000 cached tokens 90.7 -> 61.1 us, a 2k-token prefill 384.8 -> 388.6 us.
 
 Batch invariance. A row's result depends only on its own query, its sequence's
 keys and its position: every tile has the same shape whatever the step holds, the
-key blocks are aligned to absolute positions and visited in one order, there is
-no split-K, and a key block a row cannot see (the tile runs to the reach of its
-last row) adds exact zeros (``alpha = 1``, ``p = 0``). So a token's output is the
-same bits as a decode, as one of k+1 verify rows, inside a prefill chunk, or next
-to any other sequences.
+key blocks and splits are aligned to absolute positions and merged in one order, and a
+key block a row cannot see (the tile runs to the reach of its last row) adds exact
+zeros (``alpha = 1``, ``p = 0``), as does a split it cannot see (``a = 1``, ``b = 0``). So
+a token's output is the same bits as a decode, as one of k+1 verify rows, inside a
+prefill chunk, or next to any other sequences.
 
 fp8 cache. With per-key scales (``k_scale``/``v_scale``, see :mod:`mmserve.kernels.fp8`)
 the kernel loads e4m3 keys/values, converts them exactly to the query's dtype and
@@ -46,6 +56,11 @@ except ImportError:  # pragma: no cover - CPU-only installs
 
 BLOCK_M = 16  # query rows per program: the smallest tensor-core tile, one shape for all steps
 BLOCK_N = 64  # keys per inner step, aligned to absolute positions
+# Keys per split, aligned to absolute positions: a row's attention is the ordered merge of
+# its splits' own online softmaxes, so a split can run in a program of its own (the decode
+# stack spreads a long context's splits over its grid) with the same bits as here. Part of
+# the arithmetic: changing it changes every attention output (consistently on all paths).
+SPLIT = 128
 # Launch options (speed only: the arithmetic and its order do not depend on them).
 LAUNCH = {"num_warps": 4, "num_stages": 2}
 # Grids of fewer programs than this prefetch the next key step's block ids, so a step waits
@@ -123,15 +138,15 @@ if triton is not None:
         stride_qn, stride_qh, stride_on, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
         G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr, PREFETCH: tl.constexpr,
-        PDL: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
+        PREFETCH: tl.constexpr, PDL: tl.constexpr,
     ):
         wait_previous(PDL)  # before any exit: a grid never ends before its predecessor
         attention_rows(
             tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_ptr, v_ptr, o_ptr,
             tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, ks_ptr, vs_ptr, scale_log2,
             stride_qn, stride_qh, stride_on, stride_oh, stride_kb, stride_ks, stride_kh,
-            stride_bt, stride_sb, stride_ss, G, D, PAGE, WINDOW, BM, BN, FP8, PREFETCH)
+            stride_bt, stride_sb, stride_ss, G, D, PAGE, WINDOW, BM, BN, SPLIT, FP8, PREFETCH)
 
     @triton.jit
     def _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb, stride_ks, stride_kh,
@@ -145,93 +160,175 @@ if triton is not None:
         return k, v
 
     @triton.jit
+    def _block_update(q, k, v, kpos, k_in, qpos, m_i, l_i, acc, scale_log2, k_s, v_s,
+                      WINDOW: tl.constexpr, FP8: tl.constexpr):
+        """One key block (BN keys at ``kpos``) into a split's online softmax."""
+        if FP8:  # e4m3 -> q's dtype is exact; the per-key scale multiplies the scores
+            s = tl.dot(q, tl.trans(k.to(tl.float32).to(q.dtype))) * k_s[None, :]
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale_log2  # (BM, BN) fp32, log2 units
+        visible = (kpos[None, :] <= qpos[:, None]) & k_in[None, :]
+        if WINDOW > 0:
+            visible = visible & (qpos[:, None] - kpos[None, :] < WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if FP8:  # fold each value's scale into its weight: sum_j p_j * s_j * v8_j
+            pv = (p * v_s[None, :]).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32).to(q.dtype))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def merge_split(m, den, acc, m_j, den_j, acc_j):
+        """The running softmax (max, denominator, weighted values) with split j's merged in.
+        Explicit FMAs: the same ops whichever kernel inlines it. Merged into the empty
+        state (-inf, 0, 0) a split comes out as its own bits."""
+        m_new = tl.maximum(m, m_j)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp2(m - m_safe)
+        b = tl.exp2(m_j - m_safe)
+        return m_new, tl.fma(den, a, den_j * b), tl.fma(acc, a[:, None], acc_j * b[:, None])
+
+    @triton.jit
+    def empty_softmax(BM: tl.constexpr, D: tl.constexpr):
+        return (tl.full([BM], float("-inf"), tl.float32), tl.zeros([BM], tl.float32),
+                tl.zeros([BM, D], tl.float32))
+
+    @triton.jit
+    def tile_rows(seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr):
+        """Query tile ``tile`` of (sequence ``seq``, kv head ``kvh``) -> (rows in use,
+        their flat token rows, query heads and absolute positions, the first and the end
+        key position the tile visits, the sequence's query count)."""
+        qlen = tl.load(qlen_ptr + seq)  # the three loads in flight together
+        ctx = tl.load(ctx_ptr + seq)
+        qstart = tl.load(qstart_ptr + seq)
+        rows = tile * BM + tl.arange(0, BM)
+        tok = rows // G
+        last_tok = tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
+        hi = ctx - qlen + last_tok + 1  # keys the tile's last row can see
+        lo = ctx * 0
+        if WINDOW > 0:  # skip whole aligned blocks no row of the tile can see
+            lo = tl.maximum(0, ctx - qlen + (tile * BM) // G - WINDOW + 1) // BN * BN
+        return rows < qlen * G, qstart + tok, kvh * G + rows % G, ctx - qlen + tok, lo, hi, qlen
+
+    @triton.jit
+    def attend_keys(q, qpos, table, k_ptr, v_ptr, ks_ptr, vs_ptr, kvh, k_lo, k_hi,
+                    scale_log2, stride_kb, stride_ks, stride_sb, stride_ss, D: tl.constexpr,
+                    PAGE: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
+                    PREFETCH: tl.constexpr, stride_kh, part, STORE: tl.constexpr):
+        """Keys ``k_lo .. k_hi - 1`` (block-aligned start) for the query tile ``q`` ->
+        its softmax state, each ``SPLIT``-aligned run of keys an online softmax of its own,
+        merged in ascending order (``merge_split``). ``STORE``: each split's own state goes
+        to ``part`` instead (split j's max, denominator and weighted values at
+        ``part + j * (2 BM + BM D)``, fp32), for a merge in order elsewhere. ``PREFETCH``
+        (speed only, the same values meet the same math): 0 loads a key step's block ids,
+        keys and values in the step; 1 loads the ids a step ahead; 2 the keys and values
+        too (not with an e4m3 cache, whose scales are read with the step's own ids)."""
+        tl.static_assert(not (FP8 and PREFETCH == 2))
+        tl.static_assert(SPLIT % BN == 0)
+        d = tl.arange(0, D)
+        m_r, l_r, acc_r = empty_softmax(BM, D)
+        m_i, l_i, acc = empty_softmax(BM, D)
+        k_s = tl.zeros([BN], tl.float32)
+        v_s = k_s
+        if PREFETCH > 0:  # the first step's cache blocks; each step then fetches the next's
+            kpos = k_lo + tl.arange(0, BN)
+            blk = tl.load(table + kpos // PAGE, mask=kpos < k_hi, other=0)
+            if PREFETCH == 2:  # and the first step's keys and values, then the next ids
+                k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb,
+                                      stride_ks, stride_kh, PAGE)
+                blk = tl.load(table + (kpos + BN) // PAGE, mask=kpos + BN < k_hi, other=0)
+        for start in range(k_lo, k_hi, BN):
+            kpos = start + tl.arange(0, BN)
+            k_in = kpos < k_hi
+            if PREFETCH == 2:  # this step's keys and values arrived during the last
+                # step's math; the next step's are asked for before this one's
+                k, v = k_nx, v_nx
+                k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos + BN, k_hi, d, kvh, stride_kb,
+                                      stride_ks, stride_kh, PAGE)
+                nxt = kpos + 2 * BN
+                blk = tl.load(table + nxt // PAGE, mask=nxt < k_hi, other=0)
+            else:
+                if PREFETCH == 0:
+                    blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
+                # keys and values in flight together (a decode step is a chain of waits)
+                k, v = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb, stride_ks,
+                                stride_kh, PAGE)
+            if FP8:
+                soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
+                k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)
+                v_s = tl.load(vs_ptr + soff, mask=k_in, other=0.0)
+            if PREFETCH == 1:
+                nxt = kpos + BN
+                blk = tl.load(table + nxt // PAGE, mask=nxt < k_hi, other=0)
+            m_i, l_i, acc = _block_update(q, k, v, kpos, k_in, qpos, m_i, l_i, acc, scale_log2,
+                                          k_s, v_s, WINDOW, FP8)
+            if ((start + BN) % SPLIT == 0) | (start + BN >= k_hi):  # a split ends
+                if STORE:
+                    store_split(part, start // SPLIT, m_i, l_i, acc, BM, D)
+                else:
+                    m_r, l_r, acc_r = merge_split(m_r, l_r, acc_r, m_i, l_i, acc)
+                m_i, l_i, acc = empty_softmax(BM, D)
+        return m_r, l_r, acc_r
+
+    @triton.jit
+    def split_state(part, j, BM: tl.constexpr, D: tl.constexpr):
+        """The pointers of split j's state in ``part``: (max, denominator, weighted values)."""
+        base = part + j.to(tl.int64) * (2 * BM + BM * D)
+        r = tl.arange(0, BM)
+        return base + r, base + BM + r, base + 2 * BM + r[:, None] * D + tl.arange(0, D)[None, :]
+
+    @triton.jit
+    def store_split(part, j, m, den, acc, BM: tl.constexpr, D: tl.constexpr):
+        pm, pd, pa = split_state(part, j, BM, D)
+        tl.store(pm, m)
+        tl.store(pd, den)
+        tl.store(pa, acc)
+
+    @triton.jit
+    def store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh,
+                        D: tl.constexpr):
+        """The tile's rows ``acc / den`` in the output's dtype."""
+        d = tl.arange(0, D)
+        out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
+        tl.store(o_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+    @triton.jit
+    def load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D: tl.constexpr):
+        d = tl.arange(0, D)
+        return tl.load(q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh
+                       + d[None, :], mask=row_ok[:, None], other=0.0)
+
+    @triton.jit
     def attention_rows(
         seq, tile, kvh, q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
         ks_ptr, vs_ptr, scale_log2,
         stride_qn, stride_qh, stride_on, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
         G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr, PREFETCH: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
+        PREFETCH: tl.constexpr,
     ):
         """Query rows ``tile`` of (sequence ``seq``, kv head ``kvh``): the kernel above, or
-        one phase of a persistent kernel. ``PREFETCH`` (speed only, the same values meet
-        the same math): 0 loads a key step's block ids, keys and values in the step; 1
-        loads the ids a step ahead; 2 the keys and values too (not with an e4m3 cache,
-        whose scales are read with the step's own ids)."""
-        tl.static_assert(not (FP8 and PREFETCH == 2))
-        qlen = tl.load(qlen_ptr + seq)  # the three loads in flight together
-        ctx = tl.load(ctx_ptr + seq)
-        qstart = tl.load(qstart_ptr + seq)
+        one phase of a persistent kernel; every split of the tile's keys in this program,
+        in order (``attend_keys``)."""
+        row_ok, tok, head, qpos, lo, hi, qlen = tile_rows(seq, tile, kvh, qlen_ptr, ctx_ptr,
+                                                          qstart_ptr, G, BM, BN, WINDOW)
         if tile * BM < qlen * G:
-            rows = tile * BM + tl.arange(0, BM)
-            row_ok = rows < qlen * G
-            tok = rows // G
-            head = kvh * G + rows % G
-            qpos = ctx - qlen + tok  # (BM,) absolute position of each row's token
-            d = tl.arange(0, D)
-            q = tl.load(q_ptr + (qstart + tok)[:, None] * stride_qn + head[:, None] * stride_qh
-                        + d[None, :], mask=row_ok[:, None], other=0.0)
-            last_tok = tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
-            hi = ctx - qlen + last_tok + 1  # keys the tile's last row can see
-            lo = ctx * 0
-            if WINDOW > 0:  # skip whole aligned blocks no row of the tile can see
-                lo = tl.maximum(0, ctx - qlen + (tile * BM) // G - WINDOW + 1) // BN * BN
-            m_i = tl.full([BM], float("-inf"), tl.float32)
-            l_i = tl.zeros([BM], tl.float32)
-            acc = tl.zeros([BM, D], tl.float32)
-            table = tables_ptr + seq * stride_bt
-            if PREFETCH > 0:  # the first step's cache blocks; each step then fetches the next's
-                kpos = lo + tl.arange(0, BN)
-                blk = tl.load(table + kpos // PAGE, mask=kpos < hi, other=0)
-                if PREFETCH == 2:  # and the first step's keys and values, then the next ids
-                    k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb,
-                                          stride_ks, stride_kh, PAGE)
-                    blk = tl.load(table + (kpos + BN) // PAGE, mask=kpos + BN < hi, other=0)
-            for start in range(lo, hi, BN):
-                kpos = start + tl.arange(0, BN)
-                k_in = kpos < hi
-                if PREFETCH == 2:  # this step's keys and values arrived during the last
-                    # step's math; the next step's are asked for before this one's
-                    k, v = k_nx, v_nx
-                    k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos + BN, hi, d, kvh, stride_kb,
-                                          stride_ks, stride_kh, PAGE)
-                    nxt = kpos + 2 * BN
-                    blk = tl.load(table + nxt // PAGE, mask=nxt < hi, other=0)
-                else:
-                    if PREFETCH == 0:
-                        blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
-                    # keys and values in flight together (a decode step is a chain of waits)
-                    k, v = _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb, stride_ks,
-                                    stride_kh, PAGE)
-                if FP8:  # e4m3 -> q's dtype is exact; the per-key scale multiplies the scores
-                    soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
-                    k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)
-                    v_s = tl.load(vs_ptr + soff, mask=k_in, other=0.0)
-                if PREFETCH == 1:
-                    nxt = kpos + BN
-                    blk = tl.load(table + nxt // PAGE, mask=nxt < hi, other=0)
-                if FP8:
-                    s = tl.dot(q, tl.trans(k.to(tl.float32).to(q.dtype))) * k_s[None, :]
-                else:
-                    s = tl.dot(q, tl.trans(k)) * scale_log2  # (BM, BN) fp32, log2 units
-                visible = (kpos[None, :] <= qpos[:, None]) & k_in[None, :]
-                if WINDOW > 0:
-                    visible = visible & (qpos[:, None] - kpos[None, :] < WINDOW)
-                s = tl.where(visible, s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet
-                alpha = tl.exp2(m_i - m_safe)
-                p = tl.exp2(s - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                if FP8:  # fold each value's scale into its weight: sum_j p_j * s_j * v8_j
-                    pv = (p * v_s[None, :]).to(q.dtype)
-                    acc = acc * alpha[:, None] + tl.dot(pv, v.to(tl.float32).to(q.dtype))
-                else:
-                    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-                m_i = m_new
-            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-            tl.store(o_ptr + (qstart + tok)[:, None] * stride_on + head[:, None] * stride_oh
-                     + d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+            q = load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D)
+            _, den, acc = attend_keys(q, qpos, tables_ptr + seq * stride_bt, k_ptr, v_ptr,
+                                    ks_ptr, vs_ptr, kvh, lo, hi, scale_log2, stride_kb,
+                                    stride_ks, stride_sb, stride_ss, D, PAGE, WINDOW, BM, BN,
+                                    SPLIT, FP8, PREFETCH, stride_kh, ks_ptr, False)
+            store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh, D)
 
     @triton.jit
     def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kn, stride_vn,
@@ -314,7 +411,7 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
         k_scale.stride(0), k_scale.stride(1),
-        G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, FP8=fp8,
+        G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, SPLIT=SPLIT, FP8=fp8,
         PREFETCH=prefetch, **pdl_args(q), **LAUNCH)
     return out
 

@@ -44,6 +44,7 @@ import torch
 
 from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
 from mmserve.kernels.triton_attention import BLOCK_N as BLOCK_N_ATT
+from mmserve.kernels.triton_attention import SPLIT
 from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode, norm_unroll
 
 try:
@@ -58,9 +59,10 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # the K step of the plain and the gated products.
 # "prefetch": the next layer into L2 during phase B; "att_prefetch": attention_rows'
 # PREFETCH mode, 1 (block ids a step ahead): keys and values a step ahead too (mode 2,
-# the layered kernel's) made the H200 replay 825 us against 813 (session 9).
+# the layered kernel's) made the H200 replay 825 us against 813 (session 9); "spread": a
+# tile's 128-key splits over programs of their own (off: each tile in one program).
 TUNING = {"unroll": norm_unroll(16), "num_stages": 4, "bk": 256, "bk_gated": 256,
-          "prefetch": True, "att_prefetch": 1}
+          "prefetch": True, "att_prefetch": 1, "spread": True}
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
 # sequences, a verify block of 16, a short prompt chunk) costs the GEMM phases what one
@@ -69,7 +71,15 @@ MAX_ROWS = 16
 
 
 if triton is not None:
-    from mmserve.kernels.triton_attention import attention_rows
+    from mmserve.kernels.triton_attention import (
+        attend_keys,
+        empty_softmax,
+        load_queries,
+        merge_split,
+        split_state,
+        store_attention,
+        tile_rows,
+    )
     from mmserve.kernels.triton_fused import _rotated_at, fused_tile, rope_rows, store_halves_at
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
 
@@ -113,13 +123,14 @@ if triton is not None:
 
     @triton.jit
     def _rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qstart, qlen,
-                         tile, h, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                         G: tl.constexpr, BM: tl.constexpr, TK: tl.constexpr,
+                         tile, h, k_lo, k_hi, HQ: tl.constexpr, HKV: tl.constexpr,
+                         D: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, TK: tl.constexpr,
                          ROUND: tl.constexpr):
-        """What attention tile ``tile`` of kv head ``h`` reads, for the sequence of ``qlen``
-        tokens from flat row ``qstart``: its ``BM`` query rows (``attention_rows``' layout,
-        row = token * G + head) rotated into ``qrot``; the keys of every token up to its
-        last row's rotated into their cache slots, the values copied there. All in one
+        """What attention tile ``tile`` of kv head ``h`` reads of keys ``k_lo .. k_hi - 1``,
+        for the sequence of ``qlen`` tokens from flat row ``qstart``: its ``BM`` query rows
+        (``attention_rows``' layout, row = token * G + head) rotated into ``qrot``; the keys
+        of its tokens in that range (up to its last row's) rotated into their cache slots,
+        the values copied there. All in one
         pass, so a block of tokens waits for memory as one token does; another tile's
         program writes the same bytes for the tokens they share. ``_rope_write_kv_kernel``'s
         elementwise math, so the bits do not depend on the tiling; a negative slot writes
@@ -140,9 +151,9 @@ if triton is not None:
         ok_t = t <= tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
         tk = qstart + t
         slot = tl.load(slot_ptr + tk, mask=ok_t, other=-1).to(tl.int64)
-        ok_k = (slot >= 0)[:, None]
-        pos = tl.load(pos_ptr + tk, mask=ok_t, other=0)[:, None]
-        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos, HALF, ROUND)
+        pos = tl.load(pos_ptr + tk, mask=ok_t, other=0)
+        ok_k = ((slot >= 0) & (pos >= k_lo) & (pos < k_hi))[:, None]
+        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos[:, None], HALF, ROUND)
         src = qkv + (tk * QKV + HQ * D + h * D)[:, None]
         o1, o2 = _rotated_at(src, ok_k, c1, s1, c2, s2, HALF, ROUND, ".cg")
         row = (slot * HKV * D + h * D)[:, None]
@@ -150,6 +161,121 @@ if triton is not None:
         d = tl.arange(0, D)[None, :]
         tl.store(vc + row + d, tl.load(src + HKV * D + d, mask=ok_k, cache_modifier=".cg"),
                  mask=ok_k)
+
+    @triton.jit
+    def _merge_partials(part, first, last, BM: tl.constexpr, D: tl.constexpr,
+                        CHUNK: tl.constexpr):
+        """The split states ``first .. last - 1`` in ``part`` (written by other programs of
+        the launch, read from L2) merged in ascending order from the empty state, as
+        ``attend_keys`` merges them; ``CHUNK`` splits' loads in flight together."""
+        m, den, acc = empty_softmax(BM, D)
+        for j0 in range(first, last, CHUNK):
+            for u in tl.static_range(CHUNK):
+                j = j0 + u
+                ok = j < last
+                pm, pd, pa = split_state(part, j, BM, D)
+                m_j = tl.load(pm, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                den_j = tl.load(pd, mask=ok, other=0.0, cache_modifier=".cg")
+                acc_j = tl.load(pa, mask=ok, other=0.0, cache_modifier=".cg")
+                m2, den2, acc2 = merge_split(m, den, acc, m_j, den_j, acc_j)
+                m = tl.where(ok, m2, m)  # a split past the last one is not merged at all
+                den = tl.where(ok, den2, den)
+                acc = tl.where(ok, acc2, acc)
+        return m, den, acc
+
+    @triton.jit
+    def _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
+                         slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr,
+                         count_ptr, B, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks,
+                         stride_kh, stride_bt, HQ: tl.constexpr, HKV: tl.constexpr,
+                         D: tl.constexpr, PAGE: tl.constexpr, P_ATT: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
+                         TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
+                         SPREAD: tl.constexpr):
+        """Phase B on programs 0 .. P_ATT - 1. Each (sequence, kv head, query tile) group
+        gets ``P_ATT // groups`` programs, each taking a run of the tile's ``SPLIT``-key
+        splits: rope and cache write of what the run reads, then each split's own online
+        softmax, its state to ``part_ptr``; the last program to finish a run of the group's
+        splits (``count_ptr``, per layer and group) merges them all in order. A group with
+        one program or one split runs whole, in order. Either way ``attention_rows``'
+        arithmetic."""
+        groups = B * HKV * att_tiles
+        per = P_ATT // groups  # programs a group
+        if not SPREAD:
+            per = 1
+        if per <= 1:  # each group whole in one program
+            for g in range(pid, groups, P_ATT):
+                _attend_group(g, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
+                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
+                              part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
+                              stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
+                              BN, SPLIT, TK, ROUND, ATT_PREFETCH)
+        elif pid < groups * per:  # the group's splits spread over its programs
+            _attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
+                          sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
+                          qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
+                          stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
+                          SPLIT, TK, ROUND, ATT_PREFETCH)
+
+    @triton.jit
+    def _attend_group(g, sub, per, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
+                      slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr, count_ptr,
+                      groups, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks, stride_kh,
+                      stride_bt, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                      PAGE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      SPLIT: tl.constexpr, TK: tl.constexpr, ROUND: tl.constexpr,
+                      ATT_PREFETCH: tl.constexpr):
+        """Program ``sub`` of ``per`` on group ``g``: with one program or one split, the
+        whole tile in order; else a run of consecutive splits (the block loop goes on
+        across them, each split's state to ``part_ptr``), and the program that finishes
+        the group's last run merges them all in order."""
+        G: tl.constexpr = HQ // HKV
+        Q: tl.constexpr = HQ * D
+        seq = g // (HKV * att_tiles)
+        h = g // att_tiles % HKV
+        tile = g % att_tiles
+        row_ok, tok, head, qpos, lo, hi, qlen = tile_rows(seq, tile, h, qlen_ptr, ctx_ptr,
+                                                          qstart_ptr, G, BM, BN, 0)
+        qstart = tl.load(qstart_ptr + seq)
+        table = tables_ptr + seq * stride_bt
+        first = lo // SPLIT
+        last = tl.cdiv(hi, SPLIT)
+        n = last - first
+        if tile * BM < qlen * G:
+            if (per == 1) | (n == 1):  # every split here, merged in order
+                if sub == 0:
+                    _rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+                                     qstart, qlen, tile, h, lo, hi, HQ, HKV, D, G, BM, TK,
+                                     ROUND)
+                    tl.debug_barrier()  # the program's own writes, read back below
+                    q = load_queries(qrot, row_ok, tok, head, Q, D, D)
+                    _, den, acc = attend_keys(q, qpos, table, kc, vc, kc, vc, h, lo, hi,
+                                              scale_log2, stride_kb, stride_ks, 0, 0, D, PAGE,
+                                              0, BM, BN, SPLIT, False, ATT_PREFETCH, stride_kh,
+                                              part_ptr, False)
+                    store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
+            else:  # a run of consecutive splits a program, each split's state to ``part``
+                run = tl.cdiv(n, per)
+                j0 = first + sub * run
+                j1 = tl.minimum(j0 + run, last)
+                if j0 < j1:
+                    k_lo = tl.maximum(lo, j0 * SPLIT)
+                    k_hi = tl.minimum(hi, j1 * SPLIT)
+                    _rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+                                     qstart, qlen, tile, h, k_lo, k_hi, HQ, HKV, D, G, BM, TK,
+                                     ROUND)
+                    tl.debug_barrier()
+                    q = load_queries(qrot, row_ok, tok, head, Q, D, D)
+                    part = part_ptr + g.to(tl.int64) * SPLITS * (2 * BM + BM * D)
+                    attend_keys(q, qpos, table, kc, vc, kc, vc, h, k_lo, k_hi, scale_log2,
+                                stride_kb, stride_ks, 0, 0, D, PAGE, 0, BM, BN, SPLIT, False,
+                                ATT_PREFETCH, stride_kh, part, True)
+                    tl.debug_barrier()  # every thread's states stored, then counted
+                    done = tl.atomic_add(count_ptr + layer * groups + g, j1 - j0,
+                                         sem="acq_rel", scope="gpu")
+                    if done + (j1 - j0) == n:  # the group's last run to finish: merge all
+                        _, den, acc = _merge_partials(part, first, last, BM, D, 4)
+                        store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr):
@@ -172,28 +298,28 @@ if triton is not None:
 
     # one compiled kernel for every step shape: Triton would otherwise compile a variant
     # for each of these equal to 1 or divisible by 16
-    @triton.jit(do_not_specialize=["L", "M", "B", "att_tiles"])
+    @triton.jit(do_not_specialize=["L", "M", "B", "att_tiles", "SPLITS"])
     def _decode_stack_kernel(
         xs_ptr, mids_ptr, qkv_ptr, qrot_ptr, attn_ptr, act_ptr,
         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr,
         kv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
-        qlen_ptr, counter_ptr, timing_ptr, L, M, B, att_tiles, eps, scale_log2,
+        qlen_ptr, counter_ptr, timing_ptr, part_ptr, count_ptr, L, M, B, att_tiles, SPLITS,
+        eps, scale_log2,
         stride_kvl, stride_kv2, stride_kb, stride_ks, stride_kh, stride_bt,
         H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
         INTER: tl.constexpr, PAGE: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
         BK: tl.constexpr, BKG: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
         ROUND: tl.constexpr, TK: tl.constexpr, ATT_BM: tl.constexpr,
-        ATT_BN: tl.constexpr, TIMING: tl.constexpr, WORKERS: tl.constexpr,
+        ATT_BN: tl.constexpr, SPLIT: tl.constexpr, TIMING: tl.constexpr,
+        WORKERS: tl.constexpr,
         LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
         LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
-        ATT_PREFETCH: tl.constexpr,
+        ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr,
     ):
         pid = tl.program_id(0)
         _stamp(timing_ptr, 1, pid, TIMING)
-        G: tl.constexpr = HQ // HKV
         Q: tl.constexpr = HQ * D
         QKV: tl.constexpr = (HQ + 2 * HKV) * D
-        n_items = B * HKV * att_tiles  # phase B's work: (sequence, kv head, query tile)
         phase = 0
         # weights and cache stream from HBM: the last WORKERS programs (never given phase
         # B's work) ask L2 for the next layer's while the attention phase runs (issued at a
@@ -220,21 +346,17 @@ if triton is not None:
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # B: per (sequence, kv head, query tile): rope of the tile's queries, rope +
             # cache write of the keys and values it reads (the write and the read then need
-            # only a barrier of the program's own threads), then attention over the cache
+            # only a barrier of the program's own threads), then attention over the cache,
+            # a long context's splits spread over the group's programs
             kc = kv_ptr + lw * stride_kvl
             vc = kc + stride_kv2
-            for item in range(pid, n_items, P):
-                seq = item // (HKV * att_tiles)
-                h = item // att_tiles % HKV
-                tile = item % att_tiles
-                _rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-                                 tl.load(qstart_ptr + seq), tl.load(qlen_ptr + seq), tile, h,
-                                 HQ, HKV, D, G, ATT_BM, TK, ROUND)
-                tl.debug_barrier()  # the program's own writes, read back below
-                attention_rows(seq, tile, h, qrot, kc, vc, attn, tables_ptr,
-                               ctx_ptr, qstart_ptr, qlen_ptr, kc, vc, scale_log2, Q, D, Q, D,
-                               stride_kb, stride_ks, stride_kh, stride_bt, 0, 0, G, D, PAGE, 0,
-                               ATT_BM, ATT_BN, False, ATT_PREFETCH)
+            if pid < P - WORKERS:
+                _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
+                                 pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
+                                 part_ptr, count_ptr, B, att_tiles, SPLITS, scale_log2,
+                                 stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE,
+                                 P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND, ATT_PREFETCH,
+                                 SPREAD)
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
@@ -319,7 +441,6 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     qrot = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)
     attn = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)
     act = torch.empty(n_layers, n, inter, dtype=dt, device=dev)
-    counter = torch.zeros(1, dtype=torch.int32, device=dev)
     if programs is None:
         sms = torch.cuda.get_device_properties(dev).multi_processor_count if x.is_cuda else 1
         programs = stack_programs(hidden, qkv_n, inter, kv_heads, sms)
@@ -328,6 +449,16 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     # kernel for every step shape)
     workers = programs - attention_items(MAX_ROWS, kv_heads, group)
     workers = workers if TUNING["prefetch"] and workers > 0 else 0
+    att_tiles = -(-max_query_len * group // BLOCK_M_ATT)
+    groups = context_lens.shape[0] * kv_heads * att_tiles
+    splits = -(-block_tables.shape[1] * kv.shape[3] // SPLIT)  # most a tile can have
+    # phase B spreads a group's splits over its programs when it has more than one: their
+    # states meet in ``part``, the last to arrive (a count per layer and group) merges
+    shared = TUNING["spread"] and (programs - workers) // groups > 1
+    part = torch.empty(groups * splits * (BLOCK_M_ATT * d + 2 * BLOCK_M_ATT) if shared else 1,
+                       dtype=torch.float32, device=dev)
+    counts = torch.zeros(1 + n_layers * groups, dtype=torch.int32, device=dev)
+    counter = counts[:1]  # the grid barrier's
     line = 128 // x.element_size()  # elements a 128-byte L2 line holds
 
     def lines(numel: int) -> int:  # a prefetching program's share of a matrix's lines
@@ -337,19 +468,18 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         xs, mids, qkv, qrot, attn, act, weights["qkv"], weights["o"], weights["gate_up"],
         weights["down"], weights["input_norm"], weights["post_norm"], kv, cos, sin,
         positions, slot_mapping, block_tables, context_lens, query_start, query_lens, counter,
-        timing if timing is not None else counter,
-        n_layers, n, context_lens.shape[0], -(-max_query_len * group // BLOCK_M_ATT), eps,
-        scale * 1.4426950408889634,
+        timing if timing is not None else counter, part, counts[1:],
+        n_layers, n, context_lens.shape[0], att_tiles, splits, eps, scale * 1.4426950408889634,
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
         block_tables.stride(0),
         H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
         BN=BN, BK=TUNING["bk"], BKG=TUNING["bk_gated"], CH=NORM_CHUNK, UNROLL=TUNING["unroll"],
         ROUND=_round_mode(dt), TK=MAX_ROWS,
-        ATT_BM=BLOCK_M_ATT, ATT_BN=BLOCK_N_ATT, TIMING=timing is not None,
+        ATT_BM=BLOCK_M_ATT, ATT_BN=BLOCK_N_ATT, SPLIT=SPLIT, TIMING=timing is not None,
         WORKERS=workers, LINE=line, LQKV=lines(qkv_n * hidden),
         LO=lines(hidden * heads * d), LGU=lines(2 * inter * hidden), LD=lines(hidden * inter),
         LN=lines(hidden),
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
-        ATT_PREFETCH=TUNING["att_prefetch"],
+        ATT_PREFETCH=TUNING["att_prefetch"], SPREAD=TUNING["spread"],
         num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers]

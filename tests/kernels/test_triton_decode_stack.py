@@ -103,14 +103,14 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
                     f"step {step}")
 
 
-def _grouped_model(heads: int, kv_heads: int, head_dim: int):
+def _grouped_model(heads: int, kv_heads: int, head_dim: int, positions: int = 512):
     """A 1-layer random Llama whose kv heads each serve ``heads // kv_heads`` query heads."""
     from mmserve.models.registry import build_model
 
     h, inter, vocab = 64, 96, 100
     cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=1, head_dim=head_dim,
                num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter,
-               vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=512)
+               vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=positions)
     q, kv = heads * head_dim, kv_heads * head_dim
     shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
               "model.layers.0.self_attn.q_proj.weight": (q, h),
@@ -140,20 +140,39 @@ def test_decode_stack_more_query_heads_than_one_attention_tile():
 
 @needs_triton
 @torch.inference_mode()
-def test_decode_stack_verify_blocks(tiny_llama):
+@pytest.mark.parametrize("prompt", [41, 250])
+def test_decode_stack_verify_blocks(tiny_llama, prompt):
     """Verify-shaped steps of one sequence: 2, 5, 9 and 16 tokens (the last one two 16-row
-    attention tiles of a kv head, causal inside the block), each equal to the layers."""
+    attention tiles of a kv head, causal inside the block), each equal to the layers; after
+    250 cached tokens the blocks cross a split boundary (256) and their tiles' splits run
+    in programs of their own on CUDA."""
     model = _model(tiny_llama)
-    runner = SequenceRunner(model, max_len=256)
+    runner = SequenceRunner(model, max_len=320)
     rng = np.random.default_rng(5)
     runner.table = rng.permutation(len(runner.table)).tolist()
-    pos = 41
+    pos = prompt
     runner.step(rng.integers(0, 1000, pos).tolist(), 0)
     for n in (2, 5, 9, 16):
         toks = rng.integers(0, 1000, n).tolist()
         _check_seqs(model, runner.kv, [(runner.table, pos, toks)], None if ON_CUDA else 1,
                     f"{n} tokens")
         pos += n
+
+
+@needs_triton
+@torch.inference_mode()
+def test_decode_stack_long_context():
+    """Decode steps at 700-703 cached tokens: six 128-key splits (on CUDA each in a
+    program of its own, merged by the last to finish, more splits than one round of the
+    merge's loads), equal to the layers."""
+    model = _grouped_model(6, 2, 64, positions=1024)
+    runner = SequenceRunner(model, max_len=768)
+    rng = np.random.default_rng(11)
+    runner.table = rng.permutation(len(runner.table)).tolist()
+    runner.step(rng.integers(0, 100, 700).tolist(), 0)
+    for step in range(4):
+        _check_step(model, runner, 700 + step, int(rng.integers(0, 100)),
+                    None if ON_CUDA else 1, f"step {step}")
 
 
 @needs_triton

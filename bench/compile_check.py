@@ -1,0 +1,89 @@
+"""Compile the stack and attention kernels for sm_90 without a GPU: registers and spills.
+
+The pip Triton carries ptxas, so a machine without CUDA can run the front end (which
+catches errors the interpreter lets through, e.g. a plain global read in a jitted
+function) and ptxas (registers, stack frame, spill bytes), at no device time. Integer
+arguments and pointers get the JIT's divisibility-by-16 hint where the engine's values
+have it (without it, the loads do not vectorise and the counts mean nothing); the shape
+is SmolLM2-135M's.
+
+Usage (CPU): ``python bench/compile_check.py`` (needs ``pip install triton``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from mmserve.kernels import triton_attention, triton_decode_stack
+
+TARGET = GPUTarget("cuda", 90, 32)
+NO_HINT = {"L", "M", "B", "att_tiles", "SPLITS", "eps", "scale_log2", "stride_sb", "stride_ss"}
+STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256, BKG=256,
+             CH=64, UNROLL=8, ROUND=1, TK=16, ATT_BM=16, ATT_BN=64, SPLIT=128, TIMING=False,
+             WORKERS=48, LINE=64, LQKV=256, LO=64, LGU=512, LD=256, LN=1, KV_ROWS=64,
+             KV_LINES=4, ATT_PREFETCH=1, SPREAD=True)
+ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=64, SPLIT=128, FP8=False, PREFETCH=1,
+                 PDL=True)
+
+
+def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
+    types = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            types[name] = "constexpr"
+        elif name in ("pos_ptr", "slot_ptr", "qstart_ptr", "qlen_ptr", "ctx_ptr", "timing_ptr"):
+            types[name] = "*i64"
+        elif name in ("tables_ptr", "counter_ptr", "count_ptr"):
+            types[name] = "*i32"
+        elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr"):
+            types[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            types[name] = "*fp8e4nv" if fp8 and name in ("k_ptr", "v_ptr") else "*bf16"
+        elif name in ("eps", "scale_log2"):
+            types[name] = "fp32"
+        else:
+            types[name] = "i32"
+    return types
+
+
+def report(fn, constexprs: dict, fp8: bool = False, **options) -> str:
+    """ptxas' line for ``fn`` compiled with ``constexprs``: registers, spills."""
+    types = _types(fn, constexprs, fp8)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if types[n] != "constexpr" and n not in NO_HINT}
+    src = ASTSource(fn, signature=types, constexprs=constexprs, attrs=attrs)
+    ptx = triton.compile(src, target=TARGET, options=options).asm["ptx"]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                             capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    return (f"{regs.group(1) if regs else '?'} registers, "
+            f"{spill.group(1) if spill else '?'} B spilled")
+
+
+def main() -> None:
+    kernel = triton_decode_stack._decode_stack_kernel
+    for spread in (True, False):
+        print(f"decode stack, spread={spread}:",
+              report(kernel, {**STACK, "SPREAD": spread}, num_warps=4, num_stages=4))
+    kernel = triton_attention._paged_attention_kernel
+    for fp8, prefetch in ((False, 0), (False, 1), (False, 2), (True, 1)):
+        print(f"paged attention, fp8={fp8}, prefetch={prefetch}:",
+              report(kernel, {**ATTENTION, "FP8": fp8, "PREFETCH": prefetch}, fp8=fp8,
+                     num_warps=4, num_stages=2))
+
+
+if __name__ == "__main__":
+    main()
