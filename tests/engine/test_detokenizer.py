@@ -19,10 +19,12 @@ TEXT = (
 
 
 @pytest.fixture(scope="session")
-def backend() -> Tokenizer:
+def backend(default_gguf) -> Tokenizer:
+    """The default model's tokenizer, as transformers reads it from the verified GGUF
+    (conftest's ``default_gguf``: pulled once into ``$MMSERVE_HOME``)."""
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(
-        "/tmp/models", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+        str(default_gguf.parent), gguf_file=default_gguf.name
     )
     return tok.backend_tokenizer
 
