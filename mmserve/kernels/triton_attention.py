@@ -196,6 +196,7 @@ if triton is not None:
 
     @triton.jit
     def empty_softmax(BM: tl.constexpr, D: tl.constexpr):
+        """The state before any key: (max -inf, denominator 0, weighted values 0)."""
         return (tl.full([BM], float("-inf"), tl.float32), tl.zeros([BM], tl.float32),
                 tl.zeros([BM, D], tl.float32))
 
@@ -204,7 +205,7 @@ if triton is not None:
                   BM: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr):
         """Query tile ``tile`` of (sequence ``seq``, kv head ``kvh``) -> (rows in use,
         their flat token rows, query heads and absolute positions, the first and the end
-        key position the tile visits, the sequence's query count)."""
+        key position the tile visits, the sequence's query count and first flat row)."""
         qlen = tl.load(qlen_ptr + seq)  # the three loads in flight together
         ctx = tl.load(ctx_ptr + seq)
         qstart = tl.load(qstart_ptr + seq)
@@ -215,7 +216,8 @@ if triton is not None:
         lo = ctx * 0
         if WINDOW > 0:  # skip whole aligned blocks no row of the tile can see
             lo = tl.maximum(0, ctx - qlen + (tile * BM) // G - WINDOW + 1) // BN * BN
-        return rows < qlen * G, qstart + tok, kvh * G + rows % G, ctx - qlen + tok, lo, hi, qlen
+        return (rows < qlen * G, qstart + tok, kvh * G + rows % G, ctx - qlen + tok, lo, hi,
+                qlen, qstart)
 
     @triton.jit
     def attend_keys(q, qpos, table, k_ptr, v_ptr, ks_ptr, vs_ptr, kvh, k_lo, k_hi,
@@ -320,8 +322,8 @@ if triton is not None:
         """Query rows ``tile`` of (sequence ``seq``, kv head ``kvh``): the kernel above, or
         one phase of a persistent kernel; every split of the tile's keys in this program,
         in order (``attend_keys``)."""
-        row_ok, tok, head, qpos, lo, hi, qlen = tile_rows(seq, tile, kvh, qlen_ptr, ctx_ptr,
-                                                          qstart_ptr, G, BM, BN, WINDOW)
+        row_ok, tok, head, qpos, lo, hi, qlen, _ = tile_rows(seq, tile, kvh, qlen_ptr, ctx_ptr,
+                                                             qstart_ptr, G, BM, BN, WINDOW)
         if tile * BM < qlen * G:
             q = load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D)
             _, den, acc = attend_keys(q, qpos, tables_ptr + seq * stride_bt, k_ptr, v_ptr,

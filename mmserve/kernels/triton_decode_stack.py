@@ -7,10 +7,11 @@ launches of a layer become five phases separated by grid barriers
 (:mod:`mmserve.kernels.triton_grid`, ~1.1 us each on the H200):
 
 A. RMSNorm + QKV product (``fused_tile``, tiles over the QKV columns);
-B. per (sequence, kv head, 16-row query tile): rope of the sequence's query heads and
-   keys of that kv head, its keys and values written to the paged cache, then attention
-   over the cache (``attention_rows``) — the program that writes a key reads it, so the
-   write and the read need only a barrier of its own threads;
+B. per (sequence, kv head, 16-row query tile): rope of the tile's query rows and of the
+   keys it reads, those keys and values written to the paged cache, then attention over
+   the cache in 128-key splits (``attend_keys``), a long context's splits spread over
+   programs of their own and merged in order by the last to finish — the program that
+   writes a key reads it, so the write and the read need only a barrier of its threads;
 C. o product + residual; D. RMSNorm + gate/up product + silu * up; E. down product +
    residual (``fused_tile``).
 
@@ -130,8 +131,8 @@ if triton is not None:
         for the sequence of ``qlen`` tokens from flat row ``qstart``: its ``BM`` query rows
         (``attention_rows``' layout, row = token * G + head) rotated into ``qrot``; the keys
         of its tokens in that range (up to its last row's) rotated into their cache slots,
-        the values copied there. All in one
-        pass, so a block of tokens waits for memory as one token does; another tile's
+        the values copied there. All in one pass, so a block of tokens waits for memory as
+        one token does; another tile's
         program writes the same bytes for the tokens they share. ``_rope_write_kv_kernel``'s
         elementwise math, so the bits do not depend on the tiling; a negative slot writes
         no key or value."""
@@ -234,9 +235,8 @@ if triton is not None:
         seq = g // (HKV * att_tiles)
         h = g // att_tiles % HKV
         tile = g % att_tiles
-        row_ok, tok, head, qpos, lo, hi, qlen = tile_rows(seq, tile, h, qlen_ptr, ctx_ptr,
-                                                          qstart_ptr, G, BM, BN, 0)
-        qstart = tl.load(qstart_ptr + seq)
+        row_ok, tok, head, qpos, lo, hi, qlen, qstart = tile_rows(
+            seq, tile, h, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, 0)
         table = tables_ptr + seq * stride_bt
         first = lo // SPLIT
         last = tl.cdiv(hi, SPLIT)
