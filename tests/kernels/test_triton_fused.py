@@ -93,6 +93,28 @@ def test_gated_epilogue_is_silu_times_up_of_the_same_gemm(m, inter, k):
     torch.testing.assert_close(got, F.silu(gate) * up, atol=TOL, rtol=TOL)
 
 
+@needs_triton
+@pytest.mark.parametrize("m,inter,n", [(1, 96, 576), (5, 130, 200), (16, 2100, 96), (40, 64, 130)])
+def test_silu_prologue_is_the_down_product_of_silu_times_up(m, inter, n):
+    """``silu_linear_residual`` computes silu(gate) * up for the K columns each program reads:
+    on CUDA the bits of ``residual + linear(F.silu(gate) * up, W)`` (torch's silu, its
+    rounded product, then the residual epilogue), at every tile shape."""
+    from mmserve.kernels.triton_fused import linear_residual, silu_linear_residual
+
+    torch.manual_seed(m + inter)
+    gate_up = torch.cat([_rand(m, inter, scale=6.0), _rand(m, inter, scale=2.0)], dim=-1)
+    w, r = _rand(n, inter, scale=inter**-0.5), _rand(m, n, scale=4.0)
+    got = silu_linear_residual(gate_up, w, r)
+    gate, up = gate_up.split(inter, dim=-1)
+    if ON_CUDA:  # gates far into both tails of silu, where an approximate exp shows
+        want = linear_residual(F.silu(gate) * up, w, r)
+        assert torch.equal(got, want)
+        for cfg in CONFIGS:
+            assert torch.equal(silu_linear_residual(gate_up, w, r, config=cfg), want), cfg
+    ref = r.double() + F.linear(F.silu(gate.double()) * up.double(), w.double())
+    torch.testing.assert_close(got.double(), ref, atol=4 * TOL, rtol=TOL)
+
+
 def _qkv_views(n, hq, hkv, d):
     qkv = _rand(n, (hq + 2 * hkv) * d, scale=4.0)  # one product's output, like the model's
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
@@ -134,7 +156,8 @@ def test_rope_write_kv_matches_rotate_and_write_kv(hq, hkv, d):
 
 
 @cuda_only
-@pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu"])
+@pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu",
+                                "silu_linear_residual"])
 def test_row_bits_independent_of_row_count_and_tile_shape(op):
     from mmserve.kernels import triton_fused
 
@@ -148,6 +171,8 @@ def test_row_bits_independent_of_row_count_and_tile_shape(op):
             return triton_fused.norm_linear(x[:m], nw, EPS, 0.0, w, b, config=cfg)
         if op == "linear_residual":
             return triton_fused.linear_residual(x[:m, :1024], w[:, :1024], r[:m], config=cfg)
+        if op == "silu_linear_residual":  # K = 1300 (gate and up halves of x's 2600)
+            return triton_fused.silu_linear_residual(x[:m], w[:, :1300], r[:m], config=cfg)
         return triton_fused.norm_gate_up_silu(x[:m], nw, EPS, 0.0, w, config=cfg)
 
     base = run(1)[0]
@@ -171,6 +196,11 @@ def test_unfused_path_is_the_plain_composition():
     assert torch.equal(fused.linear_residual(x, w, r), r + linear(x, w))
     g, u = linear(rms_norm(x, nw, EPS), w).split(48, dim=-1)
     assert torch.equal(fused.norm_gate_up_silu(x, nw, EPS, 0.0, w), F.silu(g) * u)
+    down = torch.randn(64, 48)
+    gu = linear(rms_norm(x, nw, EPS), w)
+    assert torch.equal(fused.silu_linear_residual(gu, down, x), x + linear(F.silu(g) * u, down))
+    assert torch.equal(fused.norm_silu_mlp_residual(x, nw, EPS, 0.0, w, down),
+                       x + linear(F.silu(g) * u, down))
     table = RotaryTable(16, 10000.0, 64)
     qkv = torch.randn(5, 4 * 16)
     q, k, v = (t.reshape(5, -1, 16) for t in qkv.split([32, 16, 16], dim=-1))
@@ -182,12 +212,12 @@ def test_unfused_path_is_the_plain_composition():
     assert torch.equal(kv.k, kv_want.k) and torch.equal(kv.v, kv_want.v)
 
 
-def _tiny_llama():
+def _tiny_llama(h=256, inter=512, heads=4, kv_heads=2):
     from mmserve.models.registry import build_model
 
-    h, inter, layers, vocab = 256, 512, 2, 1000
+    layers, vocab = 2, 1000
     cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=layers,
-               num_attention_heads=4, num_key_value_heads=2, intermediate_size=inter,
+               num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter,
                vocab_size=vocab, head_dim=64, tie_word_embeddings=False,
                max_position_embeddings=512, rms_norm_eps=EPS)
     torch.manual_seed(0)
@@ -196,7 +226,7 @@ def _tiny_llama():
     for i in range(layers):
         p = f"model.layers.{i}"
         names |= {f"{p}.self_attn.q_proj.weight": (h, h), f"{p}.self_attn.k_proj.weight":
-                  (128, h), f"{p}.self_attn.v_proj.weight": (128, h),
+                  (64 * kv_heads, h), f"{p}.self_attn.v_proj.weight": (64 * kv_heads, h),
                   f"{p}.self_attn.o_proj.weight": (h, h), f"{p}.mlp.gate_proj.weight":
                   (inter, h), f"{p}.mlp.up_proj.weight": (inter, h),
                   f"{p}.mlp.down_proj.weight": (h, inter), f"{p}.input_layernorm.weight": (h,),
@@ -260,6 +290,37 @@ def test_whole_model_fused_matches_unfused(monkeypatch):
         gen = _run(model, prompt, fused_tokens)
     first_tie = int((~clear).nonzero()[0]) if (~clear).any() else 8
     assert fused_tokens[:first_tie] == tokens[:first_tie]
+
+
+@cuda_only
+def test_wide_model_fused_is_the_unfused_bits(monkeypatch):
+    """Above FUSE_MAX_HIDDEN no norm is fused, so every fused op there (the residual
+    epilogues, rope + cache write, the down product's silu prologue at <= 16 rows) has the
+    unfused path's bits: the whole model's logits are equal, prefill and decode."""
+    from mmserve.kernels import triton_fused
+
+    calls = {"n": 0}
+    real = triton_fused.silu_linear_residual
+
+    def counted(*a, **kw):
+        calls["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(triton_fused, "silu_linear_residual", counted)
+    h = 64 * 33
+    assert h > fused.FUSE_MAX_HIDDEN
+    model = _tiny_llama(h=h, inter=1024, heads=33, kv_heads=3)
+    prompt = torch.randint(0, 1000, (21,), generator=torch.Generator().manual_seed(6)).tolist()
+    tokens = [5, 17, 900, 3, 3, 41]
+    got = _run(model, prompt, tokens)  # the 21-row prefill takes the two launches
+    assert calls["n"] == 6 * 2  # 6 one-token steps x 2 layers
+    fused.set_fused_enabled(False)
+    try:
+        want = _run(model, prompt, tokens)
+    finally:
+        fused.set_fused_enabled(True)
+    assert calls["n"] == 12
+    assert torch.equal(got, want)
 
 
 if INTERPRET and not ON_CUDA:  # the interpreter runs float32 only (triton_kit)
