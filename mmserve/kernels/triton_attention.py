@@ -322,8 +322,9 @@ if triton is not None:
         """Query rows ``tile`` of (sequence ``seq``, kv head ``kvh``): the kernel above, or
         one phase of a persistent kernel; every split of the tile's keys in this program,
         in order (``attend_keys``)."""
-        row_ok, tok, head, qpos, lo, hi, qlen, _ = tile_rows(seq, tile, kvh, qlen_ptr, ctx_ptr,
-                                                             qstart_ptr, G, BM, BN, WINDOW)
+        # (Triton types a name once per scope: ``_`` below holds attend_keys' row maxima)
+        row_ok, tok, head, qpos, lo, hi, qlen, _qs = tile_rows(
+            seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, WINDOW)
         if tile * BM < qlen * G:
             q = load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D)
             _, den, acc = attend_keys(q, qpos, tables_ptr + seq * stride_bt, k_ptr, v_ptr,
