@@ -120,28 +120,24 @@ if triton is not None:
     def _fused_gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
                            stride_am, stride_wn, stride_om, stride_rm, eps, offset,
                            NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                           GATED: tl.constexpr, SILU_IN: tl.constexpr, ROUND: tl.constexpr,
-                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                           GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
-                           PDL: tl.constexpr):
+                           GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
+                           BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                           CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr):
         wait_previous(PDL)
         fused_tile(tl.program_id(0), a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K,
                    UP, stride_am, stride_wn, stride_om, stride_rm, eps, offset, NORM, HAS_BIAS,
-                   RESIDUAL, GATED, SILU_IN, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "")
+                   RESIDUAL, GATED, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "")
 
     @triton.jit
     def fused_tile(pid, a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
                    stride_am, stride_wn, stride_om, stride_rm, eps, offset,
                    NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                   GATED: tl.constexpr, SILU_IN: tl.constexpr, ROUND: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
-                   ACT_CACHE: tl.constexpr):
+                   GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
+                   BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                   CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
-        written by other programs of the launch, from L2). ``SILU_IN``: each row of A holds
-        a gate half (K columns) then an up half, and the product's input is
-        ``silu(gate) * up`` (no NORM with it)."""
+        written by other programs of the launch, from L2)."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         row_ok = rm < M
@@ -168,10 +164,6 @@ if triton is not None:
             k_ok = kk < K
             a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                         cache_modifier=ACT_CACHE)
-            if SILU_IN:  # F.silu(gate) * up as the unfused ops round them: silu, product
-                up = tl.load(a_rows + K + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                             other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
-                a = (_round(_silu(a.to(tl.float32)), ROUND) * up).to(a_ptr.dtype.element_ty)
             if NORM:  # the unfused norm's float32 math, rounded as its output is
                 nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
                 a = (a.to(tl.float32) * rstd[:, None] * (offset + nw)[None, :]).to(
@@ -307,14 +299,12 @@ if triton is not None:
 def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
           norm: tuple[torch.Tensor, float, float] | None = None,
           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-          gated: bool = False, silu_in: bool = False) -> torch.Tensor:
-    """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated);
-    ``silu_in``: x is (..., 2K), gate then up, and ``silu(gate) * up`` is the product's input."""
-    a = x.reshape(-1, x.shape[-1])  # (M, K), or (M, 2K) with silu_in
+          gated: bool = False) -> torch.Tensor:
+    """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated)."""
+    k = x.shape[-1]
+    a = x.reshape(-1, k)  # (M, K)
     if a.stride(-1) != 1:
         a = a.contiguous()
-    k = a.shape[1] // 2 if silu_in else a.shape[1]
-    assert not (silu_in and (norm is not None or gated))
     assert weight.stride(-1) == 1 and weight.shape[1] == k
     m = a.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -332,8 +322,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         a, weight, out, bias if bias is not None else out, res, nw, m, n, k, n,
         a.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset,
         NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
-        GATED=gated, SILU_IN=silu_in, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn,
-        BK=cfg.bk, GROUP_M=8,
+        GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
         CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps,
         num_stages=cfg.stages, **pdl_args(a))
     return out.view(*x.shape[:-1], n)
@@ -356,11 +345,12 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     return _gemm(x, weight, weight.shape[0], config, residual=residual)
 
 
-def silu_linear_residual(gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                         config: TileConfig | None = None) -> torch.Tensor:
-    """``residual + linear(F.silu(gate) * up, weight)`` in one launch, where ``gate, up`` are
-    the halves of ``gate_up`` (..., 2 * inter) (gate first); weight (N, inter)."""
-    return _gemm(gate_up, weight, weight.shape[0], config, residual=residual, silu_in=True)
+def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor,
+                 config: TileConfig | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` of ``linear(x, gate_up)`` split in halves, one launch (the gated
+    epilogue without the norm prologue); x (..., K), gate_up (2 * inter, K) -> (..., inter)."""
+    assert gate_up.shape[0] % 2 == 0
+    return _gemm(x, gate_up, gate_up.shape[0] // 2, config, gated=True)
 
 
 def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,

@@ -94,25 +94,25 @@ def test_gated_epilogue_is_silu_times_up_of_the_same_gemm(m, inter, k):
 
 
 @needs_triton
-@pytest.mark.parametrize("m,inter,n", [(1, 96, 576), (5, 130, 200), (16, 2100, 96), (40, 64, 130)])
-def test_silu_prologue_is_the_down_product_of_silu_times_up(m, inter, n):
-    """``silu_linear_residual`` computes silu(gate) * up for the K columns each program reads:
-    on CUDA the bits of ``residual + linear(F.silu(gate) * up, W)`` (torch's silu, its
-    rounded product, then the residual epilogue), at every tile shape."""
-    from mmserve.kernels.triton_fused import linear_residual, silu_linear_residual
+@pytest.mark.parametrize("m,inter,k", [(1, 48, 576), (9, 100, 130), (16, 160, 2100),
+                                       (40, 64, 130)])
+def test_gate_up_silu_is_silu_times_up_of_the_plain_gemm(m, inter, k):
+    """The gated epilogue without the norm prologue (hidden > FUSE_MAX_HIDDEN): on CUDA the
+    bits of ``F.silu(gate) * up`` of the invariant GEMM's halves, at every tile shape."""
+    from mmserve.kernels.triton_fused import gate_up_silu
+    from mmserve.kernels.triton_matmul import invariant_linear
 
     torch.manual_seed(m + inter)
-    gate_up = torch.cat([_rand(m, inter, scale=6.0), _rand(m, inter, scale=2.0)], dim=-1)
-    w, r = _rand(n, inter, scale=inter**-0.5), _rand(m, n, scale=4.0)
-    got = silu_linear_residual(gate_up, w, r)
-    gate, up = gate_up.split(inter, dim=-1)
-    if ON_CUDA:  # gates far into both tails of silu, where an approximate exp shows
-        want = linear_residual(F.silu(gate) * up, w, r)
+    x, w = _rand(m, k, scale=3.0), _rand(2 * inter, k, scale=3 * k**-0.5)  # silu's both tails
+    got = gate_up_silu(x, w)
+    if ON_CUDA:
+        gate, up = invariant_linear(x, w).split(inter, dim=-1)
+        want = F.silu(gate) * up
         assert torch.equal(got, want)
         for cfg in CONFIGS:
-            assert torch.equal(silu_linear_residual(gate_up, w, r, config=cfg), want), cfg
-    ref = r.double() + F.linear(F.silu(gate.double()) * up.double(), w.double())
-    torch.testing.assert_close(got.double(), ref, atol=4 * TOL, rtol=TOL)
+            assert torch.equal(gate_up_silu(x, w, config=cfg), want), cfg
+    gate, up = F.linear(x.double(), w.double()).split(inter, dim=-1)
+    torch.testing.assert_close(got.double(), F.silu(gate) * up, atol=TOL, rtol=TOL)
 
 
 def _qkv_views(n, hq, hkv, d):
@@ -157,7 +157,7 @@ def test_rope_write_kv_matches_rotate_and_write_kv(hq, hkv, d):
 
 @cuda_only
 @pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu",
-                                "silu_linear_residual"])
+                                "gate_up_silu"])
 def test_row_bits_independent_of_row_count_and_tile_shape(op):
     from mmserve.kernels import triton_fused
 
@@ -171,8 +171,8 @@ def test_row_bits_independent_of_row_count_and_tile_shape(op):
             return triton_fused.norm_linear(x[:m], nw, EPS, 0.0, w, b, config=cfg)
         if op == "linear_residual":
             return triton_fused.linear_residual(x[:m, :1024], w[:, :1024], r[:m], config=cfg)
-        if op == "silu_linear_residual":  # K = 1300 (gate and up halves of x's 2600)
-            return triton_fused.silu_linear_residual(x[:m], w[:, :1300], r[:m], config=cfg)
+        if op == "gate_up_silu":
+            return triton_fused.gate_up_silu(x[:m], w, config=cfg)
         return triton_fused.norm_gate_up_silu(x[:m], nw, EPS, 0.0, w, config=cfg)
 
     base = run(1)[0]
@@ -197,8 +197,8 @@ def test_unfused_path_is_the_plain_composition():
     g, u = linear(rms_norm(x, nw, EPS), w).split(48, dim=-1)
     assert torch.equal(fused.norm_gate_up_silu(x, nw, EPS, 0.0, w), F.silu(g) * u)
     down = torch.randn(64, 48)
-    gu = linear(rms_norm(x, nw, EPS), w)
-    assert torch.equal(fused.silu_linear_residual(gu, down, x), x + linear(F.silu(g) * u, down))
+    g2, u2 = linear(x, w).split(48, dim=-1)
+    assert torch.equal(fused.gate_up_silu(x, w), F.silu(g2) * u2)
     assert torch.equal(fused.norm_silu_mlp_residual(x, nw, EPS, 0.0, w, down),
                        x + linear(F.silu(g) * u, down))
     table = RotaryTable(16, 10000.0, 64)
@@ -295,18 +295,18 @@ def test_whole_model_fused_matches_unfused(monkeypatch):
 @cuda_only
 def test_wide_model_fused_is_the_unfused_bits(monkeypatch):
     """Above FUSE_MAX_HIDDEN no norm is fused, so every fused op there (the residual
-    epilogues, rope + cache write, the down product's silu prologue at <= 16 rows) has the
-    unfused path's bits: the whole model's logits are equal, prefill and decode."""
+    epilogues, rope + cache write, silu * up as the gate/up product's epilogue at <= 16 rows)
+    has the unfused path's bits: the whole model's logits are equal, prefill and decode."""
     from mmserve.kernels import triton_fused
 
     calls = {"n": 0}
-    real = triton_fused.silu_linear_residual
+    real = triton_fused.gate_up_silu
 
     def counted(*a, **kw):
         calls["n"] += 1
         return real(*a, **kw)
 
-    monkeypatch.setattr(triton_fused, "silu_linear_residual", counted)
+    monkeypatch.setattr(triton_fused, "gate_up_silu", counted)
     h = 64 * 33
     assert h > fused.FUSE_MAX_HIDDEN
     model = _tiny_llama(h=h, inter=1024, heads=33, kv_heads=3)
