@@ -27,7 +27,7 @@ from mmserve.bench.report import plot, table
 from mmserve.bench.shapes import SHAPES, shape
 from mmserve.kernels.fp8 import FP8_DTYPE
 
-VARIANTS = ("invariant", "layered", "nopdl", "nogated", "unfused", "cublas", "fp8kv")
+VARIANTS = ("invariant", "layered", "nopdl", "unfused", "cublas", "fp8kv")
 # Variants whose KV cache is not in the model's dtype. Such a cache is lossy, so their tokens
 # are scored against the reference variant instead of being required to equal them.
 KV_DTYPES: dict[str, torch.dtype] = {"fp8kv": FP8_DTYPE}
@@ -45,8 +45,6 @@ class ThroughputConfig:
     # residual adds as separate launches); "cublas": batch invariance off (cuBLAS GEMMs);
     # "fp8kv": "invariant" over the engine's fp8 e4m3 KV cache (--kv-cache-dtype fp8_e4m3);
     # "nopdl": "invariant" with programmatic dependent launch off (kernels.triton_pdl);
-    # "nogated": "invariant" with silu * up as two launches where the gate/up product's
-    # epilogue would take it (hidden > FUSE_MAX_HIDDEN, kernels.fused.gate_up_silu);
     # "layered": "invariant" with one-token steps layer by layer, not as the one
     # persistent launch of kernels.decode_stack
     variants: tuple[str, ...] = VARIANTS
@@ -207,14 +205,13 @@ def token_agreement(tokens: list[int], ref: list[int]) -> dict:
 def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict:
     """One variant on ``dec`` (whose KV dtype the caller chose); fp8kv is the engine path."""
     from mmserve.kernels.decode_stack import decode_stack_enabled, set_decode_stack_enabled
-    from mmserve.kernels.fused import set_fused_enabled, set_gated_epilogue_enabled
+    from mmserve.kernels.fused import set_fused_enabled
     from mmserve.kernels.linear import set_batch_invariant
     from mmserve.kernels.triton_pdl import set_pdl_enabled
 
     set_batch_invariant(variant != "cublas")
     set_fused_enabled(variant != "unfused")
     set_pdl_enabled(variant != "nopdl")
-    set_gated_epilogue_enabled(variant != "nogated")
     stack = decode_stack_enabled()
     set_decode_stack_enabled(stack and variant != "layered")
     try:
@@ -223,7 +220,6 @@ def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict
         set_batch_invariant(True)
         set_fused_enabled(True)
         set_pdl_enabled(True)
-        set_gated_epilogue_enabled(True)
         set_decode_stack_enabled(stack)
 
 

@@ -29,7 +29,7 @@ from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
 from mmserve.kernels.triton_dispatch import use_triton
 
-_state = {"enabled": os.environ.get("MMSERVE_FUSED", "1") != "0", "gated": True}
+_state = {"enabled": os.environ.get("MMSERVE_FUSED", "1") != "0"}
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -51,8 +51,7 @@ def fused_enabled() -> bool:
 FUSE_MAX_HIDDEN = 2048
 # Above it the gated epilogue alone (norm kernel, then gate_up with silu * up fused) was
 # measured too: H200, 8B shape, M=1, best tile 65.9 us against 66.3 us for the plain GEMM
-# + F.silu + the product (bench/NOTES.md, session 4), in a model step with PDL it
-# saves the two torch launches (``gate_up_silu``, below).
+# + F.silu + the product (bench/NOTES.md, session 4), so the composition stays there.
 
 
 def _fused_gemm(x: torch.Tensor, hidden: int | None) -> bool:
@@ -95,46 +94,6 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
     gate, up = linear(rms_norm(x, norm_weight, eps, offset), gate_up).split(
         gate_up.shape[0] // 2, dim=-1)
     return F.silu(gate) * up
-
-
-# Above FUSE_MAX_HIDDEN (no norm prologue) silu(gate) * up is the gate/up product's
-# epilogue in steps of at most this many rows: two torch launches a layer fewer at batch 1,
-# which also broke the chain of PDL launches (torch kernels are none). Wider steps keep the
-# two launches, whose tiles are the plain GEMM's. The same bits either way (tests). A first
-# version computed it in the down product's prologue instead: every column tile recomputed
-# its rows' silu (4,096 times over at batch 1), and an 8B step took 75 ms, not 4.7.
-GATED_MAX_ROWS = 16
-
-
-def set_gated_epilogue_enabled(enabled: bool) -> None:
-    """Benchmarks: off keeps ``F.silu(gate) * up`` as two launches above FUSE_MAX_HIDDEN."""
-    _state["gated"] = enabled
-
-
-def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    """``F.silu(gate) * up`` where ``gate, up`` = halves of ``linear(x, gate_up)``; x (M, K),
-    gate_up (2 * inter, K), gate rows first -> (M, inter)."""
-    if (_state["gated"] and _fused_gemm(x, None)
-            and x.numel() // x.shape[-1] <= GATED_MAX_ROWS):
-        from mmserve.kernels import triton_fused
-
-        return triton_fused.gate_up_silu(x, gate_up)
-    gate, up = linear(x, gate_up).split(gate_up.shape[0] // 2, dim=-1)
-    return F.silu(gate) * up
-
-
-def norm_silu_mlp_residual(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                           offset: float, gate_up: torch.Tensor,
-                           down: torch.Tensor) -> torch.Tensor:
-    """``x + linear(F.silu(gate) * up, down)`` where ``gate, up`` = halves of
-    ``linear(rms_norm(x), gate_up)``: up to hidden ``FUSE_MAX_HIDDEN`` the norm and silu * up
-    are the gate/up product's prologue and epilogue, above it silu * up alone is
-    (``gate_up_silu``)."""
-    if x.shape[-1] <= FUSE_MAX_HIDDEN:
-        h = norm_gate_up_silu(x, norm_weight, eps, offset, gate_up)
-    else:
-        h = gate_up_silu(rms_norm(x, norm_weight, eps, offset), gate_up)
-    return linear_residual(h, down, x)
 
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

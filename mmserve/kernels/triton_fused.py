@@ -345,14 +345,6 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     return _gemm(x, weight, weight.shape[0], config, residual=residual)
 
 
-def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor,
-                 config: TileConfig | None = None) -> torch.Tensor:
-    """``silu(gate) * up`` of ``linear(x, gate_up)`` split in halves, one launch (the gated
-    epilogue without the norm prologue); x (..., K), gate_up (2 * inter, K) -> (..., inter)."""
-    assert gate_up.shape[0] % 2 == 0
-    return _gemm(x, gate_up, gate_up.shape[0] // 2, config, gated=True)
-
-
 def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
                       gate_up: torch.Tensor, config: TileConfig | None = None) -> torch.Tensor:
     """``silu(gate) * up`` of ``linear(rms_norm(x), gate_up)`` split in halves, one launch.

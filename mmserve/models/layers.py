@@ -18,12 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmserve.kernels.attention import AttentionMetadata, LayerKV, paged_attention
-from mmserve.kernels.fused import (
-    linear_residual,
-    norm_linear,
-    norm_silu_mlp_residual,
-    rope_write_kv,
-)
+from mmserve.kernels.fused import linear_residual, norm_gate_up_silu, norm_linear, rope_write_kv
 from mmserve.kernels.linear import linear
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
@@ -93,11 +88,12 @@ class GatedMLP(nn.Module):
                          offset: float = 0.0) -> torch.Tensor:
         """``x + forward(rms_norm(x, norm, eps, offset))``: norm, activation and add fused."""
         if self.act is F.silu:
-            return norm_silu_mlp_residual(x, norm, eps, offset, self.gate_up_weight,
-                                          self.down_weight)
-        gate, up = norm_linear(x, norm, eps, offset, self.gate_up_weight).split(
-            self.inter, dim=-1)
-        return linear_residual(self.act(gate) * up, self.down_weight, x)
+            h = norm_gate_up_silu(x, norm, eps, offset, self.gate_up_weight)
+        else:
+            gate, up = norm_linear(x, norm, eps, offset, self.gate_up_weight).split(
+                self.inter, dim=-1)
+            h = self.act(gate) * up
+        return linear_residual(h, self.down_weight, x)
 
 
 def fuse_attention(sd: dict[str, torch.Tensor], prefix: str, out: str) -> dict[str, torch.Tensor]:

@@ -93,28 +93,6 @@ def test_gated_epilogue_is_silu_times_up_of_the_same_gemm(m, inter, k):
     torch.testing.assert_close(got, F.silu(gate) * up, atol=TOL, rtol=TOL)
 
 
-@needs_triton
-@pytest.mark.parametrize("m,inter,k", [(1, 48, 576), (9, 100, 130), (16, 160, 2100),
-                                       (40, 64, 130)])
-def test_gate_up_silu_is_silu_times_up_of_the_plain_gemm(m, inter, k):
-    """The gated epilogue without the norm prologue (hidden > FUSE_MAX_HIDDEN): on CUDA the
-    bits of ``F.silu(gate) * up`` of the invariant GEMM's halves, at every tile shape."""
-    from mmserve.kernels.triton_fused import gate_up_silu
-    from mmserve.kernels.triton_matmul import invariant_linear
-
-    torch.manual_seed(m + inter)
-    x, w = _rand(m, k, scale=3.0), _rand(2 * inter, k, scale=3 * k**-0.5)  # silu's both tails
-    got = gate_up_silu(x, w)
-    if ON_CUDA:
-        gate, up = invariant_linear(x, w).split(inter, dim=-1)
-        want = F.silu(gate) * up
-        assert torch.equal(got, want)
-        for cfg in CONFIGS:
-            assert torch.equal(gate_up_silu(x, w, config=cfg), want), cfg
-    gate, up = F.linear(x.double(), w.double()).split(inter, dim=-1)
-    torch.testing.assert_close(got.double(), F.silu(gate) * up, atol=TOL, rtol=TOL)
-
-
 def _qkv_views(n, hq, hkv, d):
     qkv = _rand(n, (hq + 2 * hkv) * d, scale=4.0)  # one product's output, like the model's
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
@@ -156,8 +134,7 @@ def test_rope_write_kv_matches_rotate_and_write_kv(hq, hkv, d):
 
 
 @cuda_only
-@pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu",
-                                "gate_up_silu"])
+@pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu"])
 def test_row_bits_independent_of_row_count_and_tile_shape(op):
     from mmserve.kernels import triton_fused
 
@@ -171,8 +148,6 @@ def test_row_bits_independent_of_row_count_and_tile_shape(op):
             return triton_fused.norm_linear(x[:m], nw, EPS, 0.0, w, b, config=cfg)
         if op == "linear_residual":
             return triton_fused.linear_residual(x[:m, :1024], w[:, :1024], r[:m], config=cfg)
-        if op == "gate_up_silu":
-            return triton_fused.gate_up_silu(x[:m], w, config=cfg)
         return triton_fused.norm_gate_up_silu(x[:m], nw, EPS, 0.0, w, config=cfg)
 
     base = run(1)[0]
@@ -196,11 +171,6 @@ def test_unfused_path_is_the_plain_composition():
     assert torch.equal(fused.linear_residual(x, w, r), r + linear(x, w))
     g, u = linear(rms_norm(x, nw, EPS), w).split(48, dim=-1)
     assert torch.equal(fused.norm_gate_up_silu(x, nw, EPS, 0.0, w), F.silu(g) * u)
-    down = torch.randn(64, 48)
-    g2, u2 = linear(x, w).split(48, dim=-1)
-    assert torch.equal(fused.gate_up_silu(x, w), F.silu(g2) * u2)
-    assert torch.equal(fused.norm_silu_mlp_residual(x, nw, EPS, 0.0, w, down),
-                       x + linear(F.silu(g) * u, down))
     table = RotaryTable(16, 10000.0, 64)
     qkv = torch.randn(5, 4 * 16)
     q, k, v = (t.reshape(5, -1, 16) for t in qkv.split([32, 16, 16], dim=-1))
@@ -294,32 +264,33 @@ def test_whole_model_fused_matches_unfused(monkeypatch):
 
 @cuda_only
 def test_wide_model_fused_is_the_unfused_bits(monkeypatch):
-    """Above FUSE_MAX_HIDDEN no norm is fused, so every fused op there (the residual
-    epilogues, rope + cache write, silu * up as the gate/up product's epilogue at <= 16 rows)
-    has the unfused path's bits: the whole model's logits are equal, prefill and decode."""
+    """Above FUSE_MAX_HIDDEN no norm is fused, so the fused ops there (the residual
+    epilogues, rope + cache write) have the unfused path's bits: the whole model's logits
+    are equal, prefill and decode."""
     from mmserve.kernels import triton_fused
 
     calls = {"n": 0}
-    real = triton_fused.gate_up_silu
+    for name in ("linear_residual", "rope_write_kv"):
+        real = getattr(triton_fused, name)
 
-    def counted(*a, **kw):
-        calls["n"] += 1
-        return real(*a, **kw)
+        def counted(*a, _real=real, **kw):
+            calls["n"] += 1
+            return _real(*a, **kw)
 
-    monkeypatch.setattr(triton_fused, "gate_up_silu", counted)
+        monkeypatch.setattr(triton_fused, name, counted)
     h = 64 * 33
     assert h > fused.FUSE_MAX_HIDDEN
     model = _tiny_llama(h=h, inter=1024, heads=33, kv_heads=3)
     prompt = torch.randint(0, 1000, (21,), generator=torch.Generator().manual_seed(6)).tolist()
     tokens = [5, 17, 900, 3, 3, 41]
-    got = _run(model, prompt, tokens)  # the 21-row prefill takes the two launches
-    assert calls["n"] == 6 * 2  # 6 one-token steps x 2 layers
+    got = _run(model, prompt, tokens)
+    assert calls["n"] == 7 * 2 * 3  # 7 steps x 2 layers x (o, down, rope + write)
     fused.set_fused_enabled(False)
     try:
         want = _run(model, prompt, tokens)
     finally:
         fused.set_fused_enabled(True)
-    assert calls["n"] == 12
+    assert calls["n"] == 42
     assert torch.equal(got, want)
 
 
