@@ -46,6 +46,7 @@ class Speculator:
         # shape choose() got, so a step with the same requests can skip the pass over them
         self._last_running: list[Request] = []
         self._steady_shape: tuple[int, int] | None = None
+        self._steady_ids: tuple[str, ...] = ()  # their ids, in order (as choose got them)
         self._quiet = False  # this step was taken as quiet (controller.quiet_step)
         self._quiet_steps = 0
         # requests the drafter has prepared (indexed) for, and this step's time doing so:
@@ -82,6 +83,8 @@ class Speculator:
             if self.controller.quiet_step(self._steady_shape):
                 self._quiet = True
                 return {}
+            if self.controller.held_back(self._steady_ids):
+                return {}
         decoding, pending = [], 0  # one pass: this runs every step, drafting or not
         for r in running:
             n = r.num_tokens - r.num_computed
@@ -92,11 +95,12 @@ class Speculator:
         steady = self.config.auto and pending == len(running) and bool(decoding)
         self._last_running = list(running) if steady else []
         self._steady_shape = (len(decoding), others) if steady else None
+        ids = [r.request_id for r in decoding]
+        self._steady_ids = tuple(ids)
         if not decoding or self.controller.paused():
             return {}
         if self.config.auto:
-            ks = self.controller.choose([r.request_id for r in decoding], max(0, others),
-                                        self._match_check(decoding))
+            ks = self.controller.choose(ids, max(0, others), self._match_check(decoding))
         else:
             ks = [self.config.max_tokens_per_step] * len(decoding)
         # only requests given k > 0: all_ids copies the whole context. A probe drafts only

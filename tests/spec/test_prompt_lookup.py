@@ -134,3 +134,28 @@ def test_step_cost_does_not_grow_with_context() -> None:
         buf.reads = 0
         d.propose([DraftRequest("a", buf, 4)])
         assert buf.reads < 100  # a few n-grams and the draft, not the 20k-token context
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), min_n=st.integers(1, 3), extra_n=st.integers(0, 2))
+def test_index_grown_in_steps_of_any_size_is_the_index_built_at_once(
+    data: st.DataObject, min_n: int, extra_n: int
+) -> None:
+    """Appends of 0-20 tokens (one by one below ``SHORT_UPDATE`` new positions, in bulk
+    above it) leave each n's dict equal to one built from scratch: every n-gram ending at
+    1..len-1 mapped to its latest end, in first-occurrence order."""
+    max_n = min_n + extra_n
+    drafter = PromptLookupDrafter(min_n, max_n)
+    tokens: list[int] = []
+    for _ in range(data.draw(st.integers(1, 10))):
+        tokens = tokens + data.draw(st.lists(st.integers(0, 3), max_size=20))
+        if len(tokens) < 2:
+            continue
+        drafter.prepare(DraftRequest("r", tokens, 1))
+        index = drafter._indexes["r"]
+        for n in range(min_n, max_n + 1):
+            want: dict[tuple[int, ...], int] = {}
+            for e in range(n, len(tokens)):
+                want[tuple(tokens[e - n : e])] = e
+            got = index.ends[n - min_n]
+            assert got == want and list(got) == list(want)

@@ -674,3 +674,39 @@ def test_a_blank_due_probe_is_company_and_denied_shapes_ask_no_drafter() -> None
         assert ctrl.choose(ids, has_match=has_match) == [0] * 16
         sim.record(16, [0] * 16)
     assert asked == [] and quiet >= 60, (asked, quiet)
+
+
+def test_held_back_takes_a_veto_pause_as_choose_does() -> None:
+    """The speculator's steady path asks ``held_back`` before its per-request pass: the
+    steps it takes plain must be the ones ``choose`` would have, with the same state after,
+    so every later choice is the same. A request the drafter has no match for ("blank")
+    makes its probes come back empty, and ``hold_drafts`` then vetoes the copying
+    request's drafts: a pause that ``quiet_step`` does not cover (the vetoed step still
+    had a probe planned). Compared step for step with a run that only calls ``choose``."""
+    accept = {"copy": 0.95, "blank": 0.0, "prose": 0.1}
+    runs = []
+    for steady in (False, True):
+        ctrl = SpecController(k_max=8)
+        sim = Sim(ctrl, SLOPED, seed=3)
+        ids, held, out = list(accept), 0, []
+        for _ in range(400):
+            if steady and (ctrl.paused() or ctrl.quiet_step((len(ids), 0))):
+                ks = [0] * len(ids)
+            elif steady and ctrl.held_back(tuple(ids)):
+                ks, held = [0] * len(ids), held + 1
+            else:
+                ks = ctrl.choose(ids)
+                for i, rid in enumerate(ids):  # the drafter's side, as the speculator's
+                    if ks[i] and accept[rid] == 0.0:
+                        ctrl.no_draft(rid)
+                        ks[i] = 0
+                if any(ks) and ctrl.hold_drafts():
+                    ks = [k if ctrl.probing(r) else 0 for r, k in zip(ids, ks, strict=True)]
+            for rid, k in zip(ids, ks, strict=True):
+                if k:
+                    sim.verify(rid, k, accept[rid])
+            sim.record(len(ids) + sum(ks), ks)
+            out.append(ks)
+        runs.append((out, ctrl.vetoes, ctrl._steps, ctrl._veto_until, held))
+    assert runs[0][:4] == runs[1][:4]
+    assert runs[1][4] > 0  # held_back took some steps itself
