@@ -35,8 +35,10 @@ SHAPES = ((1, 1), (1, 2), (1, 3), (1, 5), (1, 9), (2, 5), (4, 1), (4, 3), (8, 2)
 
 
 # setting -> the stack on?, its TUNING ("stack_serial": every tile's splits in one program)
+# "engine": the stack as the engine runs it, the serial-split graph while a step's keys
+# are within DecodeGraphs.serial_max_keys (the other settings capture no such graph)
 SETTINGS = {"layered": (False, {}), "stack": (True, {"spread": True}),
-            "stack_serial": (True, {"spread": False})}
+            "stack_serial": (True, {"spread": False}), "engine": (True, {"spread": True})}
 
 
 @torch.inference_mode()
@@ -46,13 +48,17 @@ def measure(model, dec: PagedDecoder, setting: str, tokens: dict, prompt: int) -
     set_decode_stack_enabled(stack)
     triton_decode_stack.TUNING.update(tuning)
     graphs = DecodeGraphs(model, dec.kv, dec.per_seq, SIZES, QSIZES)
+    if setting != "engine":
+        graphs.serial_max_keys = 0
     report = graphs.capture()
     out = {"capture_s": report.seconds, "shapes": {}}
     for bs, q in SHAPES:
         toks = tokens[(bs, q)]
+        serial = graphs.serial_replays
         logits, _ = graphs.run_verify(toks, [prompt] * bs, dec.tables[:bs], BLOCK_SIZE)
         logits = logits.clone()
-        graph = graphs.graphs[(bs, q)]
+        graph = (graphs.serial[(bs, q)][0] if graphs.serial_replays > serial
+                 else graphs.graphs[(bs, q)])
         us = cuda_time_ms(lambda g=graph: [g.replay() for _ in range(50)], repeats=5,
                           warmup=1) * 20
         out["shapes"][f"{bs}x{q}"] = {"replay_us": us, "logits": logits}

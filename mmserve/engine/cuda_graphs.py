@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mmserve.kernels import decode_stack
 from mmserve.kernels.attention import KVLike, kv_layer
 from mmserve.kernels.triton_attention import PagedMetadata
 from mmserve.models.base import CausalLM
@@ -38,6 +39,12 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 # padding: eagerly, a SmolLM2-135M prefill is ~190 launches from Python, ~10 ms on the
 # H200 for a ~300-token prompt, most of a short answer's time (bench/NOTES.md, session 4).
 PREFILL_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# Shapes the one-launch decode stack runs get a second graph of its variant that keeps a
+# tile's key splits in one program (fewer registers: no spread path), replayed while no
+# sequence of the step has more than this many keys. H200, SmolLM2-135M, batch 1
+# (bench/NOTES.md, session 11): 783 us against 822 at 128 cached tokens, the spread kernel
+# ahead from three splits on (834 against 863 at 320, session 10).
+SERIAL_MAX_KEYS = 256
 
 
 @dataclass
@@ -84,6 +91,10 @@ class DecodeGraphs:
                             for q in self.qsizes}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
+        # the decode stack's serial-split variant of the shapes it runs (SERIAL_MAX_KEYS)
+        self.serial_max_keys = SERIAL_MAX_KEYS
+        self.serial: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.serial_replays = 0
 
     def _meta(self, bs: int, q: int) -> PagedMetadata:
         return PagedMetadata(self.slots[: bs * q], self.tables[:bs], self.context_lens[:bs],
@@ -107,24 +118,31 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         for q in reversed(self.qsizes):
             for bs in reversed(self.sizes):
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
-                    self._forward(bs, q)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.logits[(bs, q)] = self._forward(bs, q)
-                self.graphs[(bs, q)] = graph
+                stacked = decode_stack.runs()
+                self.graphs[(bs, q)], self.logits[(bs, q)] = self._capture(bs, q, pool)
+                if decode_stack.runs() > stacked and self.serial_max_keys > 0:
+                    with decode_stack.serial_splits():
+                        self.serial[(bs, q)] = self._capture(bs, q, pool)
         # one replay each (all padding: nothing is written): a graph's first launch uploads
         # it to the device, ~1 ms on the H200 (a first verify step took 2.5 ms, later ones
         # 1.6); left to the first real step, that cost lands on a request and in the
         # speculation controller's cost curves
-        for graph in self.graphs.values():
+        for graph in [*self.graphs.values(), *(g for g, _ in self.serial.values())]:
             graph.replay()
         torch.cuda.synchronize()
         return CaptureReport(self.sizes, time.perf_counter() - start,
                              free_before - torch.cuda.mem_get_info(self.device)[0])
+
+    def _capture(self, bs: int, q: int, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
+            self._forward(bs, q)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            logits = self._forward(bs, q)
+        return graph, logits
 
     def fits(self, n: int, q: int = 1) -> bool:
         return 0 < n <= self.max_batch and q <= self.max_q and bool(self.graphs)
@@ -160,8 +178,14 @@ class DecodeGraphs:
         used = 3 * self._rows + 2 * self.max_batch + bs * self.max_blocks
         self._buf[:used].copy_(self._host[:used], non_blocking=True)
         self._copied.record()
-        self.graphs[(bs, q)].replay()
-        return self.logits[(bs, q)][: n if self.last_row_only else n * q], q
+        graph, logits = self.graphs[(bs, q)], self.logits[(bs, q)]
+        serial = self.serial.get((bs, q))
+        if serial is not None and max(s + len(t) for s, t in zip(starts, tokens, strict=True)
+                                      ) <= self.serial_max_keys:
+            graph, logits = serial
+            self.serial_replays += 1
+        graph.replay()
+        return logits[: n if self.last_row_only else n * q], q
 
     def _fill(self, tokens, starts, tables, block_size: int, q: int) -> None:
         b, r, n, h = self.max_batch, self._rows, len(tokens), self._host_np

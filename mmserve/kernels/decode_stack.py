@@ -17,7 +17,9 @@ path, for comparisons.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -29,7 +31,7 @@ from mmserve.kernels.triton_dispatch import use_triton
 # On by default: H200, SmolLM2-135M shape, batch-1 graph replay 848 us against 887 us for
 # the layered path, three alternated rounds (bench/NOTES.md, session 8).
 _state: dict[str, int | bool] = {"enabled": os.environ.get("MMSERVE_DECODE_STACK", "1") != "0",
-                                 "max_rows": MAX_ROWS}
+                                 "max_rows": MAX_ROWS, "runs": 0}
 
 # (stacked name, attribute path under a layer)
 STACKED = (("qkv", "attn.qkv_weight"), ("o", "attn.o_weight"), ("gate_up", "mlp.gate_up_weight"),
@@ -43,6 +45,26 @@ def set_decode_stack_enabled(enabled: bool) -> None:
 
 def decode_stack_enabled() -> bool:
     return bool(_state["enabled"])
+
+
+def runs() -> int:
+    """Launches of the stack so far (a forward the caller watches ran it if this moved)."""
+    return int(_state["runs"])
+
+
+@contextlib.contextmanager
+def serial_splits() -> Iterator[None]:
+    """Within it, launches keep every tile's key splits in one program (the kernel
+    variant without the spread path: fewer registers). CUDA graphs captured inside replay
+    that variant; the bits are the same either way (GPU tests)."""
+    from mmserve.kernels.triton_decode_stack import TUNING
+
+    was = TUNING["spread"]
+    TUNING["spread"] = False
+    try:
+        yield
+    finally:
+        TUNING["spread"] = was
 
 
 def set_decode_stack_rows(rows: int) -> None:
@@ -116,6 +138,7 @@ def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, k
 
     cache = whole_cache(kv)
     assert cache is not None
+    _state["runs"] += 1
     pm = paged_metadata(meta, cache.shape[3])
     return decode_stack(x, stacked_weights(layers), cache, rope.cos, rope.sin, positions,
                         pm.slot_mapping, pm.block_tables, pm.context_lens, pm.query_start,

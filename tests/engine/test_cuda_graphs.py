@@ -53,3 +53,30 @@ def test_prefill_graph_chunks_equal_the_eager_forward(tiny_llama):
         assert torch.equal(got, want), (start, n)
         start += n
     assert torch.equal(graph_kv, eager_kv)  # the same bytes in every slot, padding wrote none
+
+
+@torch.inference_mode()
+def test_serial_split_graphs_replay_short_contexts_with_the_same_bits(tiny_llama):
+    """Shapes the decode stack runs get a second graph of its serial-split variant, taken
+    while no sequence has more than ``serial_max_keys`` keys: decode and verify steps
+    across that bound give the logits of graphs without it (and KV bytes), bit for bit."""
+    model = tiny_llama()
+    blocks = 64
+    kvs = [make_kv(model, blocks, torch.bfloat16) for _ in range(2)]
+    both = [DecodeGraphs(model, kv, 32, (1, 2), (1, 3)) for kv in kvs]
+    both[1].serial_max_keys = 0  # the spread kernel for every step
+    for g in both:
+        g.capture()
+    assert set(both[0].serial) == {(1, 1), (2, 1), (1, 3), (2, 3)} and not both[1].serial
+    rng = np.random.default_rng(1)
+    tables = np.stack([rng.permutation(np.arange(1, blocks))[:32] for _ in range(2)])
+    prompt = rng.integers(0, 1000, (2, 250)).tolist()
+    # a 250-token prompt each, in 3-token verify steps, then decode steps past 256 keys
+    steps = [([p[i : i + 3] for p in prompt], [i, i]) for i in range(0, 249, 3)]
+    steps += [([[t] for t in rng.integers(0, 1000, 2).tolist()], [249 + j, 249 + j])
+              for j in range(12)]
+    for tokens, starts in steps:
+        got, want = (g.run_verify(tokens, starts, tables, PAGE)[0].clone() for g in both)
+        assert torch.equal(got, want), starts
+    assert 0 < both[0].serial_replays < len(steps)  # short steps serial, the rest spread
+    assert torch.equal(kvs[0], kvs[1])
