@@ -30,7 +30,7 @@ import torch
 
 from mmserve.kernels import decode_stack
 from mmserve.kernels.attention import KVLike, kv_layer
-from mmserve.kernels.triton_attention import PagedMetadata
+from mmserve.kernels.triton_attention import SPLIT, PagedMetadata
 from mmserve.models.base import CausalLM
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
@@ -41,10 +41,11 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 PREFILL_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 # Shapes the one-launch decode stack runs get a second graph of its variant that keeps a
 # tile's key splits in one program (fewer registers: no spread path), replayed while no
-# sequence of the step has more than this many keys. H200, SmolLM2-135M, batch 1
-# (bench/NOTES.md, session 11): 783 us against 822 at 128 cached tokens, the spread kernel
-# ahead from three splits on (834 against 863 at 320, session 10).
-SERIAL_MAX_KEYS = 256
+# sequence of the step has more than this many keys: one split, where there is nothing
+# to spread. H200, SmolLM2-135M, batch 1 (bench/NOTES.md, session 11): 784 us against 822
+# at 128 cached tokens; with three splits the spread kernel is ahead (834 against 863 at
+# 320, session 10); two splits were not measured.
+SERIAL_MAX_KEYS = SPLIT
 
 
 @dataclass
