@@ -83,7 +83,7 @@ class Speculator:
             if self.controller.quiet_step(self._steady_shape):
                 self._quiet = True
                 return {}
-            if self.controller.held_back(self._steady_ids):
+            if self.controller.held_back(self._steady_ids, self._steady_shape[1]):
                 return {}
         decoding, pending = [], 0  # one pass: this runs every step, drafting or not
         for r in running:

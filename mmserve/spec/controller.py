@@ -374,15 +374,19 @@ class SpecController:
         self._vetoed(ids)
         return True
 
-    def held_back(self, request_ids: tuple[str, ...]) -> bool:
+    def held_back(self, request_ids: tuple[str, ...], num_other_tokens: int = 0) -> bool:
         """``choose``'s test for a step a veto holds back, for a caller that knows its
         requests are the last planned step's (the speculator's steady path): True takes
         the step plain, as ``choose`` would, without the per-request pass before it. A
         pause whose vetoed step still verified (a probe ran) is not quiet, so each of its
-        steps took that pass (code c=4 on the dev CPU: ~44 us a step, ~20 without)."""
+        steps took that pass (code c=4 on the dev CPU: ~44 us a step, ~20 without).
+        False wherever ``choose`` returns before its veto test (then call it)."""
         if self._veto_until <= self._steps or self._veto_ids != request_ids:
             return False
-        if (self._verify_cost.measured and not self._cost.has_bucket(len(request_ids))
+        if self.padded and num_other_tokens:
+            return False  # choose's early return for a step with a prefill chunk
+        if (self._verify_cost.measured
+                and not self._cost.has_bucket(len(request_ids) + num_other_tokens)
                 and self._since_plain >= 2):
             return False  # choose measures the baseline first
         self._probe_step, self._blank_probe = (), False

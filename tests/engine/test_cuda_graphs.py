@@ -63,20 +63,26 @@ def test_serial_split_graphs_replay_short_contexts_with_the_same_bits(tiny_llama
     model = tiny_llama()
     blocks = 64
     kvs = [make_kv(model, blocks, torch.bfloat16) for _ in range(2)]
-    both = [DecodeGraphs(model, kv, 32, (1, 2), (1, 3)) for kv in kvs]
+    both = [DecodeGraphs(model, kv, 31, (1, 2), (1, 3)) for kv in kvs]
     both[1].serial_max_keys = 0  # the spread kernel for every step
     for g in both:
         g.capture()
     assert set(both[0].serial) == {(1, 1), (2, 1), (1, 3), (2, 3)} and not both[1].serial
     rng = np.random.default_rng(1)
-    tables = np.stack([rng.permutation(np.arange(1, blocks))[:32] for _ in range(2)])
+    # disjoint block tables (two sequences share no block, as in the engine)
+    tables = rng.permutation(np.arange(1, blocks))[:62].reshape(2, 31)
     prompt = rng.integers(0, 1000, (2, 250)).tolist()
-    # a 250-token prompt each, in 3-token verify steps, then decode steps past 256 keys
-    steps = [([p[i : i + 3] for p in prompt], [i, i]) for i in range(0, 249, 3)]
-    steps += [([[t] for t in rng.integers(0, 1000, 2).tolist()], [249 + j, 249 + j])
-              for j in range(12)]
+    # 3-token verify steps of two sequences over 60 positions, decode steps of both, then
+    # of the first alone (batch 1) across 128 keys, then verify steps of both again (the
+    # second 40 positions behind) up to 250 keys
+    steps = [([p[i : i + 3] for p in prompt], [i, i]) for i in range(0, 60, 3)]
+    steps += [([[p[i]] for p in prompt], [i, i]) for i in range(60, 100)]
+    steps += [([[prompt[0][i]]], [i]) for i in range(100, 140)]
+    steps += [([prompt[0][i : i + 3], prompt[1][i - 40 : i - 37]], [i, i - 40])
+              for i in range(140, 248, 3)]
     for tokens, starts in steps:
-        got, want = (g.run_verify(tokens, starts, tables, PAGE)[0].clone() for g in both)
+        t = tables[: len(tokens)]
+        got, want = (g.run_verify(tokens, starts, t, PAGE)[0].clone() for g in both)
         assert torch.equal(got, want), starts
     assert 0 < both[0].serial_replays < len(steps)  # short steps serial, the rest spread
     assert torch.equal(kvs[0], kvs[1])

@@ -676,26 +676,30 @@ def test_a_blank_due_probe_is_company_and_denied_shapes_ask_no_drafter() -> None
     assert asked == [] and quiet >= 60, (asked, quiet)
 
 
-def test_held_back_takes_a_veto_pause_as_choose_does() -> None:
+@pytest.mark.parametrize("others,padded", [(0, False), (1, False), (1, True)])
+def test_held_back_takes_a_veto_pause_as_choose_does(others: int, padded: bool) -> None:
     """The speculator's steady path asks ``held_back`` before its per-request pass: the
     steps it takes plain must be the ones ``choose`` would have, with the same state after,
     so every later choice is the same. A request the drafter has no match for ("blank")
     makes its probes come back empty, and ``hold_drafts`` then vetoes the copying
     request's drafts: a pause that ``quiet_step`` does not cover (the vetoed step still
-    had a probe planned). Compared step for step with a run that only calls ``choose``."""
+    had a probe planned). Compared step for step with a run that only calls ``choose``;
+    also with ``others`` tokens of a request that is not decoding (with padded graphs
+    ``choose`` then returns before its veto test, and so must ``held_back``)."""
     accept = {"copy": 0.95, "blank": 0.0, "prose": 0.1}
     runs = []
     for steady in (False, True):
         ctrl = SpecController(k_max=8)
+        ctrl.padded = padded
         sim = Sim(ctrl, SLOPED, seed=3)
         ids, held, out = list(accept), 0, []
         for _ in range(400):
-            if steady and (ctrl.paused() or ctrl.quiet_step((len(ids), 0))):
+            if steady and (ctrl.paused() or ctrl.quiet_step((len(ids), others))):
                 ks = [0] * len(ids)
-            elif steady and ctrl.held_back(tuple(ids)):
+            elif steady and ctrl.held_back(tuple(ids), others):
                 ks, held = [0] * len(ids), held + 1
             else:
-                ks = ctrl.choose(ids)
+                ks = ctrl.choose(ids, others)
                 for i, rid in enumerate(ids):  # the drafter's side, as the speculator's
                     if ks[i] and accept[rid] == 0.0:
                         ctrl.no_draft(rid)
@@ -705,8 +709,11 @@ def test_held_back_takes_a_veto_pause_as_choose_does() -> None:
             for rid, k in zip(ids, ks, strict=True):
                 if k:
                     sim.verify(rid, k, accept[rid])
-            sim.record(len(ids) + sum(ks), ks)
+            sim.record(len(ids) + others + sum(ks), ks)
             out.append(ks)
         runs.append((out, ctrl.vetoes, ctrl._steps, ctrl._veto_until, held))
     assert runs[0][:4] == runs[1][:4]
-    assert runs[1][4] > 0  # held_back took some steps itself
+    if padded and others:
+        assert runs[1][4] == 0 and runs[1][1] == 0  # nothing drafts, nothing is held
+    else:
+        assert runs[1][4] > 0  # held_back took some steps itself
