@@ -213,8 +213,7 @@ class SpecController:
             # with CUDA graphs a step that carries a prefill chunk runs eagerly: its cost
             # is not the graph verify step's the curves know, so it does not draft
             return [0] * len(request_ids)
-        if (self._verify_cost.measured and not self._cost.has_bucket(tokens)
-                and self._since_plain >= 2):
+        if self._baseline_due(tokens):
             # measure the baseline at this size with one plain step: when every step
             # drafts, the cost of not drafting would otherwise stay a guess
             self._since_plain = 0
@@ -223,7 +222,7 @@ class SpecController:
         shape = (len(request_ids), num_other_tokens)
         if all(r in states for r in request_ids) and self.quiet_step(shape):
             return [0] * len(request_ids)
-        if self._veto_until > self._steps and self._veto_ids == tuple(request_ids):
+        if self._held(tuple(request_ids)):
             self._skip_step()  # the step the veto held back, unchanged: not planned
             return [0] * len(request_ids)
         self._probe_budget = min(1.0, self._probe_budget + self.probe_budget_per_step)
@@ -381,17 +380,21 @@ class SpecController:
         pause whose vetoed step still verified (a probe ran) is not quiet, so each of its
         steps took that pass (code c=4 on the dev CPU: ~44 us a step, ~20 without).
         False wherever ``choose`` returns before its veto test (then call it)."""
-        if self._veto_until <= self._steps or self._veto_ids != request_ids:
-            return False
-        if self.padded and num_other_tokens:
-            return False  # choose's early return for a step with a prefill chunk
-        if (self._verify_cost.measured
-                and not self._cost.has_bucket(len(request_ids) + num_other_tokens)
-                and self._since_plain >= 2):
-            return False  # choose measures the baseline first
+        if (not self._held(request_ids) or (self.padded and num_other_tokens)
+                or self._baseline_due(len(request_ids) + num_other_tokens)):
+            return False  # not held, or choose returns before its veto test
         self._probe_step, self._blank_probe = (), False
         self._skip_step()
         return True
+
+    def _held(self, request_ids: tuple[str, ...]) -> bool:
+        """Whether these requests' step is one a veto holds back."""
+        return self._veto_until > self._steps and self._veto_ids == request_ids
+
+    def _baseline_due(self, tokens: int) -> bool:
+        """Whether ``choose`` takes this step plain to measure the plain cost of its size."""
+        return (self._verify_cost.measured and not self._cost.has_bucket(tokens)
+                and self._since_plain >= 2)
 
     def _skip_step(self) -> None:
         """A step taken plain without a per-request pass (off requests' waits run on)."""
