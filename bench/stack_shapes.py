@@ -55,7 +55,7 @@ def measure(model, dec: PagedDecoder, setting: str, tokens: dict, prompt: int) -
     for bs, q in SHAPES:
         toks = tokens[(bs, q)]
         serial = graphs.serial_replays
-        logits, _ = graphs.run_verify(toks, [prompt] * bs, dec.tables[:bs], BLOCK_SIZE)
+        logits, _, _ = graphs.run_verify(toks, [prompt] * bs, dec.tables[:bs], BLOCK_SIZE)
         logits = logits.clone()
         graph = (graphs.serial[(bs, q)][0] if graphs.serial_replays > serial
                  else graphs.graphs[(bs, q)])

@@ -22,8 +22,10 @@ only), never the CPU path's per-sequence objects; the CPU path is untouched.
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -41,11 +43,18 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 PREFILL_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 # Shapes the one-launch decode stack runs get a second graph of its variant that keeps a
 # tile's key splits in one program (fewer registers: no spread path), replayed while no
-# sequence of the step has more than this many keys: one split, where there is nothing
-# to spread. H200, SmolLM2-135M, batch 1 (bench/NOTES.md, session 11): 784 us against 822
-# at 128 cached tokens; with three splits the spread kernel is ahead (834 against 863 at
-# 320, session 10); two splits were not measured.
-SERIAL_MAX_KEYS = SPLIT
+# sequence of the step has more than this many keys: one or two 128-key splits, where
+# spreading gains less than its registers cost. H200, SmolLM2-135M, batch 1
+# (bench/NOTES.md, sessions 10-12): 784 against 822 us at 128 cached tokens, 811 against
+# 830 at 200, every shape up to 16 rows 2-5 % faster; with three splits the spread kernel
+# is ahead (834 against 863 at 320).
+SERIAL_MAX_KEYS = 2 * SPLIT
+
+
+class Replayed(NamedTuple):
+    logits: torch.Tensor  # (rows, V) float32
+    argmax: torch.Tensor  # (rows,) int64: each row's argmax (ties: lowest id)
+    q: int  # the query bucket the step replayed: sequence i's rows start at i * q
 
 
 @dataclass
@@ -83,6 +92,12 @@ class DecodeGraphs:
         self._host_np = self._host.numpy()
         self._buf = torch.zeros_like(self._host, device=self.device)
         self._copied = torch.cuda.Event() if cuda else None
+        # the stream the last input copy went on: recording the event on a stream fetched
+        # by ``current_stream()`` each step cost the H200 host ~25 us of a ~930 us batch-1
+        # step (bench/NOTES.md, session 12), a check of the current stream's id ~1 us
+        self._index = self.device.index if self.device.index is not None else 0
+        self._stream = torch.cuda.current_stream(self.device) if cuda else None
+        self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bs -> (dst, src)
         self.ids, self.positions, self.slots = (self._buf[i * r : (i + 1) * r] for i in range(3))
         self.context_lens = self._buf[3 * r : 3 * r + b]
         self.query_lens = self._buf[3 * r + b : 3 * r + 2 * b]
@@ -92,9 +107,13 @@ class DecodeGraphs:
                             for q in self.qsizes}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
+        # each graph's logits rows' argmax, computed in the graph: a greedy step's tokens
+        # without an argmax launch from the host (~29 us of the H200 host a step)
+        self.argmax: dict[tuple[int, int], torch.Tensor] = {}
         # the decode stack's serial-split variant of the shapes it runs (SERIAL_MAX_KEYS)
         self.serial_max_keys = SERIAL_MAX_KEYS
-        self.serial: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.serial: dict[tuple[int, int],
+                          tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.serial_replays = 0
 
     def _meta(self, bs: int, q: int) -> PagedMetadata:
@@ -120,7 +139,9 @@ class DecodeGraphs:
         for q in reversed(self.qsizes):
             for bs in reversed(self.sizes):
                 stacked = decode_stack.runs()
-                self.graphs[(bs, q)], self.logits[(bs, q)] = self._capture(bs, q, pool)
+                key = (bs, q)
+                self.graphs[key], self.logits[key], self.argmax[key] = self._capture(
+                    bs, q, pool)
                 if decode_stack.runs() > stacked and self.serial_max_keys > 0:
                     with decode_stack.serial_splits():
                         self.serial[(bs, q)] = self._capture(bs, q, pool)
@@ -128,22 +149,24 @@ class DecodeGraphs:
         # it to the device, ~1 ms on the H200 (a first verify step took 2.5 ms, later ones
         # 1.6); left to the first real step, that cost lands on a request and in the
         # speculation controller's cost curves
-        for graph in [*self.graphs.values(), *(g for g, _ in self.serial.values())]:
+        for graph in [*self.graphs.values(), *(g for g, _, _ in self.serial.values())]:
             graph.replay()
         torch.cuda.synchronize()
         return CaptureReport(self.sizes, time.perf_counter() - start,
                              free_before - torch.cuda.mem_get_info(self.device)[0])
 
-    def _capture(self, bs: int, q: int, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, bs: int, q: int, pool
+                 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
-            self._forward(bs, q)
+            self._forward(bs, q).argmax(-1)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             logits = self._forward(bs, q)
-        return graph, logits
+            argmax = logits.argmax(-1)  # row-wise: a row's argmax is the one outside
+        return graph, logits, argmax
 
     def fits(self, n: int, q: int = 1) -> bool:
         return 0 < n <= self.max_batch and q <= self.max_q and bool(self.graphs)
@@ -158,51 +181,76 @@ class DecodeGraphs:
         """
         if not self.fits(len(ids)):
             return self.run_eager(ids, positions, block_tables, block_size)
-        logits, _ = self.run_verify([[t] for t in ids], positions, block_tables, block_size)
-        return logits
+        return self.run_verify([[t] for t in ids], positions, block_tables, block_size).logits
 
     @torch.inference_mode()
     def run_verify(self, tokens: list[list[int]], starts: list[int], block_tables: np.ndarray,
-                   block_size: int) -> tuple[torch.Tensor, int]:
-        """Sequence ``i`` runs ``tokens[i]`` from position ``starts[i]`` -> (logits of
-        ``n * q`` rows, a view valid until the next run; ``q``): its rows are ``i*q + j``.
-        With ``last_row_only``: ``n`` rows, row ``i`` for sequence ``i``'s last token."""
-        n, longest = len(tokens), max(len(t) for t in tokens)
+                   block_size: int) -> Replayed:
+        """Sequence ``i`` runs ``tokens[i]`` from position ``starts[i]`` -> the logits of
+        ``n * q`` rows (its rows are ``i*q + j``), their argmax, and ``q``: views valid
+        until the next run. With ``last_row_only``: ``n`` rows, row ``i`` for sequence
+        ``i``'s last token."""
+        n = len(tokens)
+        longest = max(map(len, tokens))
         assert self.fits(n, longest), (n, longest)
         bs = self.sizes[bisect.bisect_left(self.sizes, n)]
         q = self.qsizes[bisect.bisect_left(self.qsizes, longest)]
         assert self._copied is not None
         self._copied.synchronize()  # the last step's copy has left the pinned buffer
-        self._fill(tokens, starts, block_tables, block_size, q)
+        keys = self._fill(tokens, starts, block_tables, block_size, q)
         # the flat buffer up to the end of table row bs - 1: all this graph reads (the
         # whole buffer is ~1 MiB at 256 x 512 blocks, ~40 us of a ~1 ms batch-1 step)
-        used = 3 * self._rows + 2 * self.max_batch + bs * self.max_blocks
-        self._buf[:used].copy_(self._host[:used], non_blocking=True)
-        self._copied.record()
-        graph, logits = self.graphs[(bs, q)], self.logits[(bs, q)]
-        serial = self.serial.get((bs, q))
-        if serial is not None and max(s + len(t) for s, t in zip(starts, tokens, strict=True)
-                                      ) <= self.serial_max_keys:
-            graph, logits = serial
+        view = self._views.get(bs)
+        if view is None:
+            used = 3 * self._rows + 2 * self.max_batch + bs * self.max_blocks
+            view = self._views[bs] = (self._buf[:used], self._host[:used])
+        view[0].copy_(view[1], non_blocking=True)
+        self._copied.record(self._current_stream())
+        key = (bs, q)
+        graph, logits, argmax = self.graphs[key], self.logits[key], self.argmax[key]
+        serial = self.serial.get(key)
+        if serial is not None and keys <= self.serial_max_keys:
+            graph, logits, argmax = serial
             self.serial_replays += 1
         graph.replay()
-        return logits[: n if self.last_row_only else n * q], q
+        rows = n if self.last_row_only else n * q
+        return Replayed(logits[:rows], argmax[:rows], q)
 
-    def _fill(self, tokens, starts, tables, block_size: int, q: int) -> None:
+    def _current_stream(self) -> torch.cuda.Stream:
+        """``torch.cuda.current_stream()``, without building a Stream object each step."""
+        assert self._stream is not None
+        if torch._C._cuda_getCurrentStream(self._index)[0] != self._stream.stream_id:
+            self._stream = torch.cuda.current_stream(self.device)
+        return self._stream
+
+    def _fill(self, tokens: list[list[int]], starts: list[int], tables: np.ndarray,
+              block_size: int, q: int) -> int:
+        """The step's inputs into the pinned buffer, every sequence at once (a numpy call
+        a field, not one per sequence: the loop cost the H200 host ~234 us at 16
+        sequences) -> the most keys a sequence of the step has."""
         b, r, n, h = self.max_batch, self._rows, len(tokens), self._host_np
         used = min(tables.shape[1], self.max_blocks)
         t = h[3 * r + 2 * b :].reshape(b, self.max_blocks)
         t[:n, :used] = tables[:, :used]
         self._fill_padding(0, b, q)
-        for i, (toks, start) in enumerate(zip(tokens, starts, strict=True)):
-            pos = np.arange(start, start + len(toks), dtype=np.int64)
-            rows = slice(i * q, i * q + len(toks))
-            h[rows] = toks
-            h[r + rows.start : r + rows.stop] = pos
-            h[2 * r + rows.start : 2 * r + rows.stop] = (
-                t[i, pos // block_size] * block_size + pos % block_size)
-            h[3 * r + i] = start + len(toks)
-            h[3 * r + b + i] = len(toks)
+        st = np.asarray(starts, dtype=np.int64)
+        lens = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
+        total = int(lens.sum())
+        flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=total)
+        if total == n:  # one token a sequence (decode steps)
+            seq = np.arange(n)
+            rows, pos = seq * q, st
+        else:
+            seq = np.repeat(np.arange(n), lens)
+            within = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+            rows, pos = seq * q + within, st[seq] + within
+        h[rows] = flat
+        h[r + rows] = pos
+        h[2 * r + rows] = t[seq, pos // block_size] * block_size + pos % block_size
+        ends = st + lens
+        h[3 * r : 3 * r + n] = ends
+        h[3 * r + b : 3 * r + b + n] = lens
+        return int(ends.max())
 
     def _fill_padding(self, lo: int, hi: int, q: int) -> None:
         """Sequences lo..hi-1 (and every row of the buffer from lo*q on) become padding."""

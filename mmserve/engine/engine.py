@@ -239,9 +239,10 @@ class LLMEngine:
             return None, picks
         # rows only ever increase: a contiguous run (every plain decode step, a greedy
         # verify without padding rows) is a view, not a gather of (rows, vocab) floats
-        logits = (result.logits[rows[0] : rows[-1] + 1] if rows[-1] - rows[0] + 1 == len(rows)
-                  else result.logits[rows])
-        return self.sampler.sample(logits, states, extra), picks
+        pick: slice | list[int] = (slice(rows[0], rows[-1] + 1)
+                                   if rows[-1] - rows[0] + 1 == len(rows) else rows)
+        argmax = result.argmax[pick] if result.argmax is not None else None
+        return self.sampler.sample(result.logits[pick], states, extra, argmax), picks
 
     def _commit(self, req: Request) -> None:
         """Offer the newly full blocks of computed tokens to the prefix cache."""

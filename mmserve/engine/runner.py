@@ -9,6 +9,7 @@ every draft position of a verify).
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -26,6 +27,7 @@ class StepLogits(NamedTuple):
     rows: list[list[int]]  # per scheduled seq: its rows in ``logits`` (empty: no tokens yet)
     num_rows: int  # query rows the forward computed (padding included), for cost models
     graph: bool = False  # the step replayed a captured CUDA graph
+    argmax: torch.Tensor | None = None  # (M,): each row's argmax, where the graph took it
 
 
 class ModelRunner:
@@ -86,23 +88,20 @@ class ModelRunner:
         no real row). Reported as no graph step: its cost is not a decode step's."""
         assert self.prefill_graphs is not None
         ids = s.req.table.block_ids  # type: ignore[union-attr]
-        logits, q = self.prefill_graphs.run_verify(
+        logits, argmax, q = self.prefill_graphs.run_verify(
             [s.req.all_ids[s.start : s.start + s.num_real]], [s.start],
             np.asarray([ids], dtype=np.int64), self.block_size)
-        return StepLogits(logits, [[0] if s.samples else []], q)
+        return StepLogits(logits, [[0] if s.samples else []], q, argmax=argmax)
 
     def _run_graph(self, seqs: list[ScheduledSeq]) -> StepLogits:
         assert self.graphs is not None
-        width = max(len(s.req.table.block_ids) for s in seqs)  # type: ignore[union-attr]
-        tables = np.zeros((len(seqs), width), dtype=np.int64)
-        for i, s in enumerate(seqs):
-            ids = s.req.table.block_ids  # type: ignore[union-attr]
-            tables[i, : len(ids)] = ids
-        logits, q = self.graphs.run_verify(
-            [[s.req.token(s.start), *s.draft] for s in seqs], [s.start for s in seqs], tables,
+        logits, argmax, q = self.graphs.run_verify(
+            [[s.req.token(s.start), *s.draft] for s in seqs], [s.start for s in seqs],
+            block_tables([s.req.table.block_ids for s in seqs]),  # type: ignore[union-attr]
             self.block_size)
         return StepLogits(logits, [list(range(i * q, i * q + s.num_tokens))
-                                   for i, s in enumerate(seqs)], len(seqs) * q, graph=True)
+                                   for i, s in enumerate(seqs)], len(seqs) * q, graph=True,
+                          argmax=argmax)
 
     def _embeds(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> torch.Tensor | None:
         """Token embeddings with span vectors spliced in, or None when no span is in play."""
@@ -119,6 +118,16 @@ class ModelRunner:
                     x[offset + a - lo : offset + b - lo] = rows.to(x.dtype)
             offset += s.num_tokens
         return x
+
+
+def block_tables(ids: list[list[int]]) -> np.ndarray:
+    """Block id lists -> one (n, longest) int64 array, zero-padded: a numpy call a step, not
+    one a sequence."""
+    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    out = np.zeros((len(ids), int(lens.max())), dtype=np.int64)
+    out[np.arange(out.shape[1]) < lens[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lens.sum()))
+    return out
 
 
 def _in_span(s: ScheduledSeq) -> bool:

@@ -47,7 +47,8 @@ def test_prefill_graph_chunks_equal_the_eager_forward(tiny_llama):
     start = 0
     for n in (5, 16, 16, 40, 200, 256, 67):
         ids = prompt[start : start + n]
-        got, q = graphs.run_verify([ids], [start], table[None].astype(np.int64), PAGE)
+        got, top, q = graphs.run_verify([ids], [start], table[None].astype(np.int64), PAGE)
+        assert torch.equal(top, got.argmax(-1))  # the graph's argmax is the host's
         assert q == min(b for b in (16, 64, 256) if b >= n) and got.shape[0] == 1
         want = _eager_chunk(model, eager_kv, ids, start, table)
         assert torch.equal(got, want), (start, n)
@@ -71,18 +72,19 @@ def test_serial_split_graphs_replay_short_contexts_with_the_same_bits(tiny_llama
     rng = np.random.default_rng(1)
     # disjoint block tables (two sequences share no block, as in the engine)
     tables = rng.permutation(np.arange(1, blocks))[:62].reshape(2, 31)
-    prompt = rng.integers(0, 1000, (2, 250)).tolist()
+    prompt = rng.integers(0, 1000, (2, 300)).tolist()
     # 3-token verify steps of two sequences over 60 positions, decode steps of both, then
     # of the first alone (batch 1) across 128 keys, then verify steps of both again (the
-    # second 40 positions behind) up to 250 keys
+    # second 40 positions behind) up to 290 keys: one, two and three 128-key splits
     steps = [([p[i : i + 3] for p in prompt], [i, i]) for i in range(0, 60, 3)]
     steps += [([[p[i]] for p in prompt], [i, i]) for i in range(60, 100)]
     steps += [([[prompt[0][i]]], [i]) for i in range(100, 140)]
     steps += [([prompt[0][i : i + 3], prompt[1][i - 40 : i - 37]], [i, i - 40])
-              for i in range(140, 248, 3)]
+              for i in range(140, 288, 3)]
     for tokens, starts in steps:
         t = tables[: len(tokens)]
-        got, want = (g.run_verify(tokens, starts, t, PAGE)[0].clone() for g in both)
+        (got, top, _), (want, _, _) = (g.run_verify(tokens, starts, t, PAGE) for g in both)
         assert torch.equal(got, want), starts
+        assert torch.equal(top, got.argmax(-1))
     assert 0 < both[0].serial_replays < len(steps)  # short steps serial, the rest spread
     assert torch.equal(kvs[0], kvs[1])
