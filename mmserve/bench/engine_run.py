@@ -4,7 +4,8 @@ This is the engine's forward (``LLMEngine`` -> ``ModelRunner`` -> model) without
 scheduler, sampler and detokenizer around it: prefill is one eager forward over
 the batch's prompts; decode is :class:`~mmserve.engine.cuda_graphs.DecodeGraphs`
 (or the same forward, eager), greedy, with the sampled ids brought to the host
-every step as the engine must (for stop checks and streaming). The KV cache is a plain
+every step as the engine must (for stop checks and streaming), the argmax taken inside
+the graph as the engine's greedy steps take it. The KV cache is a plain
 tensor in the model's dtype, or (``kv_dtype=FP8_DTYPE``) the engine's fp8 ``KVCache``
 with per-token scales, as ``--kv-cache-dtype fp8_e4m3`` gives the engine.
 """
@@ -135,9 +136,13 @@ class PagedDecoder:
         times, row0 = [], []
         for i in range(warmup + steps):
             t0 = time.perf_counter()
-            run = self.graphs.run if graphs else self.graphs.run_eager
-            logits = run(ids, pos, self.tables[:b], BLOCK_SIZE)
-            ids = logits.argmax(-1).tolist()  # the host needs the ids (stop checks, streams)
+            # the host needs the ids (stop checks, streams); a graph takes the argmax itself
+            if graphs and self.graphs.fits(b):
+                ids = self.graphs.run_verify([[t] for t in ids], pos, self.tables[:b],
+                                             BLOCK_SIZE).argmax.tolist()
+            else:
+                run = self.graphs.run if graphs else self.graphs.run_eager
+                ids = run(ids, pos, self.tables[:b], BLOCK_SIZE).argmax(-1).tolist()
             pos = [p + 1 for p in pos]
             row0.append(ids[0])
             if i >= warmup:

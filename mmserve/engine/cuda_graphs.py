@@ -233,6 +233,11 @@ class DecodeGraphs:
         t = h[3 * r + 2 * b :].reshape(b, self.max_blocks)
         t[:n, :used] = tables[:, :used]
         self._fill_padding(0, b, q)
+        if n == 1 and len(tokens[0]) == 1:  # a batch-1 decode step: scalars
+            start = int(starts[0])
+            h[0], h[r], h[3 * r], h[3 * r + b] = tokens[0][0], start, start + 1, 1
+            h[2 * r] = t[0, start // block_size] * block_size + start % block_size
+            return start + 1
         st = np.asarray(starts, dtype=np.int64)
         lens = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
         total = int(lens.sum())

@@ -75,7 +75,10 @@ class ModelRunner:
     @staticmethod
     def _decode_or_verify(seqs: list[ScheduledSeq]) -> bool:
         """Every sequence runs exactly its one newest token (plus drafts), with no span."""
-        return all(s.num_real == 1 and s.samples and not _in_span(s) for s in seqs)
+        for s in seqs:  # a loop, not all(genexpr): this runs every step for every sequence
+            if s.num_real != 1 or not s.samples or (s.req.spans and _in_span(s)):
+                return False
+        return True
 
     @staticmethod
     def _plain_chunk(s: ScheduledSeq) -> bool:
