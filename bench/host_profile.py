@@ -2,7 +2,8 @@
 
 For batch sizes 1, 4 and 16 (greedy, ``ignore_eos``, the real model, CUDA graphs):
 
-1. ``engine``: ``LLM.generate`` tok/s (best of 3), and per step the host time of each
+1. ``engine``: ``LLM.generate`` tok/s (best of 3) with async scheduling off and on
+   (alternated; the same tokens asserted), and per step (off) the host time of each
    phase (``schedule``, ``run``: fill + copy + replay launch, ``sample``: argmax + the
    sync that waits for the GPU, ``append``: detokenize + stop checks, the rest), timed
    with ``perf_counter`` around the engine's own calls (no sync added);
@@ -11,7 +12,9 @@ For batch sizes 1, 4 and 16 (greedy, ``ignore_eos``, the real model, CUDA graphs
    host work (the GPU's own step time);
 3. ``cprofile``: the engine's steps under cProfile, the top functions by own time.
 
-Usage: PYTHONPATH=$PWD python bench/host_profile.py MODEL.gguf OUT_DIR
+Usage: PYTHONPATH=$PWD python bench/host_profile.py MODEL.gguf OUT_DIR [--batches 1,16]
+       [--no-cprofile]   (run twice per code version, alternated, for an A/B on one start:
+       the host's speed differed ~2x between two machine starts in session 12)
 """
 
 from __future__ import annotations
@@ -45,17 +48,24 @@ def timed(acc: dict, name: str, obj, attr: str) -> None:
     setattr(obj, attr, wrapper)
 
 
-def engine_run(llm: LLM, batch: int) -> dict:
+def engine_run(llm: LLM, batch: int, profile: bool = True) -> dict:
     params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
     prompts = [f"Story number {i}: once upon a time" for i in range(batch)]
+    eng = llm.engine
+    default = eng.async_scheduling
     llm.generate(prompts, params)  # warm-up
-    best = 0.0
-    for _ in range(3):
+    best = {False: 0.0, True: 0.0}
+    ids = {}
+    for i in range(6):  # async scheduling off and on, alternated
+        eng.async_scheduling = bool(i % 2)
         t = time.perf_counter()
         outs = llm.generate(prompts, params)
         dt = time.perf_counter() - t
-        best = max(best, sum(len(o.outputs[0].token_ids) for o in outs) / dt)
-    eng = llm.engine
+        rate = sum(len(o.outputs[0].token_ids) for o in outs) / dt
+        best[eng.async_scheduling] = max(best[eng.async_scheduling], rate)
+        ids[eng.async_scheduling] = [o.outputs[0].token_ids for o in outs]
+    same = ids[False] == ids[True]
+    eng.async_scheduling = False  # the phases below: one step at a time
     acc: dict = collections.defaultdict(float)
     timed(acc, "schedule", eng.scheduler, "schedule")
     timed(acc, "run", eng.runner, "run")
@@ -79,14 +89,18 @@ def engine_run(llm: LLM, batch: int) -> dict:
     per = {k: round(1e6 * v / n, 1) for k, v in acc.items()}
     per["other"] = round(per["step"] - sum(per[k] for k in ("schedule", "run", "sample",
                                                              "append")), 1)
+    eng.async_scheduling = default
+    out = {"tok_s_best": round(best[False], 1), "async_tok_s_best": round(best[True], 1),
+           "async_same_tokens": same, "steps": n, "us_per_step": per}
+    if not profile:
+        return out
     pr = cProfile.Profile()
     pr.enable()
     llm.generate(prompts, params)
     pr.disable()
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
-    return {"tok_s_best": round(best, 1), "steps": n, "us_per_step": per,
-            "cprofile_top": s.getvalue()}
+    return {**out, "cprofile_top": s.getvalue()}
 
 
 @torch.inference_mode()
@@ -113,16 +127,21 @@ def bare_run(llm: LLM, batch: int) -> dict:
 
 def main() -> None:
     model, out_dir = sys.argv[1], Path(sys.argv[2])
+    args = sys.argv[3:]
+    batches = [int(b) for b in args[args.index("--batches") + 1].split(",")] \
+        if "--batches" in args else [1, 4, 16]
+    profile = "--no-cprofile" not in args
     out_dir.mkdir(parents=True, exist_ok=True)
     llm = LLM(model, max_num_seqs=16)
     report = {}
-    for b in (1, 4, 16):
-        r = engine_run(llm, b)
-        (out_dir / f"cprofile_b{b}.txt").write_text(r.pop("cprofile_top"))
+    for b in batches:
+        r = engine_run(llm, b, profile)
+        if profile:
+            (out_dir / f"cprofile_b{b}.txt").write_text(r.pop("cprofile_top"))
         report[f"b{b}"] = {"engine": r}
         print(b, json.dumps(r), flush=True)
     # last: these replays write KV into blocks no request owns (the prefix cache's too)
-    for b in (1, 4, 16):
+    for b in batches:
         report[f"b{b}"]["bare"] = bare_run(llm, b)
         print(b, json.dumps(report[f"b{b}"]["bare"]), flush=True)
     (out_dir / "host_profile.json").write_text(json.dumps(report, indent=1))

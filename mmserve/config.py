@@ -32,6 +32,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
     enforce_eager: bool = False  # CUDA: never capture/replay decode steps as CUDA graphs
+    # CUDA: launch a greedy decode step before the last one's tokens reach the host, so
+    # the host's work for a step (stop checks, streaming, scheduling) runs while the GPU
+    # computes the next (the engine's ``step`` docstring); off, or on CPU: one step at a time
+    async_scheduling: bool = True
     seed: int = 0
     # vLLM-style JSON object (or dict), e.g. {"method": "ngram", "num_speculative_tokens": "auto"}
     speculative_config: str | dict | None = None

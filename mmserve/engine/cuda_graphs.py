@@ -185,11 +185,12 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run_verify(self, tokens: list[list[int]], starts: list[int], block_tables: np.ndarray,
-                   block_size: int) -> Replayed:
+                   block_size: int, input_ids: torch.Tensor | None = None) -> Replayed:
         """Sequence ``i`` runs ``tokens[i]`` from position ``starts[i]`` -> the logits of
         ``n * q`` rows (its rows are ``i*q + j``), their argmax, and ``q``: views valid
         until the next run. With ``last_row_only``: ``n`` rows, row ``i`` for sequence
-        ``i``'s last token."""
+        ``i``'s last token. ``input_ids``: a decode step's (n,) tokens on the device, in
+        place of ``tokens``' (whose lengths still say one token a sequence)."""
         n = len(tokens)
         longest = max(map(len, tokens))
         assert self.fits(n, longest), (n, longest)
@@ -206,6 +207,9 @@ class DecodeGraphs:
             view = self._views[bs] = (self._buf[:used], self._host[:used])
         view[0].copy_(view[1], non_blocking=True)
         self._copied.record(self._current_stream())
+        if input_ids is not None:  # stream-ordered after the copy it overwrites
+            assert q == 1 and input_ids.shape == (n,), (q, input_ids.shape)
+            self.ids[:n].copy_(input_ids)
         key = (bs, q)
         graph, logits, argmax = self.graphs[key], self.logits[key], self.argmax[key]
         serial = self.serial.get(key)

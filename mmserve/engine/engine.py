@@ -1,7 +1,17 @@
-"""The synchronous engine: one ``step()`` = one scheduling decision = one forward.
+"""The engine: one ``step()`` = one scheduling decision = one forward.
 
     schedule = scheduler.schedule(drafts); logits = runner.run(schedule.seqs);
     tokens = sampler/verifier(logits); postprocess(tokens) -> RequestOutputs
+
+Async scheduling (CUDA, ``EngineConfig.async_scheduling``): when a step is a plain greedy
+decode of every running request, the next step (the same requests, one position on, its
+input tokens taken on the device from this step's argmax) is launched before this step's
+tokens are brought to the host, so the host's postprocessing and the next launch run
+while the GPU computes. A step returns its own outputs, as a synchronous one does; a
+request that this step finishes (EOS, a stop string) drops its row of the step already
+running, and its KV there lands in blocks it has just freed, written before any later
+step can reuse them (one stream). Tokens are those of the synchronous engine: the same
+steps, kernels and graphs, and batch invariance for any row dropped.
 
 The engine knows tokenization only to detokenize outputs and check stop strings;
 requests arrive as token ids (plus optional embedding spans).
@@ -12,6 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -23,7 +34,7 @@ from mmserve.engine.kv_cache import KVCache, kv_cache_dtype
 from mmserve.engine.outputs import EngineStats, RequestOutput
 from mmserve.engine.request import EmbeddingSpan, Request, Status
 from mmserve.engine.runner import ModelRunner, StepLogits
-from mmserve.engine.sampler import Sampler, SampleResult, SamplingState
+from mmserve.engine.sampler import Sampler, SampleResult, SamplingState, adjusts
 from mmserve.engine.scheduler import ScheduledSeq, Scheduler
 from mmserve.engine.speculation import Speculator
 from mmserve.engine.stop import StopChecker
@@ -33,6 +44,32 @@ from mmserve.models.base import CausalLM
 from mmserve.sampling_params import SamplingParams
 
 log = logging.getLogger("mmserve")
+
+
+@dataclass
+class _Launched:
+    """A plain greedy decode step on its way (async scheduling): its rows are its
+    sequences in order, and its tokens are copied to the host while later work runs."""
+
+    seqs: list[ScheduledSeq]
+    result: StepLogits
+    tokens: torch.Tensor  # (n,) the step's greedy tokens on the device (its own copy)
+    host: torch.Tensor | None  # CUDA: pinned (n,), the copy's target
+    ready: torch.cuda.Event | None  # CUDA: recorded after the copy
+    quiet: bool | None  # the speculator's quiet flag as it proposed this step
+
+    def token_ids(self) -> list[int]:
+        """The step's tokens on the host; waits for this step's copy only."""
+        if self.ready is None or self.host is None:
+            return self.tokens.tolist()
+        self.ready.synchronize()
+        return self.host.tolist()
+
+
+def _plain_greedy(req: Request, ahead: int) -> bool:
+    """Greedy, no logprobs, nothing for the sampler to apply ``ahead`` tokens from now."""
+    p = req.params
+    return p.greedy and p.logprobs is None and not adjusts(req.sampling, [0] * ahead)
 
 
 class LLMEngine:
@@ -67,6 +104,11 @@ class LLMEngine:
             spec.controller.query_sizes = tuple(self.runner.graphs.qsizes)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        # async scheduling: on CUDA only (on CPU a step launched ahead runs at once, so
+        # there is nothing to overlap; tests switch it on there to check its bookkeeping)
+        self.async_scheduling = config.async_scheduling and device.type == "cuda"
+        self._ahead: _Launched | None = None  # the step launched before the last finished
+        self.ahead_steps = 0  # steps launched ahead (tests, benchmarks)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -166,17 +208,35 @@ class LLMEngine:
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
-        drafts = self.spec.propose(self.scheduler.running, len(self.scheduler.waiting)) \
-            if self.spec is not None else None
-        schedule = self.scheduler.schedule(drafts)
-        if not schedule.seqs:
-            return []
-        result = self.runner.run(schedule.seqs)
-        sampled, picks = self._sample(schedule.seqs, result)
+        launched, self._ahead = self._ahead, None
+        if launched is not None and all(s.req.finished for s in launched.seqs):
+            launched = None  # every request of the step ahead finished (or was aborted)
+        quiet: bool | None = None
+        if launched is not None:
+            seqs, result, quiet = launched.seqs, launched.result, launched.quiet
+        else:
+            drafts = None
+            if self.spec is not None:
+                drafts = self.spec.propose(self.scheduler.running, len(self.scheduler.waiting))
+                quiet = self.spec.quiet
+            seqs = self.scheduler.schedule(drafts).seqs
+            if not seqs:
+                return []
+            result = self.runner.run(seqs)
+            launched = self._launched(seqs, result, quiet) if self._overlaps(seqs) else None
+        if launched is not None:
+            self._ahead = self._launch_ahead(launched)
+            ids = launched.token_ids()
+            sampled: SampleResult | None = SampleResult(ids, [None] * len(ids))
+            picks: list[slice | None] = [slice(i, i + 1) for i in range(len(ids))]
+        else:
+            sampled, picks = self._sample(seqs, result)
         outputs, now = [], time.monotonic()
         emit_s, emitted, emitters = 0.0, 0, 0  # per-token work: detokenizing, stop checks
-        for s, rows, pick in zip(schedule.seqs, result.rows, picks, strict=True):
+        for s, rows, pick in zip(seqs, result.rows, picks, strict=True):
             req = s.req
+            if req.finished:  # a step run ahead: its request finished (or was aborted)
+                continue
             if not rows:  # a prefill chunk that has not reached the end of the prompt
                 req.num_computed = s.start + s.num_tokens
                 self._commit(req)
@@ -211,10 +271,74 @@ class LLMEngine:
             seconds = time.perf_counter() - start
             if emitted > emitters:
                 seconds -= emit_s * (1.0 - emitters / emitted)
-            self.spec.record_step(result.num_rows, seconds,
-                                  any(s.draft for s in schedule.seqs), result.graph,
-                                  emitted, emitters)
+            self.spec.record_step(result.num_rows, seconds, any(s.draft for s in seqs),
+                                  result.graph, emitted, emitters, quiet)
         return outputs
+
+    # -- async scheduling ------------------------------------------------------------
+    def _overlaps(self, seqs: list[ScheduledSeq]) -> bool:
+        """Whether this step's tokens can wait on the device while the next step launches:
+        a plain decode of one token a sequence, every request greedy with nothing the
+        sampler applies (penalties, min_tokens) and no logprobs, now and one token on
+        (those need the host's counts or this step's logits, which the next step's
+        replay overwrites)."""
+        if not self.async_scheduling:
+            return False
+        for s in seqs:
+            if s.draft or s.num_real != 1 or not s.samples or not _plain_greedy(s.req, 0):
+                return False
+        return True
+
+    def _launched(self, seqs: list[ScheduledSeq], result: StepLogits,
+                  quiet: bool | None) -> _Launched:
+        """The step's greedy tokens copied out of the graph's buffers (the next replay
+        reuses them), on CUDA also on their way to the host."""
+        n = len(seqs)
+        assert result.rows[-1] == [n - 1] and len(result.rows) == n, "one row a sequence"
+        top = result.argmax if result.argmax is not None else result.logits.argmax(-1)
+        tokens = top[:n].clone()
+        if tokens.device.type != "cuda":
+            return _Launched(seqs, result, tokens, None, None, quiet)
+        host = torch.empty(n, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return _Launched(seqs, result, tokens, host, ready, quiet)
+
+    def _launch_ahead(self, cur: _Launched) -> _Launched | None:
+        """Launch the step after ``cur`` before ``cur``'s tokens are on the host, when it
+        is known without them: every running request decodes its next token (none is
+        waiting for a slot, none is done by length), all keep overlapping, their slots fit
+        without preempting anyone, and speculation (if on) would draft nothing."""
+        running = self.scheduler.running
+        if self.scheduler.waiting or len(running) != len(cur.seqs) or any(
+                s.req is not r for s, r in zip(cur.seqs, running, strict=True)):
+            return None
+        ahead = []
+        for s in cur.seqs:
+            req, p = s.req, s.req.params
+            if not _plain_greedy(req, 1):
+                return None
+            if (p.max_tokens is not None and len(req.output_ids) + 1 >= p.max_tokens) or (
+                    req.num_tokens + 1 >= req.max_total_len):
+                continue  # cur's token is its last
+            ahead.append(ScheduledSeq(req, s.start + 1, 1))
+        if not ahead or (self.spec is not None and len(ahead) < len(cur.seqs)):
+            return None  # (a smaller step is a new shape for speculation: propose it)
+        for s in ahead:  # the slot of the token the step writes
+            table = s.req.table
+            assert table is not None
+            extra = s.start + 1 - table.num_tokens
+            if extra > 0 and not self.blocks.append_slots(table, extra):
+                return None  # memory is short: the scheduler decides (it may preempt)
+        if self.spec is not None and not self.spec.propose_ahead(running):
+            return None
+        keep = cur.tokens if len(ahead) == len(cur.seqs) else cur.tokens[
+            torch.tensor([i for i, s in enumerate(cur.seqs) if any(
+                a.req is s.req for a in ahead)], device=cur.tokens.device)]
+        result = self.runner.run_ahead(ahead, keep)
+        self.ahead_steps += 1
+        return self._launched(ahead, result, self.spec.quiet if self.spec is not None else None)
 
     def _sample(self, seqs: list[ScheduledSeq], result: StepLogits
                 ) -> tuple[SampleResult | None, list[slice | None]]:

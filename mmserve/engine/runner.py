@@ -72,6 +72,27 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[torch.tensor(wanted, device=self.device)])
         return StepLogits(logits, rows, len(ids))
 
+    @torch.inference_mode()
+    def run_ahead(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> StepLogits:
+        """A decode step of one token a sequence whose tokens are still on the device (the
+        last step's greedy picks, not yet on the host: async scheduling) -> row ``i`` for
+        sequence ``i``. The same kernels and graphs as ``run``, so the same row bits."""
+        n = len(seqs)
+        rows = [[i] for i in range(n)]
+        if self.graphs is not None and self.graphs.fits(n):
+            logits, argmax, q = self.graphs.run_verify(
+                [[0]] * n, [s.start for s in seqs],
+                block_tables([s.req.table.block_ids for s in seqs]),  # type: ignore[union-attr]
+                self.block_size, input_ids=input_ids)
+            return StepLogits(logits, rows, n * q, graph=True, argmax=argmax)
+        meta = AttentionMetadata.build(
+            [1] * n, [s.start + 1 for s in seqs],
+            [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
+            self.block_size, self.device)
+        positions = torch.tensor([s.start for s in seqs], device=self.device)
+        hidden = self.model(input_ids, positions, meta, self.kv)
+        return StepLogits(self.model.compute_logits(hidden), rows, n)
+
     @staticmethod
     def _decode_or_verify(seqs: list[ScheduledSeq]) -> bool:
         """Every sequence runs exactly its one newest token (plus drafts), with no span."""

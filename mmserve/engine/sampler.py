@@ -121,7 +121,7 @@ class Sampler:
         it in the graph), used when every row is greedy with nothing to apply."""
         extra = extra_tokens if extra_tokens is not None else [[] for _ in states]
         token_ids: list[int]
-        if all(s.params.greedy and not _adjusts(s, more) for s, more in zip(
+        if all(s.params.greedy and not adjusts(s, more) for s, more in zip(
                 states, extra, strict=True)):
             # every row greedy with nothing to apply: the argmax of the logits themselves
             # (what ``process`` would return is their exact float32 copy), without a
@@ -170,7 +170,7 @@ class Sampler:
         assert len(extra) == len(states)
         x = logits.float().clone()  # (B, V)
         for i, (state, more) in enumerate(zip(states, extra, strict=True)):
-            if _adjusts(state, more):  # most rows: nothing to do, no row view made
+            if adjusts(state, more):  # most rows: nothing to do, no row view made
                 _apply_penalties(x[i], state, more)
                 _apply_min_tokens(x[i], state, more)
         rows = [i for i, s in enumerate(states) if not s.params.greedy]
@@ -179,7 +179,7 @@ class Sampler:
         return x
 
 
-def _adjusts(state: SamplingState, extra: list[int]) -> bool:
+def adjusts(state: SamplingState, extra: list[int]) -> bool:
     """Whether a penalty or min_tokens changes this row's logits."""
     p = state.params
     return (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0

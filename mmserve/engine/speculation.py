@@ -71,20 +71,45 @@ class Speculator:
         self.host_steps += 1
         return drafts
 
-    def _propose(self, running: list[Request]) -> dict[str, list[int]]:
+    def propose_ahead(self, running: list[Request]) -> bool:
+        """For a step launched before the last step's tokens reach the host (async
+        scheduling): True if it drafts nothing whatever those tokens are, decided as
+        ``propose`` decides it without looking at them (the same requests as the last
+        planned step, and a pause, a quiet step or a veto's hold) and counted as
+        ``propose`` counts it; False leaves every state as it was (call ``propose`` for the
+        step once the tokens are in)."""
+        start = time.perf_counter()
+        self.controller.waiting = 0
+        skipped = self._steady_skip(running)
+        self.host_seconds += time.perf_counter() - start
+        self.host_steps += skipped
+        return skipped
+
+    def _steady_skip(self, running: list[Request]) -> bool:
+        """The steady path: with the same requests as the last planned step (all decoding
+        then, so all decoding now: one that finished or was preempted left ``running``),
+        True takes the step plain without a pass over them (paused, quiet, or held back by
+        a veto); False (no state changed): plan it."""
         self._quiet = False
         last = self._last_running
-        if (self._steady_shape is not None and len(running) == len(last)
+        if not (self._steady_shape is not None and len(running) == len(last)
                 and all(a is b for a, b in zip(running, last, strict=True))):
-            # the same requests as the last step, all decoding then, so all decoding now
-            # (one that finished or was preempted left ``running``)
-            if self.controller.paused():
-                return {}
-            if self.controller.quiet_step(self._steady_shape):
-                self._quiet = True
-                return {}
-            if self.controller.held_back(self._steady_ids, self._steady_shape[1]):
-                return {}
+            return False
+        if self.controller.paused():
+            return True
+        if self.controller.quiet_step(self._steady_shape):
+            self._quiet = True
+            return True
+        return self.controller.held_back(self._steady_ids, self._steady_shape[1])
+
+    @property
+    def quiet(self) -> bool:
+        """Whether the step just proposed was taken as quiet (pass it to ``record_step``)."""
+        return self._quiet
+
+    def _propose(self, running: list[Request]) -> dict[str, list[int]]:
+        if self._steady_skip(running):
+            return {}
         decoding, pending = [], 0  # one pass: this runs every step, drafting or not
         for r in running:
             n = r.num_tokens - r.num_computed
@@ -181,10 +206,13 @@ class Speculator:
         return tokens
 
     def record_step(self, num_tokens: int, seconds: float, verify: bool, graph: bool,
-                    emitted: int = 0, sequences: int = 0) -> None:
+                    emitted: int = 0, sequences: int = 0, quiet: bool | None = None) -> None:
         """A whole engine step's wall time (from before ``propose`` to its outputs), and
-        the tokens its ``sequences`` decoding sequences emitted."""
-        if self._quiet:  # plain steps of one shape in a row: every 8th keeps the curve fresh
+        the tokens its ``sequences`` decoding sequences emitted. ``quiet``: ``self.quiet``
+        as it was when the step was proposed (default: now; with async scheduling the
+        next step may have been proposed since)."""
+        if self._quiet if quiet is None else quiet:
+            # plain steps of one shape in a row: every 8th keeps the curve fresh
             self._quiet_steps += 1
             if self._quiet_steps % 8:
                 return
