@@ -99,9 +99,10 @@ class SimClock:
             spec.controller.query_sizes = QSIZES
             record = spec.record_step
 
-            def record_step(num_tokens, seconds, verify, graph, emitted=0, sequences=0):
+            def record_step(num_tokens, seconds, verify, graph, emitted=0, sequences=0,
+                            quiet=None):
                 ms, rows, graph = self._last
-                record(rows, noisy(ms) / 1e3, verify, graph, emitted, sequences)
+                record(rows, noisy(ms) / 1e3, verify, graph, emitted, sequences, quiet)
 
             spec.record_step = record_step
 

@@ -307,12 +307,14 @@ class LLMEngine:
 
     def _launch_ahead(self, cur: _Launched) -> _Launched | None:
         """Launch the step after ``cur`` before ``cur``'s tokens are on the host, when it
-        is known without them: every running request decodes its next token (none is
-        waiting for a slot, none is done by length), all keep overlapping, their slots fit
-        without preempting anyone, and speculation (if on) would draft nothing."""
-        running = self.scheduler.running
-        if self.scheduler.waiting or len(running) != len(cur.seqs) or any(
-                s.req is not r for s, r in zip(cur.seqs, running, strict=True)):
+        is known without them: every running request decodes its next token, all keep
+        overlapping, none waiting could be admitted (every slot is taken, and none frees
+        by length), their slots fit without preempting anyone, and speculation (if on)
+        would draft nothing. (A request that ends at an EOS or a stop string frees its
+        slot a step later than it would have: the one step ahead its row ran in.)"""
+        running, waiting = self.scheduler.running, len(self.scheduler.waiting)
+        if (waiting and len(running) < self.scheduler.max_num_seqs) or len(running) != len(
+                cur.seqs) or any(s.req is not r for s, r in zip(cur.seqs, running, strict=True)):
             return None
         ahead = []
         for s in cur.seqs:
@@ -323,15 +325,15 @@ class LLMEngine:
                     req.num_tokens + 1 >= req.max_total_len):
                 continue  # cur's token is its last
             ahead.append(ScheduledSeq(req, s.start + 1, 1))
-        if not ahead or (self.spec is not None and len(ahead) < len(cur.seqs)):
-            return None  # (a smaller step is a new shape for speculation: propose it)
+        if not ahead or (len(ahead) < len(cur.seqs) and (waiting or self.spec is not None)):
+            return None  # a slot frees for a waiting request; for speculation a new shape
         for s in ahead:  # the slot of the token the step writes
             table = s.req.table
             assert table is not None
             extra = s.start + 1 - table.num_tokens
             if extra > 0 and not self.blocks.append_slots(table, extra):
                 return None  # memory is short: the scheduler decides (it may preempt)
-        if self.spec is not None and not self.spec.propose_ahead(running):
+        if self.spec is not None and not self.spec.propose_ahead(running, waiting):
             return None
         keep = cur.tokens if len(ahead) == len(cur.seqs) else cur.tokens[
             torch.tensor([i for i, s in enumerate(cur.seqs) if any(

@@ -48,6 +48,9 @@ class Speculator:
         self._steady_shape: tuple[int, int] | None = None
         self._steady_ids: tuple[str, ...] = ()  # their ids, in order (as choose got them)
         self._quiet = False  # this step was taken as quiet (controller.quiet_step)
+        # (running, decoding requests, their k): a choice ``propose_ahead`` made for the
+        # coming step, drafted by ``propose`` if that step has the same requests
+        self._planned: tuple[list[Request], list[Request], list[int]] | None = None
         self._quiet_steps = 0
         # requests the drafter has prepared (indexed) for, and this step's time doing so:
         # a one-off per request, kept out of the step's measured cost. Charged to a first
@@ -71,19 +74,30 @@ class Speculator:
         self.host_steps += 1
         return drafts
 
-    def propose_ahead(self, running: list[Request]) -> bool:
+    def propose_ahead(self, running: list[Request], waiting: int = 0) -> bool:
         """For a step launched before the last step's tokens reach the host (async
-        scheduling): True if it drafts nothing whatever those tokens are, decided as
-        ``propose`` decides it without looking at them (the same requests as the last
-        planned step, and a pause, a quiet step or a veto's hold) and counted as
-        ``propose`` counts it; False leaves every state as it was (call ``propose`` for the
-        step once the tokens are in)."""
+        scheduling): True if it drafts nothing, decided as ``propose`` decides it and
+        counted as ``propose`` counts it, before those tokens are in (the steady path's
+        pause, quiet step or veto hold, else the controller's choice, where a due probe
+        asks for a match in the context so far); False: some request is given k > 0, and
+        ``propose`` for the step drafts from that choice once the tokens are in."""
         start = time.perf_counter()
-        self.controller.waiting = 0
-        skipped = self._steady_skip(running)
+        self.controller.waiting = waiting
+        self._planned = None
+        plain = self._steady_skip(running)
+        if not plain:
+            # the controller's choice needs no token (a due probe asks the drafter for a
+            # match in the context without the newest one: a speed decision only). Nobody
+            # given k > 0: a plain step. Else the choice waits for ``propose``, which
+            # drafts from it once the tokens are in, for these same requests
+            plan = self._plan(running)
+            plain = plan is None or not any(plan[1])
+            if not plain:
+                assert plan is not None
+                self._planned = (list(running), *plan)
         self.host_seconds += time.perf_counter() - start
-        self.host_steps += skipped
-        return skipped
+        self.host_steps += plain
+        return plain
 
     def _steady_skip(self, running: list[Request]) -> bool:
         """The steady path: with the same requests as the last planned step (all decoding
@@ -108,8 +122,18 @@ class Speculator:
         return self._quiet
 
     def _propose(self, running: list[Request]) -> dict[str, list[int]]:
+        planned, self._planned = self._planned, None
+        if planned is not None and len(planned[0]) == len(running) and all(
+                a is b for a, b in zip(planned[0], running, strict=True)):
+            return self._draft(planned[1], planned[2])  # planned ahead (``propose_ahead``)
         if self._steady_skip(running):
             return {}
+        plan = self._plan(running)
+        return self._draft(*plan) if plan is not None else {}
+
+    def _plan(self, running: list[Request]) -> tuple[list[Request], list[int]] | None:
+        """The pass over the running requests and the controller's choice -> (decoding
+        requests, their k), or None: nobody drafts (no decoding request, or paused)."""
         decoding, pending = [], 0  # one pass: this runs every step, drafting or not
         for r in running:
             n = r.num_tokens - r.num_computed
@@ -123,11 +147,14 @@ class Speculator:
         ids = [r.request_id for r in decoding]
         self._steady_ids = tuple(ids)
         if not decoding or self.controller.paused():
-            return {}
+            return None
         if self.config.auto:
-            ks = self.controller.choose(ids, max(0, others), self._match_check(decoding))
-        else:
-            ks = [self.config.max_tokens_per_step] * len(decoding)
+            return decoding, self.controller.choose(ids, max(0, others),
+                                                    self._match_check(decoding))
+        return decoding, [self.config.max_tokens_per_step] * len(decoding)
+
+    def _draft(self, decoding: list[Request], ks: list[int]) -> dict[str, list[int]]:
+        """Drafts of the requests given k > 0 (their newest token is in)."""
         # only requests given k > 0: all_ids copies the whole context. A probe drafts only
         # from a match of PROBE_MIN_MATCH tokens or more
         probing = self.controller.probing

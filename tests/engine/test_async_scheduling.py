@@ -75,6 +75,22 @@ def test_steps_launched_ahead_change_no_delta_and_leak_no_block(llm):
     assert llm.engine._ahead is None
 
 
+def test_requests_queued_for_a_slot_while_steps_run_ahead(llm):
+    """Three slots for ten requests: steps run ahead while every slot is taken; one that
+    frees by length admits the next request at once, one freed by EOS or a stop string a
+    step later. Every stream is the synchronous engine's."""
+    sched = llm.engine.scheduler
+    slots, sched.max_num_seqs = sched.max_num_seqs, 3
+    try:
+        sync = _drive(llm, False)
+        ahead = _drive(llm, True)
+    finally:
+        sched.max_num_seqs = slots
+    assert ahead[2] > 10
+    assert ahead[0] == sync[0] and ahead[1] == sync[1]
+    assert llm.engine.blocks.num_used_blocks == 0
+
+
 def test_sampled_and_logprob_requests_run_synchronously_beside_greedy_ones(llm):
     def params(i):
         if i == 0:
