@@ -99,6 +99,11 @@ class BlockManager:
         return len(self._free) + len(self._evictable)
 
     @property
+    def num_fresh_blocks(self) -> int:
+        """Blocks of the free pool alone: taking them evicts no cached prefix."""
+        return len(self._free)
+
+    @property
     def num_used_blocks(self) -> int:
         return self.num_total_blocks - self.num_free_blocks
 

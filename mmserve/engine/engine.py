@@ -327,14 +327,25 @@ class LLMEngine:
             ahead.append(ScheduledSeq(req, s.start + 1, 1))
         if not ahead or (len(ahead) < len(cur.seqs) and (waiting or self.spec is not None)):
             return None  # a slot frees for a waiting request; for speculation a new shape
-        for s in ahead:  # the slot of the token the step writes
+        # the slot of the token each row writes, from the free pool alone: a row may still
+        # end at EOS, and the synchronous engine would never have taken (or evicted a
+        # cached prefix for) its block; short of it the scheduler decides (it may preempt)
+        fresh = 0
+        for s in ahead:
+            table = s.req.table
+            assert table is not None
+            fresh += max(0, self.blocks.blocks_for(s.start + 1) - len(table.block_ids))
+        if fresh > self.blocks.num_fresh_blocks:
+            return None
+        if self.spec is not None and not self.spec.propose_ahead(running, waiting):
+            return None
+        for s in ahead:
             table = s.req.table
             assert table is not None
             extra = s.start + 1 - table.num_tokens
-            if extra > 0 and not self.blocks.append_slots(table, extra):
-                return None  # memory is short: the scheduler decides (it may preempt)
-        if self.spec is not None and not self.spec.propose_ahead(running, waiting):
-            return None
+            if extra > 0:
+                reserved = self.blocks.append_slots(table, extra)
+                assert reserved  # the free pool held them
         keep = cur.tokens if len(ahead) == len(cur.seqs) else cur.tokens[
             torch.tensor([i for i, s in enumerate(cur.seqs) if any(
                 a.req is s.req for a in ahead)], device=cur.tokens.device)]

@@ -123,9 +123,12 @@ class Speculator:
 
     def _propose(self, running: list[Request]) -> dict[str, list[int]]:
         planned, self._planned = self._planned, None
-        if planned is not None and len(planned[0]) == len(running) and all(
-                a is b for a, b in zip(planned[0], running, strict=True)):
-            return self._draft(planned[1], planned[2])  # planned ahead (``propose_ahead``)
+        if planned is not None:  # chosen ahead (``propose_ahead``): once a step, as always
+            live = {id(r) for r in running}
+            if live <= {id(r) for r in planned[0]}:  # since then requests can only leave
+                keep = [(r, k) for r, k in zip(planned[1], planned[2], strict=True)
+                        if id(r) in live]
+                return self._draft([r for r, _ in keep], [k for _, k in keep])
         if self._steady_skip(running):
             return {}
         plan = self._plan(running)
