@@ -100,7 +100,7 @@ class SimClock:
             record = spec.record_step
 
             def record_step(num_tokens, seconds, verify, graph, emitted=0, sequences=0,
-                            quiet=None):
+                            quiet=False):
                 ms, rows, graph = self._last
                 record(rows, noisy(ms) / 1e3, verify, graph, emitted, sequences, quiet)
 

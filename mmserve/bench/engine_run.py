@@ -140,9 +140,9 @@ class PagedDecoder:
             if graphs and self.graphs.fits(b):
                 ids = self.graphs.run_verify([[t] for t in ids], pos, self.tables[:b],
                                              BLOCK_SIZE).argmax.tolist()
-            else:
-                run = self.graphs.run if graphs else self.graphs.run_eager
-                ids = run(ids, pos, self.tables[:b], BLOCK_SIZE).argmax(-1).tolist()
+            else:  # no graph holds the batch (or eager asked for): the same kernels
+                ids = self.graphs.run_eager(ids, pos, self.tables[:b], BLOCK_SIZE).argmax(
+                    -1).tolist()
             pos = [p + 1 for p in pos]
             row0.append(ids[0])
             if i >= warmup:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from mmserve.config import EngineConfig
-from mmserve.engine.block_manager import BlockManager
+from mmserve.engine.block_manager import BlockManager, BlockTable
 from mmserve.engine.cuda_graphs import DEFAULT_SIZES, PREFILL_SIZES, DecodeGraphs
 from mmserve.engine.detokenizer import IncrementalDetokenizer
 from mmserve.engine.kv_cache import KVCache, kv_cache_dtype
@@ -56,7 +56,7 @@ class _Launched:
     tokens: torch.Tensor  # (n,) the step's greedy tokens on the device (its own copy)
     host: torch.Tensor | None  # CUDA: pinned (n,), the copy's target
     ready: torch.cuda.Event | None  # CUDA: recorded after the copy
-    quiet: bool | None  # the speculator's quiet flag as it proposed this step
+    quiet: bool  # the speculator's quiet flag as it proposed this step (False: none)
 
     def token_ids(self) -> list[int]:
         """The step's tokens on the host; waits for this step's copy only."""
@@ -211,7 +211,7 @@ class LLMEngine:
         launched, self._ahead = self._ahead, None
         if launched is not None and all(s.req.finished for s in launched.seqs):
             launched = None  # every request of the step ahead finished (or was aborted)
-        quiet: bool | None = None
+        quiet = False
         if launched is not None:
             seqs, result, quiet = launched.seqs, launched.result, launched.quiet
         else:
@@ -290,7 +290,7 @@ class LLMEngine:
         return True
 
     def _launched(self, seqs: list[ScheduledSeq], result: StepLogits,
-                  quiet: bool | None) -> _Launched:
+                  quiet: bool) -> _Launched:
         """The step's greedy tokens copied out of the graph's buffers (the next replay
         reuses them), on CUDA also on their way to the host."""
         n = len(seqs)
@@ -316,42 +316,39 @@ class LLMEngine:
         if (waiting and len(running) < self.scheduler.max_num_seqs) or len(running) != len(
                 cur.seqs) or any(s.req is not r for s, r in zip(cur.seqs, running, strict=True)):
             return None
-        ahead = []
-        for s in cur.seqs:
-            req, p = s.req, s.req.params
+        # each row: its sequence, its table, where cur's row of it is; the blocks the slot
+        # of the token it writes needs (taken from the free pool alone: a row may still end
+        # at EOS, and the synchronous engine would never have taken, or evicted a cached
+        # prefix for, its block; short of it the scheduler decides, and may preempt)
+        ahead: list[tuple[ScheduledSeq, BlockTable, int]] = []
+        fresh = 0
+        for i, s in enumerate(cur.seqs):
+            req, p, table = s.req, s.req.params, s.req.table
+            assert table is not None
             if not _plain_greedy(req, 1):
                 return None
             if (p.max_tokens is not None and len(req.output_ids) + 1 >= p.max_tokens) or (
                     req.num_tokens + 1 >= req.max_total_len):
                 continue  # cur's token is its last
-            ahead.append(ScheduledSeq(req, s.start + 1, 1))
+            ahead.append((ScheduledSeq(req, s.start + 1, 1), table, i))
+            fresh += max(0, self.blocks.blocks_for(s.start + 2) - len(table.block_ids))
         if not ahead or (len(ahead) < len(cur.seqs) and (waiting or self.spec is not None)):
             return None  # a slot frees for a waiting request; for speculation a new shape
-        # the slot of the token each row writes, from the free pool alone: a row may still
-        # end at EOS, and the synchronous engine would never have taken (or evicted a
-        # cached prefix for) its block; short of it the scheduler decides (it may preempt)
-        fresh = 0
-        for s in ahead:
-            table = s.req.table
-            assert table is not None
-            fresh += max(0, self.blocks.blocks_for(s.start + 1) - len(table.block_ids))
         if fresh > self.blocks.num_fresh_blocks:
             return None
         if self.spec is not None and not self.spec.propose_ahead(running, waiting):
             return None
-        for s in ahead:
-            table = s.req.table
-            assert table is not None
-            extra = s.start + 1 - table.num_tokens
+        for a, table, _ in ahead:
+            extra = a.start + 1 - table.num_tokens
             if extra > 0:
                 reserved = self.blocks.append_slots(table, extra)
                 assert reserved  # the free pool held them
+        seqs = [a for a, _, _ in ahead]
         keep = cur.tokens if len(ahead) == len(cur.seqs) else cur.tokens[
-            torch.tensor([i for i, s in enumerate(cur.seqs) if any(
-                a.req is s.req for a in ahead)], device=cur.tokens.device)]
-        result = self.runner.run_ahead(ahead, keep)
+            torch.tensor([i for _, _, i in ahead], device=cur.tokens.device)]
+        result = self.runner.run_ahead(seqs, keep)
         self.ahead_steps += 1
-        return self._launched(ahead, result, self.spec.quiet if self.spec is not None else None)
+        return self._launched(seqs, result, self.spec is not None and self.spec.quiet)
 
     def _sample(self, seqs: list[ScheduledSeq], result: StepLogits
                 ) -> tuple[SampleResult | None, list[slice | None]]:

@@ -236,12 +236,12 @@ class Speculator:
         return tokens
 
     def record_step(self, num_tokens: int, seconds: float, verify: bool, graph: bool,
-                    emitted: int = 0, sequences: int = 0, quiet: bool | None = None) -> None:
+                    emitted: int = 0, sequences: int = 0, quiet: bool = False) -> None:
         """A whole engine step's wall time (from before ``propose`` to its outputs), and
         the tokens its ``sequences`` decoding sequences emitted. ``quiet``: ``self.quiet``
-        as it was when the step was proposed (default: now; with async scheduling the
-        next step may have been proposed since)."""
-        if self._quiet if quiet is None else quiet:
+        as it was when the step was proposed (with async scheduling the next step may have
+        been proposed since)."""
+        if quiet:
             # plain steps of one shape in a row: every 8th keeps the curve fresh
             self._quiet_steps += 1
             if self._quiet_steps % 8:
