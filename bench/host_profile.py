@@ -13,8 +13,9 @@ For batch sizes 1, 4 and 16 (greedy, ``ignore_eos``, the real model, CUDA graphs
 3. ``cprofile``: the engine's steps under cProfile, the top functions by own time.
 
 Usage: PYTHONPATH=$PWD python bench/host_profile.py MODEL.gguf OUT_DIR [--batches 1,16]
-       [--no-cprofile]   (run twice per code version, alternated, for an A/B on one start:
-       the host's speed differed ~2x between two machine starts in session 12)
+       [--no-cprofile] [--temperature T]   (T > 0: seeded sampling. Run twice per code
+       version, alternated, for an A/B on one start: the host's speed differed ~2x
+       between two machine starts in session 12)
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ def timed(acc: dict, name: str, obj, attr: str) -> None:
     setattr(obj, attr, wrapper)
 
 
-def engine_run(llm: LLM, batch: int, profile: bool = True) -> dict:
-    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+def engine_run(llm: LLM, batch: int, profile: bool = True, temperature: float = 0.0) -> dict:
+    params = SamplingParams(temperature=temperature, seed=1 if temperature else None,
+                            max_tokens=TOKENS, ignore_eos=True)
     prompts = [f"Story number {i}: once upon a time" for i in range(batch)]
     eng = llm.engine
     default = eng.async_scheduling
@@ -131,11 +133,12 @@ def main() -> None:
     batches = [int(b) for b in args[args.index("--batches") + 1].split(",")] \
         if "--batches" in args else [1, 4, 16]
     profile = "--no-cprofile" not in args
+    temperature = float(args[args.index("--temperature") + 1]) if "--temperature" in args else 0.0
     out_dir.mkdir(parents=True, exist_ok=True)
     llm = LLM(model, max_num_seqs=16)
-    report = {}
+    report: dict = {"temperature": temperature}
     for b in batches:
-        r = engine_run(llm, b, profile)
+        r = engine_run(llm, b, profile, temperature)
         if profile:
             (out_dir / f"cprofile_b{b}.txt").write_text(r.pop("cprofile_top"))
         report[f"b{b}"] = {"engine": r}

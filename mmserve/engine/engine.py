@@ -66,6 +66,18 @@ class _Launched:
         return self.host.tolist()
 
 
+@dataclass
+class _Prelaunched:
+    """A step launched once the last step's tokens were in, before that step's text and
+    outputs were built (async scheduling): the step the synchronous engine takes next,
+    proposed and scheduled from the same state, launched a little earlier."""
+
+    seqs: list[ScheduledSeq]
+    result: StepLogits
+    quiet: bool
+    start: float  # perf_counter() as its proposing began: its measured time starts there
+
+
 def _plain_greedy(req: Request, ahead: int) -> bool:
     """Greedy, no logprobs, nothing for the sampler to apply ``ahead`` tokens from now."""
     p = req.params
@@ -107,8 +119,12 @@ class LLMEngine:
         # async scheduling: on CUDA only (on CPU a step launched ahead runs at once, so
         # there is nothing to overlap; tests switch it on there to check its bookkeeping)
         self.async_scheduling = config.async_scheduling and device.type == "cuda"
-        self._ahead: _Launched | None = None  # the step launched before the last finished
+        # the step launched before the last one finished (its tokens on the device), or
+        # once the last one's tokens were in, before its outputs
+        self._ahead: _Launched | _Prelaunched | None = None
+        self._carried_emit = 0.0  # deferred text work inside the prelaunched step's time
         self.ahead_steps = 0  # steps launched ahead (tests, benchmarks)
+        self.prelaunched_steps = 0  # steps launched before the last step's outputs
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -211,18 +227,21 @@ class LLMEngine:
         launched, self._ahead = self._ahead, None
         if launched is not None and all(s.req.finished for s in launched.seqs):
             launched = None  # every request of the step ahead finished (or was aborted)
-        quiet = False
+        # the last step's deferred text work, when it fell inside this step's time
+        carried, self._carried_emit = self._carried_emit, 0.0
         if launched is not None:
             seqs, result, quiet = launched.seqs, launched.result, launched.quiet
+            if isinstance(launched, _Prelaunched):  # its time runs from its proposing
+                start = launched.start
+            else:
+                carried = 0.0
         else:
-            drafts = None
-            if self.spec is not None:
-                drafts = self.spec.propose(self.scheduler.running, len(self.scheduler.waiting))
-                quiet = self.spec.quiet
-            seqs = self.scheduler.schedule(drafts).seqs
-            if not seqs:
+            step = self._propose_and_run()
+            if step is None:
                 return []
-            result = self.runner.run(seqs)
+            seqs, result, quiet = step
+            carried = 0.0
+        if not isinstance(launched, _Launched):
             launched = self._launched(seqs, result, quiet) if self._overlaps(seqs) else None
         if launched is not None:
             self._ahead = self._launch_ahead(launched)
@@ -231,8 +250,9 @@ class LLMEngine:
             picks: list[slice | None] = [slice(i, i + 1) for i in range(len(ids))]
         else:
             sampled, picks = self._sample(seqs, result)
-        outputs, now = [], time.monotonic()
+        now = time.monotonic()
         emit_s, emitted, emitters = 0.0, 0, 0  # per-token work: detokenizing, stop checks
+        done: list[Request] = []  # requests with outputs, in order
         for s, rows, pick in zip(seqs, result.rows, picks, strict=True):
             req = s.req
             if req.finished:  # a step run ahead: its request finished (or was aborted)
@@ -258,22 +278,52 @@ class LLMEngine:
             self._commit(req)
             req.first_token_time = req.first_token_time or now
             t = time.perf_counter()
-            self.generation_tokens_total += self.appender.append(req, tokens, logprobs)
+            # text that can end nothing (no stop strings) waits for the next launch
+            self.generation_tokens_total += self.appender.append(
+                req, tokens, logprobs, defer_text=self.async_scheduling and not req.stop)
             emit_s += time.perf_counter() - t
             emitted, emitters = emitted + len(tokens), emitters + 1
             if req.finished:
                 self._finish(req)
-            outputs.append(req.take_output())
+            done.append(req)
+        # per-token work counted as one token per sequence, what a plain step emits: a
+        # token costs it whichever step emits it, so it is no price of verifying (on the
+        # H200 a 3-token verify step measured 25 % dearer than a decode step with it)
+        share = 1.0 - emitters / emitted if emitted > emitters else 0.0
         if self.spec is not None:  # the whole step: on CUDA the forward alone is asynchronous
-            # per-token work counted as one token per sequence, what a plain step emits: a
-            # token costs it whichever step emits it, so it is no price of verifying (on the
-            # H200 a 3-token verify step measured 25 % dearer than a decode step with it)
-            seconds = time.perf_counter() - start
-            if emitted > emitters:
-                seconds -= emit_s * (1.0 - emitters / emitted)
+            seconds = time.perf_counter() - start - emit_s * share - carried
             self.spec.record_step(result.num_rows, seconds, any(s.draft for s in seqs),
                                   result.graph, emitted, emitters, quiet)
-        return outputs
+        if self._ahead is None and self.async_scheduling and self.scheduler.has_work():
+            # the next step's tokens are all in: launch it before this step's text and
+            # outputs are built (the same step the synchronous engine takes next)
+            self._ahead = self._prelaunch()
+        t = time.perf_counter()
+        for req in done:
+            self.appender.catch_up(req)
+        if isinstance(self._ahead, _Prelaunched):  # that text work falls in its time
+            self._carried_emit = (time.perf_counter() - t) * share
+        return [req.take_output() for req in done]
+
+    def _propose_and_run(self) -> tuple[list[ScheduledSeq], StepLogits, bool] | None:
+        """Draft, schedule and launch a step -> (its sequences, logits, the speculator's
+        quiet flag), or None: nothing to run."""
+        drafts, quiet = None, False
+        if self.spec is not None:
+            drafts = self.spec.propose(self.scheduler.running, len(self.scheduler.waiting))
+            quiet = self.spec.quiet
+        seqs = self.scheduler.schedule(drafts).seqs
+        if not seqs:
+            return None
+        return seqs, self.runner.run(seqs), quiet
+
+    def _prelaunch(self) -> _Prelaunched | None:
+        start = time.perf_counter()
+        step = self._propose_and_run()
+        if step is None:
+            return None
+        self.prelaunched_steps += 1
+        return _Prelaunched(*step, start)
 
     # -- async scheduling ------------------------------------------------------------
     def _overlaps(self, seqs: list[ScheduledSeq]) -> bool:

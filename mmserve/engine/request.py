@@ -72,6 +72,7 @@ class Request:
     table: BlockTable | None = None
     num_cached_tokens: int = 0
     text: str = ""  # stop-checked output text (may run ahead of what was sent)
+    num_detok: int = 0  # output tokens the detokenizer has had (the rest: text to come)
     sent: int = 0  # characters of ``text`` already streamed
     sent_tokens: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)

@@ -16,8 +16,14 @@ class TokenAppender:
         self.tokenizer = tokenizer
 
     def append(self, req: Request, tokens: list[int],
-               logprobs: list[list[tuple[int, float]] | None]) -> int:
-        """Append tokens until one finishes the request; returns how many were kept."""
+               logprobs: list[list[tuple[int, float]] | None], defer_text: bool = False) -> int:
+        """Append tokens until one finishes the request; returns how many were kept.
+
+        ``defer_text`` (a request without stop strings, whose text can finish nothing):
+        the kept tokens' text is left for ``catch_up`` unless one of them finishes the
+        request. The engine launches its next step in between (async scheduling); the
+        detokenizer sees the same tokens one by one either way, so the text is the same."""
+        assert not (defer_text and req.stop), "a stop string needs each token's text"
         kept = 0
         for token, lps in zip(tokens, logprobs, strict=True):
             kept += 1
@@ -25,12 +31,26 @@ class TokenAppender:
             req.sampling.observe(token)
             if lps is not None:
                 req.pending_logprobs.append(self._logprob(lps))
-            if self._check(req, token):
+            if self._check(req, token, defer_text):
                 req.status = Status.FINISHED
                 break
         return kept
 
-    def _check(self, req: Request, token: int) -> bool:
+    def catch_up(self, req: Request) -> None:
+        """The text of the tokens ``append`` deferred."""
+        self._feed(req, len(req.output_ids))
+
+    def _feed(self, req: Request, upto: int) -> str:
+        """Detokenize output tokens up to ``upto``, one by one; the newest text."""
+        new = ""
+        for token in req.output_ids[req.num_detok:upto]:
+            new = req.detok.add([token])
+            if new:
+                req.text += new
+        req.num_detok = max(req.num_detok, upto)
+        return new
+
+    def _check(self, req: Request, token: int, defer: bool = False) -> bool:
         p = req.params
         n_out = len(req.output_ids)
         if n_out > p.min_tokens or n_out == p.min_tokens:
@@ -38,20 +58,24 @@ class TokenAppender:
                 return self._stop(req, "stop", token)
             if not p.ignore_eos and token in req.eos_ids:
                 return self._stop(req, "stop", None)
-        new = req.detok.add([token])
-        if new:
-            req.text += new
-            hit = req.stop.check(req.text, len(new))
-            if hit.stopped:
-                req.text = req.text[: hit.truncate_to]
-                req.finish_reason, req.stop_reason = "stop", hit.stop_str
-                return True
+        if not defer:
+            new = self._feed(req, n_out)
+            if new:
+                hit = req.stop.check(req.text, len(new))
+                if hit.stopped:
+                    req.text = req.text[: hit.truncate_to]
+                    req.finish_reason, req.stop_reason = "stop", hit.stop_str
+                    return True
         if (p.max_tokens is not None and n_out >= p.max_tokens) or \
                 req.num_tokens >= req.max_total_len:
+            self._feed(req, n_out)
             return self._stop(req, "length", None)
         return False
 
     def _stop(self, req: Request, reason: str, stop_reason: int | None) -> bool:
+        # the deferred text first; a stop or EOS token itself is never detokenized
+        self._feed(req, len(req.output_ids) - 1)
+        req.num_detok = len(req.output_ids)
         tail = req.detok.flush()
         if tail:
             req.text += tail

@@ -33,10 +33,11 @@ def _params(i: int) -> SamplingParams:
 
 def _drive(llm: LLM, overlap: bool, params=_params, prompts=PROMPTS, hook=None):
     """Run the prompts on the engine directly -> ({id: [deltas]}, {id: final output},
-    steps launched ahead). ``hook(engine, step_number, ids)`` runs before each step."""
+    steps launched ahead, steps prelaunched). ``hook(engine, step_number, ids)`` runs
+    before each step."""
     eng = llm.engine
     eng.async_scheduling = overlap
-    before = eng.ahead_steps
+    before, pre = eng.ahead_steps, eng.prelaunched_steps
     ids = [eng.add_request(llm.tokenizer.encode(p), params(i)) for i, p in enumerate(prompts)]
     deltas: dict[str, list] = collections.defaultdict(list)
     finals = {}
@@ -56,7 +57,7 @@ def _drive(llm: LLM, overlap: bool, params=_params, prompts=PROMPTS, hook=None):
     view = {names[r]: d for r, d in deltas.items()}
     done = {names[r]: (o.token_ids, o.text, o.finish_reason, o.stop_reason)
             for r, o in finals.items()}
-    return view, done, eng.ahead_steps - before
+    return view, done, eng.ahead_steps - before, eng.prelaunched_steps - pre
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,8 @@ def llm(default_model_dir):
 def test_steps_launched_ahead_change_no_delta_and_leak_no_block(llm):
     sync = _drive(llm, False)
     ahead = _drive(llm, True)
-    assert sync[2] == 0 and ahead[2] > 5  # it ran ahead, many times
+    assert sync[2] == sync[3] == 0 and ahead[2] > 5  # it ran ahead, many times
+    assert ahead[3] > 0  # and launched steps before the last one's outputs (prefills)
     assert ahead[0] == sync[0]  # every request's stream, delta for delta
     assert ahead[1] == sync[1]
     assert {f[2] for f in sync[1].values()} >= {"length", "stop"}
@@ -103,7 +105,36 @@ def test_sampled_and_logprob_requests_run_synchronously_beside_greedy_ones(llm):
     ahead = _drive(llm, True, params, PROMPTS[:4])
     assert ahead[0] == sync[0] and ahead[1] == sync[1]
     assert ahead[2] > 0  # once the sampled and logprob requests are done, it overlaps
+    assert ahead[3] >= 11  # until then each step launched before the last one's outputs
     assert llm.engine.blocks.num_used_blocks == 0
+
+
+def test_abort_and_arrival_while_a_step_is_prelaunched(llm):
+    """Sampled requests (seeded) do not overlap, so each step is launched once the last
+    one's tokens are in, before its outputs: an abort then drops the request's row of
+    that step, a request added then joins a step later. Streams with stop strings and
+    without (whose text waits for the launch) equal the synchronous engine's."""
+    seen = []
+
+    def params(i):
+        stop = [" the", "."] if i % 2 else []
+        return SamplingParams(temperature=0.9, seed=11 + i, max_tokens=16 + 3 * i, stop=stop)
+
+    def hook(eng, step, ids):
+        if step == 5:
+            seen.append((type(eng._ahead).__name__, eng.abort(ids[2]).finish_reason))
+            eng.add_request(llm.tokenizer.encode("The moon is"),
+                            SamplingParams(temperature=0.9, seed=5, max_tokens=9), "late")
+
+    sync = _drive(llm, False, params, PROMPTS[:6], hook)
+    ahead = _drive(llm, True, params, PROMPTS[:6], hook)
+    assert seen == [("NoneType", "abort"), ("_Prelaunched", "abort")]
+    assert ahead[0] == sync[0] and ahead[1] == sync[1]
+    assert 2 not in ahead[1] and "late" in ahead[1]
+    assert {f[2] for f in sync[1].values()} == {"length", "stop"}
+    assert ahead[3] > 10
+    assert llm.engine.blocks.num_used_blocks == 0
+    assert llm.engine._ahead is None
 
 
 def test_abort_and_arrival_while_a_step_runs_ahead(llm):
@@ -177,7 +208,7 @@ def test_speculation_with_async_scheduling_is_exact(default_model_dir):
     spec.engine.set_speculation(True)
     ahead = _drive(spec, True, params)
     assert ahead[1] == plain[1]
-    assert ahead[2] > 0
+    assert ahead[2] > 0 and ahead[3] > 0  # steps after a verify step are prelaunched
     totals = spec.engine.spec.controller.totals()
     assert totals.num_draft_tokens > 0  # and it still speculated
     assert spec.engine.blocks.num_used_blocks == 0
