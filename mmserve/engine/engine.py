@@ -75,7 +75,6 @@ class _Prelaunched:
     seqs: list[ScheduledSeq]
     result: StepLogits
     quiet: bool
-    start: float  # perf_counter() as its proposing began: its measured time starts there
 
 
 def _plain_greedy(req: Request, ahead: int) -> bool:
@@ -122,7 +121,11 @@ class LLMEngine:
         # the step launched before the last one finished (its tokens on the device), or
         # once the last one's tokens were in, before its outputs
         self._ahead: _Launched | _Prelaunched | None = None
-        self._carried_emit = 0.0  # deferred text work inside the prelaunched step's time
+        # a step launched in an earlier call is timed from that call's cost record on
+        # (one step's whole period, like a synchronous step's); the last step's deferred
+        # text work falls in it
+        self._recorded_at = 0.0
+        self._carried_emit = 0.0
         self.ahead_steps = 0  # steps launched ahead (tests, benchmarks)
         self.prelaunched_steps = 0  # steps launched before the last step's outputs
         self.prompt_tokens_total = 0
@@ -227,14 +230,10 @@ class LLMEngine:
         launched, self._ahead = self._ahead, None
         if launched is not None and all(s.req.finished for s in launched.seqs):
             launched = None  # every request of the step ahead finished (or was aborted)
-        # the last step's deferred text work, when it fell inside this step's time
         carried, self._carried_emit = self._carried_emit, 0.0
-        if launched is not None:
+        if launched is not None:  # launched in the last call: timed from its cost record
             seqs, result, quiet = launched.seqs, launched.result, launched.quiet
-            if isinstance(launched, _Prelaunched):  # its time runs from its proposing
-                start = launched.start
-            else:
-                carried = 0.0
+            start = self._recorded_at
         else:
             step = self._propose_and_run()
             if step is None:
@@ -294,6 +293,7 @@ class LLMEngine:
             seconds = time.perf_counter() - start - emit_s * share - carried
             self.spec.record_step(result.num_rows, seconds, any(s.draft for s in seqs),
                                   result.graph, emitted, emitters, quiet)
+        self._recorded_at = time.perf_counter()
         if self._ahead is None and self.async_scheduling and self.scheduler.has_work():
             # the next step's tokens are all in: launch it before this step's text and
             # outputs are built (the same step the synchronous engine takes next)
@@ -301,7 +301,7 @@ class LLMEngine:
         t = time.perf_counter()
         for req in done:
             self.appender.catch_up(req)
-        if isinstance(self._ahead, _Prelaunched):  # that text work falls in its time
+        if self._ahead is not None:  # that text work falls in the next step's time
             self._carried_emit = (time.perf_counter() - t) * share
         return [req.take_output() for req in done]
 
@@ -318,12 +318,11 @@ class LLMEngine:
         return seqs, self.runner.run(seqs), quiet
 
     def _prelaunch(self) -> _Prelaunched | None:
-        start = time.perf_counter()
         step = self._propose_and_run()
         if step is None:
             return None
         self.prelaunched_steps += 1
-        return _Prelaunched(*step, start)
+        return _Prelaunched(*step)
 
     # -- async scheduling ------------------------------------------------------------
     def _overlaps(self, seqs: list[ScheduledSeq]) -> bool:
