@@ -11,7 +11,14 @@ while the GPU computes. A step returns its own outputs, as a synchronous one doe
 request that this step finishes (EOS, a stop string) drops its row of the step already
 running, and its KV there lands in blocks it has just freed, written before any later
 step can reuse them (one stream). Tokens are those of the synchronous engine: the same
-steps, kernels and graphs, and batch invariance for any row dropped.
+steps, kernels and graphs, and batch invariance for any row dropped. Any other step
+(sampled, logprobs, penalties, a verify, a prefill) is prelaunched: launched once the last
+step's tokens are in and committed, before that step's text (for requests without stop
+strings, whose text can end nothing) and outputs are built, so those and the caller's
+work between steps overlap its forward. It is the step the synchronous engine would take
+next, proposed and scheduled from the same state; speculation records each step's cost
+before choosing the next, as it does synchronously, and a step launched in an earlier
+call is timed from the last step's record (one whole period).
 
 The engine knows tokenization only to detokenize outputs and check stop strings;
 requests arrive as token ids (plus optional embedding spans).
