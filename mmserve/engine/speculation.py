@@ -237,8 +237,9 @@ class Speculator:
 
     def record_step(self, num_tokens: int, seconds: float, verify: bool, graph: bool,
                     emitted: int = 0, sequences: int = 0, quiet: bool = False) -> None:
-        """A whole engine step's wall time (from before ``propose`` to its outputs), and
-        the tokens its ``sequences`` decoding sequences emitted. ``quiet``: ``self.quiet``
+        """A whole engine step's wall time (from before ``propose``, or for a step launched
+        in an earlier call from the last step's record, to its tokens committed), and the
+        tokens its ``sequences`` decoding sequences emitted. ``quiet``: ``self.quiet``
         as it was when the step was proposed (with async scheduling the next step may have
         been proposed since)."""
         if quiet:

@@ -54,10 +54,10 @@ class TokenAppender:
         p = req.params
         n_out = len(req.output_ids)
         if n_out > p.min_tokens or n_out == p.min_tokens:
-            if token in p.stop_token_ids:
-                return self._stop(req, "stop", token)
+            if token in p.stop_token_ids:  # a stop or EOS token is never detokenized
+                return self._stop(req, "stop", token, n_out - 1)
             if not p.ignore_eos and token in req.eos_ids:
-                return self._stop(req, "stop", None)
+                return self._stop(req, "stop", None, n_out - 1)
         if not defer:
             new = self._feed(req, n_out)
             if new:
@@ -68,13 +68,13 @@ class TokenAppender:
                     return True
         if (p.max_tokens is not None and n_out >= p.max_tokens) or \
                 req.num_tokens >= req.max_total_len:
-            self._feed(req, n_out)
-            return self._stop(req, "length", None)
+            return self._stop(req, "length", None, n_out)
         return False
 
-    def _stop(self, req: Request, reason: str, stop_reason: int | None) -> bool:
-        # the deferred text first; a stop or EOS token itself is never detokenized
-        self._feed(req, len(req.output_ids) - 1)
+    def _stop(self, req: Request, reason: str, stop_reason: int | None, text_upto: int) -> bool:
+        """Finish: the text of the output tokens up to ``text_upto`` (any deferred) in,
+        then the detokenizer's held tail."""
+        self._feed(req, text_upto)
         req.num_detok = len(req.output_ids)
         tail = req.detok.flush()
         if tail:
