@@ -132,11 +132,12 @@ class Sampler:
         tokens = processed.argmax(dim=-1)  # greedy rows keep this; first max = lowest id
         rows = [i for i, s in enumerate(states) if not s.params.greedy]
         if rows:
-            probs = torch.softmax(processed[rows], dim=-1)  # (R, V)
+            at = _index(rows, logits.device)
+            probs = torch.softmax(processed[at], dim=-1)  # (R, V)
             noise = torch.empty_like(probs)
             for r, i in enumerate(rows):
                 noise[r].exponential_(generator=states[i].generator)
-            tokens[rows] = (probs / noise.clamp_min_(_TINY)).argmax(dim=-1)
+            tokens[at] = (probs / noise.clamp_min_(_TINY)).argmax(dim=-1)
         token_ids = tokens.tolist()
         return SampleResult(token_ids, _logprobs(logits, states, token_ids))
 
@@ -153,8 +154,9 @@ class Sampler:
         out = torch.softmax(processed, dim=-1)
         rows = [i for i, s in enumerate(states) if s.params.greedy]
         if rows:
-            hot = processed[rows].argmax(dim=-1)  # (R,)
-            out[rows] = torch.zeros_like(out[rows]).scatter_(1, hot[:, None], 1.0)
+            at = _index(rows, out.device)
+            hot = processed[at].argmax(dim=-1)  # (R,)
+            out[at] = torch.zeros_like(out[at]).scatter_(1, hot[:, None], 1.0)
         return out
 
     def process(
@@ -175,8 +177,28 @@ class Sampler:
                 _apply_min_tokens(x[i], state, more)
         rows = [i for i, s in enumerate(states) if not s.params.greedy]
         if rows:
-            x[rows] = _apply_filters(x[rows], [states[i].params for i in rows])
+            at = _index(rows, x.device)
+            x[at] = _apply_filters(x[at], [states[i].params for i in rows])
         return x
+
+
+def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list as a tensor on ``device``. On CUDA through pinned memory and a
+    non-blocking copy: ``torch.tensor(values, device="cuda")`` copies from pageable
+    memory, which waits for everything queued on the stream (the step's forward) before
+    the host can queue the sampler's kernels behind it."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
+def _index(rows: list[int], device: torch.device) -> slice | torch.Tensor:
+    """Rows (ascending) to index a tensor with: a slice where they are contiguous (a
+    view, no copy), else an index tensor on ``device`` (a Python list index is copied
+    from pageable memory: see ``_on_device``)."""
+    if rows and rows[-1] - rows[0] + 1 == len(rows):
+        return slice(rows[0], rows[-1] + 1)
+    return _on_device(rows, torch.long, device)
 
 
 def adjusts(state: SamplingState, extra: list[int]) -> bool:
@@ -195,33 +217,34 @@ def _apply_penalties(row: torch.Tensor, state: SamplingState, extra: list[int]) 
     counts = state.counts_with(extra)
     if not counts:
         return
-    ids = torch.tensor(list(counts.keys()), device=row.device)
-    n = torch.tensor(list(counts.values()), dtype=torch.float32, device=row.device)
+    ids = _on_device(list(counts.keys()), torch.long, row.device)
+    n = _on_device(list(counts.values()), torch.float32, row.device)
     row[ids] -= n * p.frequency_penalty + p.presence_penalty
 
 
 def _apply_min_tokens(row: torch.Tensor, state: SamplingState, extra: list[int]) -> None:
     if state.num_generated + len(extra) < state.params.min_tokens:
         if state.banned_before_min_tokens:
-            row[state.banned_before_min_tokens] = float("-inf")
+            row[_on_device(state.banned_before_min_tokens, torch.long, row.device)] = float(
+                "-inf")
 
 
 def _apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, min_p, top_k, top_p on rows (R, V); disabled filters are exact no-ops."""
     rows, vocab = x.shape
-    temp = torch.tensor([max(p.temperature, _MIN_TEMPERATURE) for p in params], device=x.device)
+    temp = _on_device([max(p.temperature, _MIN_TEMPERATURE) for p in params], torch.float32,
+                      x.device)
     x = x / temp[:, None]
     if any(p.min_p > 0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=x.device)
+        min_p = _on_device([p.min_p for p in params], torch.float32, x.device)
         # p_i >= min_p * p_max  <=>  exp(x_i - x_max) >= min_p
         rel = torch.exp(x - x.max(dim=-1, keepdim=True).values)
         x = x.masked_fill(rel < min_p[:, None], float("-inf"))
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     top_p = [p.top_p for p in params]
     if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
-        x = _top_k_top_p(
-            x, torch.tensor(top_k, device=x.device), torch.tensor(top_p, device=x.device)
-        )
+        x = _top_k_top_p(x, _on_device(top_k, torch.long, x.device),
+                         _on_device(top_p, torch.float32, x.device))
     return x
 
 
@@ -244,7 +267,7 @@ def _logprobs(
     rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
     if not rows:
         return out
-    lp = torch.log_softmax(logits[rows].float(), dim=-1)  # (R, V), raw model distribution
+    lp = torch.log_softmax(logits[_index(rows, logits.device)].float(), dim=-1)  # (R, V), raw model distribution
     for r, i in enumerate(rows):
         n = states[i].params.logprobs or 0
         entry = [(token_ids[i], float(lp[r, token_ids[i]].item()))]
