@@ -184,13 +184,16 @@ class DecodeGraphs:
         return self.run_verify([[t] for t in ids], positions, block_tables, block_size).logits
 
     @torch.inference_mode()
-    def run_verify(self, tokens: list[list[int]], starts: list[int], block_tables: np.ndarray,
-                   block_size: int, input_ids: torch.Tensor | None = None) -> Replayed:
+    def run_verify(self, tokens: list[list[int]], starts: list[int],
+                   tables: np.ndarray | list[list[int]], block_size: int,
+                   input_ids: torch.Tensor | None = None) -> Replayed:
         """Sequence ``i`` runs ``tokens[i]`` from position ``starts[i]`` -> the logits of
         ``n * q`` rows (its rows are ``i*q + j``), their argmax, and ``q``: views valid
         until the next run. With ``last_row_only``: ``n`` rows, row ``i`` for sequence
-        ``i``'s last token. ``input_ids``: a decode step's (n,) tokens on the device, in
-        place of ``tokens``' (whose lengths still say one token a sequence)."""
+        ``i``'s last token. ``tables``: each sequence's block ids (lists, or an (n, >=
+        blocks in use) int array, zero-padded). ``input_ids``: a decode step's (n,)
+        tokens on the device, in place of ``tokens``' (whose lengths still say one token
+        a sequence)."""
         n = len(tokens)
         longest = max(map(len, tokens))
         assert self.fits(n, longest), (n, longest)
@@ -198,7 +201,7 @@ class DecodeGraphs:
         q = self.qsizes[bisect.bisect_left(self.qsizes, longest)]
         assert self._copied is not None
         self._copied.synchronize()  # the last step's copy has left the pinned buffer
-        keys = self._fill(tokens, starts, block_tables, block_size, q)
+        keys = self._fill(tokens, starts, tables, block_size, q)
         # the flat buffer up to the end of table row bs - 1: all this graph reads (the
         # whole buffer is ~1 MiB at 256 x 512 blocks, ~40 us of a ~1 ms batch-1 step)
         view = self._views.get(bs)
@@ -227,21 +230,22 @@ class DecodeGraphs:
             self._stream = torch.cuda.current_stream(self.device)
         return self._stream
 
-    def _fill(self, tokens: list[list[int]], starts: list[int], tables: np.ndarray,
-              block_size: int, q: int) -> int:
+    def _fill(self, tokens: list[list[int]], starts: list[int],
+              tables: np.ndarray | list[list[int]], block_size: int, q: int) -> int:
         """The step's inputs into the pinned buffer, every sequence at once (a numpy call
         a field, not one per sequence: the loop cost the H200 host ~234 us at 16
-        sequences) -> the most keys a sequence of the step has."""
+        sequences) -> the most keys a sequence of the step has. One sequence takes
+        Python scalars and list slices: numpy's small-array calls cost a batch-1 verify
+        step ~75 us of the H200 host (fill 48, the (1, blocks) table 27; session 14)."""
         b, r, n, h = self.max_batch, self._rows, len(tokens), self._host_np
-        used = min(tables.shape[1], self.max_blocks)
         t = h[3 * r + 2 * b :].reshape(b, self.max_blocks)
-        t[:n, :used] = tables[:, :used]
         self._fill_padding(0, b, q)
-        if n == 1 and len(tokens[0]) == 1:  # a batch-1 decode step: scalars
-            start = int(starts[0])
-            h[0], h[r], h[3 * r], h[3 * r + b] = tokens[0][0], start, start + 1, 1
-            h[2 * r] = t[0, start // block_size] * block_size + start % block_size
-            return start + 1
+        if n == 1:
+            return self._fill_one(tokens[0], int(starts[0]), tables[0], block_size, t)
+        if not isinstance(tables, np.ndarray):
+            tables = block_tables(tables)
+        used = min(tables.shape[1], self.max_blocks)
+        t[:n, :used] = tables[:, :used]
         st = np.asarray(starts, dtype=np.int64)
         lens = np.fromiter(map(len, tokens), dtype=np.int64, count=n)
         total = int(lens.sum())
@@ -260,6 +264,24 @@ class DecodeGraphs:
         h[3 * r : 3 * r + n] = ends
         h[3 * r + b : 3 * r + b + n] = lens
         return int(ends.max())
+
+    def _fill_one(self, tokens: list[int], start: int, ids, block_size: int,
+                  t: np.ndarray) -> int:
+        """``_fill`` for one sequence: its block ids (a list or an array row), its rows
+        0..len-1 (the rest stay padding)."""
+        b, r, h, n = self.max_batch, self._rows, self._host_np, len(tokens)
+        used = min(len(ids), self.max_blocks)
+        t[0, :used] = ids[:used]
+        if n == 1:
+            h[0], h[r] = tokens[0], start
+            h[2 * r] = int(ids[start // block_size]) * block_size + start % block_size
+        else:
+            h[:n] = tokens
+            h[r : r + n] = range(start, start + n)
+            h[2 * r : 2 * r + n] = [int(ids[p // block_size]) * block_size + p % block_size
+                                    for p in range(start, start + n)]
+        h[3 * r], h[3 * r + b] = start + n, n
+        return start + n
 
     def _fill_padding(self, lo: int, hi: int, q: int) -> None:
         """Sequences lo..hi-1 (and every row of the buffer from lo*q on) become padding."""
@@ -286,3 +308,13 @@ class DecodeGraphs:
         hidden = self.model(torch.as_tensor(ids, device=dev), torch.as_tensor(pos).to(dev), meta,
                             self.kv)
         return self.model.compute_logits(hidden)
+
+
+def block_tables(ids: list[list[int]]) -> np.ndarray:
+    """Block id lists -> one (n, longest) int64 array, zero-padded: a numpy call a step, not
+    one a sequence."""
+    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    out = np.zeros((len(ids), int(lens.max())), dtype=np.int64)
+    out[np.arange(out.shape[1]) < lens[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lens.sum()))
+    return out

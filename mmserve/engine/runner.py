@@ -9,10 +9,8 @@ every draft position of a verify).
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from mmserve.engine.cuda_graphs import DecodeGraphs
@@ -82,7 +80,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.fits(n):
             logits, argmax, q = self.graphs.run_verify(
                 [[0]] * n, [s.start for s in seqs],
-                block_tables([s.req.table.block_ids for s in seqs]),  # type: ignore[union-attr]
+                [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
                 self.block_size, input_ids=input_ids)
             return StepLogits(logits, rows, n * q, graph=True, argmax=argmax)
         meta = AttentionMetadata.build(
@@ -114,14 +112,14 @@ class ModelRunner:
         ids = s.req.table.block_ids  # type: ignore[union-attr]
         logits, argmax, q = self.prefill_graphs.run_verify(
             [s.req.all_ids[s.start : s.start + s.num_real]], [s.start],
-            np.asarray([ids], dtype=np.int64), self.block_size)
+            [ids], self.block_size)
         return StepLogits(logits, [[0] if s.samples else []], q, argmax=argmax)
 
     def _run_graph(self, seqs: list[ScheduledSeq]) -> StepLogits:
         assert self.graphs is not None
         logits, argmax, q = self.graphs.run_verify(
             [[s.req.token(s.start), *s.draft] for s in seqs], [s.start for s in seqs],
-            block_tables([s.req.table.block_ids for s in seqs]),  # type: ignore[union-attr]
+            [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
             self.block_size)
         return StepLogits(logits, [list(range(i * q, i * q + s.num_tokens))
                                    for i, s in enumerate(seqs)], len(seqs) * q, graph=True,
@@ -142,16 +140,6 @@ class ModelRunner:
                     x[offset + a - lo : offset + b - lo] = rows.to(x.dtype)
             offset += s.num_tokens
         return x
-
-
-def block_tables(ids: list[list[int]]) -> np.ndarray:
-    """Block id lists -> one (n, longest) int64 array, zero-padded: a numpy call a step, not
-    one a sequence."""
-    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    out = np.zeros((len(ids), int(lens.max())), dtype=np.int64)
-    out[np.arange(out.shape[1]) < lens[:, None]] = np.fromiter(
-        itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lens.sum()))
-    return out
 
 
 def _in_span(s: ScheduledSeq) -> bool:

@@ -267,7 +267,8 @@ def _logprobs(
     rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
     if not rows:
         return out
-    lp = torch.log_softmax(logits[_index(rows, logits.device)].float(), dim=-1)  # (R, V), raw model distribution
+    # (R, V), the raw model distribution
+    lp = torch.log_softmax(logits[_index(rows, logits.device)].float(), dim=-1)
     for r, i in enumerate(rows):
         n = states[i].params.logprobs or 0
         entry = [(token_ids[i], float(lp[r, token_ids[i]].item()))]

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmserve.bench.engine_run import make_kv
-from mmserve.engine.cuda_graphs import DecodeGraphs
-from mmserve.engine.runner import block_tables
+from mmserve.engine.cuda_graphs import DecodeGraphs, block_tables
 
 PAGE = 16
 
@@ -45,12 +44,17 @@ def test_fill_lays_out_every_sequence_as_the_per_sequence_loop(tiny_llama):
     ref = np.zeros_like(g._host_np)
     rng = np.random.default_rng(0)
     # big steps then small ones: what a step leaves behind must not leak into the next
-    for n, q in [(8, 5), (1, 1), (8, 1), (3, 3), (4, 5), (2, 1), (8, 3), (1, 5)]:
+    steps = [(8, 5), (1, 1), (8, 1), (3, 3), (4, 5), (2, 1), (8, 3), (1, 5), (1, 3), (1, 5),
+             (1, 1), (1, 3)]
+    for i, (n, q) in enumerate(steps):
         lens = [q] * n if q == 1 else rng.integers(1, q + 1, n).tolist()
         tokens = [rng.integers(0, 1000, k).tolist() for k in lens]
         starts = rng.integers(0, 120, n).tolist()
         tables = rng.integers(1, 64, (n, int(rng.integers(9, 12)))).astype(np.int64)
-        keys = g._fill(tokens, starts, tables, PAGE, q)
+        # as the runner passes them (lists; one sequence takes a scalar path), and as an
+        # array (the benches, the graphs' tests)
+        given = [row.tolist() for row in tables] if i % 2 else tables
+        keys = g._fill(tokens, starts, given, PAGE, q)
         assert keys == _reference(ref, g, tokens, starts, tables, q)
         assert np.array_equal(g._host_np, ref), (n, q)
 
