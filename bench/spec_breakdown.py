@@ -8,8 +8,9 @@ decode), ``ahead`` (a step whose decode was launched a step early: async schedul
 ``verify`` (a step with drafts); ``_pre``: launched in the last call, once its tokens
 were in, before its outputs. Per kind: steps, total ms, us a call, the wait for the
 sampler's tokens (GPU time not hidden), and us a call in each host piece (``propose``,
-``schedule``, ``run``: the runner's host work up to the launch, ``append``, ...; a call
-that prelaunches holds the next step's ``propose``, ``schedule`` and ``run``).
+of it the controller's ``choose`` and the drafting ``_draft``; ``schedule``; ``run``: the
+runner's host work up to the launch, of it the graphs' input ``_fill``; ``append``, ...;
+a call that prelaunches holds the next step's ``propose``, ``schedule`` and ``run``).
 
 Usage (GPU): PYTHONPATH=$PWD python bench/spec_breakdown.py MODEL.gguf OUT.json
        [--workloads edit,code,chat] [--repeats 3]
@@ -69,7 +70,7 @@ def main() -> None:
         dt = time.perf_counter() - t
         if pre is None:
             kind = state.get("kind", "none")
-        elif hasattr(pre, "start"):  # launched in the last call, before its outputs
+        elif not hasattr(pre, "tokens"):  # launched in the last call, before its outputs
             kind = kinds.get(id(pre.result), "none") + "_pre"
         else:
             kind = "ahead"
@@ -100,11 +101,13 @@ def main() -> None:
 
     spec = eng.speculator
     assert spec is not None
+    graphs = eng.runner.graphs
     for obj, name in ((spec, "propose"), (spec, "propose_ahead"), (spec, "verify_greedy"),
-                      (spec, "record_step"), (eng.scheduler, "schedule"),
-                      (eng.appender, "append"), (eng.appender, "catch_up"),
-                      (eng.runner, "run"), (eng, "_commit"), (eng.blocks, "truncate")):
-        if hasattr(obj, name):  # (an older engine may lack one)
+                      (spec, "record_step"), (spec.controller, "choose"), (spec, "_draft"),
+                      (eng.scheduler, "schedule"), (eng.appender, "append"),
+                      (eng.appender, "catch_up"), (eng.runner, "run"), (graphs, "_fill"),
+                      (eng, "_commit"), (eng.blocks, "truncate")):
+        if hasattr(obj, name):  # (an older engine may lack one; CPU: no graphs)
             timed(obj, name, name)
     eng._sample, eng.step = sample, step
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
