@@ -3,16 +3,19 @@
     schedule = scheduler.schedule(drafts); logits = runner.run(schedule.seqs);
     tokens = sampler/verifier(logits); postprocess(tokens) -> RequestOutputs
 
-Async scheduling (CUDA, ``EngineConfig.async_scheduling``): when a step is a plain greedy
-decode of every running request, the next step (the same requests, one position on, its
-input tokens taken on the device from this step's argmax) is launched before this step's
+Async scheduling (CUDA, ``EngineConfig.async_scheduling``): when a step is a plain decode
+of every running request and each request's token can be picked on the device (greedy:
+the argmax; sampled: a draw from the request's own generator; no logprobs, penalties or
+min_tokens to apply), the next step (the same requests, one position on, its input
+tokens taken on the device from this step's picks) is launched before this step's
 tokens are brought to the host, so the host's postprocessing and the next launch run
 while the GPU computes. A step returns its own outputs, as a synchronous one does; a
 request that this step finishes (EOS, a stop string) drops its row of the step already
 running, and its KV there lands in blocks it has just freed, written before any later
 step can reuse them (one stream). Tokens are those of the synchronous engine: the same
-steps, kernels and graphs, and batch invariance for any row dropped. Any other step
-(sampled, logprobs, penalties, a verify, a prefill) is prelaunched: launched once the last
+steps, kernels and graphs, and batch invariance for any row dropped; a sampled row is
+drawn when its step is launched, from its generator, in the synchronous engine's order.
+Any other step (logprobs, penalties, a verify, a prefill) is prelaunched: launched once the last
 step's tokens are in and committed, before that step's text (for requests without stop
 strings, whose text can end nothing) and outputs are built, so those and the caller's
 work between steps overlap its forward. It is the step the synchronous engine would take
@@ -55,12 +58,12 @@ log = logging.getLogger("mmserve")
 
 @dataclass
 class _Launched:
-    """A plain greedy decode step on its way (async scheduling): its rows are its
-    sequences in order, and its tokens are copied to the host while later work runs."""
+    """A plain decode step on its way (async scheduling): its rows are its sequences in
+    order, and its tokens are copied to the host while later work runs."""
 
     seqs: list[ScheduledSeq]
     result: StepLogits
-    tokens: torch.Tensor  # (n,) the step's greedy tokens on the device (its own copy)
+    tokens: torch.Tensor  # (n,) the step's tokens on the device (argmax or drawn; its own)
     host: torch.Tensor | None  # CUDA: pinned (n,), the copy's target
     ready: torch.cuda.Event | None  # CUDA: recorded after the copy
     quiet: bool  # the speculator's quiet flag as it proposed this step (False: none)
@@ -84,10 +87,11 @@ class _Prelaunched:
     quiet: bool
 
 
-def _plain_greedy(req: Request, ahead: int) -> bool:
-    """Greedy, no logprobs, nothing for the sampler to apply ``ahead`` tokens from now."""
-    p = req.params
-    return p.greedy and p.logprobs is None and not adjusts(req.sampling, [0] * ahead)
+def _picked_on_device(req: Request, ahead: int) -> bool:
+    """No logprobs, and nothing for the sampler to apply ``ahead`` tokens from now
+    (penalties, min_tokens): the request's next token can be picked on the device, the
+    argmax (greedy) or a draw from its own generator (sampled), without the host."""
+    return req.params.logprobs is None and not adjusts(req.sampling, [0] * ahead)
 
 
 class LLMEngine:
@@ -334,25 +338,33 @@ class LLMEngine:
     # -- async scheduling ------------------------------------------------------------
     def _overlaps(self, seqs: list[ScheduledSeq]) -> bool:
         """Whether this step's tokens can wait on the device while the next step launches:
-        a plain decode of one token a sequence, every request greedy with nothing the
-        sampler applies (penalties, min_tokens) and no logprobs, now and one token on
-        (those need the host's counts or this step's logits, which the next step's
-        replay overwrites)."""
+        a plain decode of one token a sequence, every request picked on the device
+        (greedy or sampled) with nothing the sampler applies (penalties, min_tokens) and
+        no logprobs, now and one token on (those need the host's counts or this step's
+        logits, which the next step's replay overwrites)."""
         if not self.async_scheduling:
             return False
         for s in seqs:
-            if s.draft or s.num_real != 1 or not s.samples or not _plain_greedy(s.req, 0):
+            if s.draft or s.num_real != 1 or not s.samples or not _picked_on_device(s.req, 0):
                 return False
         return True
 
     def _launched(self, seqs: list[ScheduledSeq], result: StepLogits,
                   quiet: bool) -> _Launched:
-        """The step's greedy tokens copied out of the graph's buffers (the next replay
-        reuses them), on CUDA also on their way to the host."""
+        """The step's tokens picked on the device and copied out of the graph's buffers
+        (the next replay reuses them), on CUDA also on their way to the host. Sampled
+        rows are drawn now, before any later step's draw from the same generators. (The
+        host's counts may lack the last step's token here, for a step launched ahead;
+        nothing a draw reads depends on them: a request overlaps only with no penalty
+        and with its min_tokens behind it.)"""
         n = len(seqs)
         assert result.rows[-1] == [n - 1] and len(result.rows) == n, "one row a sequence"
-        top = result.argmax if result.argmax is not None else result.logits.argmax(-1)
-        tokens = top[:n].clone()
+        states = [s.req.sampling for s in seqs]
+        if all(st.params.greedy for st in states):
+            top = result.argmax if result.argmax is not None else result.logits.argmax(-1)
+            tokens = top[:n].clone()
+        else:  # the draw is device work; nothing here waits for the forward
+            tokens = self.sampler.sample_tokens(result.logits[:n], states)
         if tokens.device.type != "cuda":
             return _Launched(seqs, result, tokens, None, None, quiet)
         host = torch.empty(n, dtype=tokens.dtype, pin_memory=True)
@@ -381,7 +393,7 @@ class LLMEngine:
         for i, s in enumerate(cur.seqs):
             req, p, table = s.req, s.req.params, s.req.table
             assert table is not None
-            if not _plain_greedy(req, 1):
+            if not _picked_on_device(req, 1):
                 return None
             if (p.max_tokens is not None and len(req.output_ids) + 1 >= p.max_tokens) or (
                     req.num_tokens + 1 >= req.max_total_len):

@@ -119,15 +119,28 @@ class Sampler:
         """Pick one token per row from ``logits`` (B, V); advances sampling generators.
         ``argmax``: ``logits.argmax(-1)`` where it is already computed (CUDA graphs take
         it in the graph), used when every row is greedy with nothing to apply."""
+        token_ids = self.sample_tokens(logits, states, extra_tokens, argmax).tolist()
+        return SampleResult(token_ids, _logprobs(logits, states, token_ids))
+
+    def sample_tokens(
+        self,
+        logits: torch.Tensor,
+        states: list[SamplingState],
+        extra_tokens: list[list[int]] | None = None,
+        argmax: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``sample``'s tokens as a (B,) tensor on the logits' device, without waiting for
+        them (async scheduling feeds them to the next step on the device). Every launch
+        draws from the rows' generators in the order ``sample`` would. Greedy rows with
+        nothing to apply may return ``argmax`` itself (a view: copy it before the buffer
+        it views is overwritten)."""
         extra = extra_tokens if extra_tokens is not None else [[] for _ in states]
-        token_ids: list[int]
         if all(s.params.greedy and not adjusts(s, more) for s, more in zip(
                 states, extra, strict=True)):
             # every row greedy with nothing to apply: the argmax of the logits themselves
             # (what ``process`` would return is their exact float32 copy), without a
             # per-row pass (~2 us a row on the host: 36 rows of a 4 x (8 + 1) verify step)
-            token_ids = (argmax if argmax is not None else logits.argmax(dim=-1)).tolist()
-            return SampleResult(token_ids, _logprobs(logits, states, token_ids))
+            return argmax if argmax is not None else logits.argmax(dim=-1)
         processed = self.process(logits, states, extra)  # (B, V)
         tokens = processed.argmax(dim=-1)  # greedy rows keep this; first max = lowest id
         rows = [i for i, s in enumerate(states) if not s.params.greedy]
@@ -138,8 +151,7 @@ class Sampler:
             for r, i in enumerate(rows):
                 noise[r].exponential_(generator=states[i].generator)
             tokens[at] = (probs / noise.clamp_min_(_TINY)).argmax(dim=-1)
-        token_ids = tokens.tolist()
-        return SampleResult(token_ids, _logprobs(logits, states, token_ids))
+        return tokens
 
     def probs(
         self,

@@ -93,7 +93,7 @@ def test_requests_queued_for_a_slot_while_steps_run_ahead(llm):
     assert llm.engine.blocks.num_used_blocks == 0
 
 
-def test_sampled_and_logprob_requests_run_synchronously_beside_greedy_ones(llm):
+def test_logprob_requests_run_synchronously_beside_sampled_and_greedy_ones(llm):
     def params(i):
         if i == 0:
             return SamplingParams(temperature=0.8, seed=7, max_tokens=12)
@@ -110,21 +110,24 @@ def test_sampled_and_logprob_requests_run_synchronously_beside_greedy_ones(llm):
 
 
 def test_abort_and_arrival_while_a_step_is_prelaunched(llm):
-    """Sampled requests (seeded) do not overlap, so each step is launched once the last
-    one's tokens are in, before its outputs: an abort then drops the request's row of
-    that step, a request added then joins a step later. Streams with stop strings and
-    without (whose text waits for the launch) equal the synchronous engine's."""
+    """Sampled requests (seeded) with a presence penalty (the sampler needs the host's
+    counts) do not overlap, so each step is launched once the last one's tokens are in,
+    before its outputs: an abort then drops the request's row of that step, a request
+    added then joins a step later. Streams with stop strings and without (whose text
+    waits for the launch) equal the synchronous engine's."""
     seen = []
 
     def params(i):
         stop = [" the", "."] if i % 2 else []
-        return SamplingParams(temperature=0.9, seed=11 + i, max_tokens=16 + 3 * i, stop=stop)
+        return SamplingParams(temperature=0.9, seed=11 + i, max_tokens=16 + 3 * i, stop=stop,
+                              presence_penalty=0.3)
 
     def hook(eng, step, ids):
         if step == 5:
             seen.append((type(eng._ahead).__name__, eng.abort(ids[2]).finish_reason))
             eng.add_request(llm.tokenizer.encode("The moon is"),
-                            SamplingParams(temperature=0.9, seed=5, max_tokens=9), "late")
+                            SamplingParams(temperature=0.9, seed=5, max_tokens=9,
+                                           presence_penalty=0.3), "late")
 
     sync = _drive(llm, False, params, PROMPTS[:6], hook)
     ahead = _drive(llm, True, params, PROMPTS[:6], hook)
@@ -160,6 +163,36 @@ def test_abort_and_arrival_while_a_step_runs_ahead(llm):
     assert ahead[1] == sync[1] and 3 not in ahead[1] and "late" in ahead[1]
     assert ahead[0] == sync[0]
     assert llm.engine.blocks.num_used_blocks == 0
+
+
+def test_sampled_requests_run_ahead_and_draw_what_the_synchronous_engine_draws(llm):
+    """Seeded sampled requests (temperature, top-p, top-k; stop strings for some; one with
+    min_tokens, which overlaps once past them: a step launched ahead counts the last
+    step's token before the host has it) draw each token on the device when its step is
+    launched, from their own generators: the same draws in the same order as the
+    synchronous engine, through an abort while a step runs ahead and an arrival then."""
+    seen = []
+
+    def params(i):
+        return SamplingParams(temperature=(0.7, 1.0, 0.9)[i % 3], seed=21 + i,
+                              top_p=0.9 if i % 2 else 1.0, top_k=40 if i % 3 == 1 else 0,
+                              stop=[" the"] if i % 3 == 2 else [],
+                              min_tokens=6 if i == 4 else 0, max_tokens=14 + 4 * i)
+
+    def hook(eng, step, ids):
+        if step == 10:  # past the min_tokens request's first 6 tokens
+            seen.append((type(eng._ahead).__name__, eng.abort(ids[1]).finish_reason))
+            eng.add_request(llm.tokenizer.encode("The moon is"),
+                            SamplingParams(temperature=0.8, seed=3, max_tokens=9), "late")
+
+    sync = _drive(llm, False, params, PROMPTS[:6], hook)
+    ahead = _drive(llm, True, params, PROMPTS[:6], hook)
+    assert seen == [("NoneType", "abort"), ("_Launched", "abort")]
+    assert ahead[1] == sync[1] and ahead[0] == sync[0]
+    assert 1 not in ahead[1] and "late" in ahead[1] and len(ahead[1]) == 6
+    assert ahead[2] >= 15  # most steps once the min_tokens request is past them
+    assert llm.engine.blocks.num_used_blocks == 0
+    assert llm.engine._ahead is None
 
 
 def test_late_request_output_equals_its_output_alone(llm):
