@@ -41,8 +41,9 @@ HELP = {
     "max_num_seqs": "most sequences decoded together",
     "max_num_batched_tokens": "token budget of one engine step",
     "max_waiting": "bound of the waiting queue; a full queue answers HTTP 429",
-    "async_scheduling": "CUDA: launch the next greedy decode step before the last one's "
-    "tokens reach the host, hiding the host's per-step work behind the GPU (default: on)",
+    "async_scheduling": "CUDA: launch the next decode step (greedy or sampled) before the "
+    "last one's tokens reach the host, hiding the host's per-step work behind the GPU "
+    "(default: on)",
     "host": "address to bind",
     "port": "port to bind (0: any free port)",
     "api_key": "require 'Authorization: Bearer <key>' on HTTP and WebSocket "

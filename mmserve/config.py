@@ -32,7 +32,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
     enforce_eager: bool = False  # CUDA: never capture/replay decode steps as CUDA graphs
-    # CUDA: launch a greedy decode step before the last one's tokens reach the host, so
+    # CUDA: launch a decode step (greedy or sampled) before the last one's tokens reach the host, so
     # the host's work for a step (stop checks, streaming, scheduling) runs while the GPU
     # computes the next (the engine's ``step`` docstring); off, or on CPU: one step at a time
     async_scheduling: bool = True
