@@ -359,12 +359,11 @@ class LLMEngine:
         and with its min_tokens behind it.)"""
         n = len(seqs)
         assert result.rows[-1] == [n - 1] and len(result.rows) == n, "one row a sequence"
-        states = [s.req.sampling for s in seqs]
-        if all(st.params.greedy for st in states):
-            top = result.argmax if result.argmax is not None else result.logits.argmax(-1)
-            tokens = top[:n].clone()
-        else:  # the draw is device work; nothing here waits for the forward
-            tokens = self.sampler.sample_tokens(result.logits[:n], states)
+        # the sampler's own pick: the graph's argmax when all are greedy (a view of its
+        # buffer, hence the copy), else a draw, device work that waits for nothing
+        argmax = result.argmax[:n] if result.argmax is not None else None
+        tokens = self.sampler.sample_tokens(result.logits[:n], [s.req.sampling for s in seqs],
+                                            argmax=argmax).clone()
         if tokens.device.type != "cuda":
             return _Launched(seqs, result, tokens, None, None, quiet)
         host = torch.empty(n, dtype=tokens.dtype, pin_memory=True)
