@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from mmserve.kernels import decode_stack
+from mmserve.kernels.argmax import argmax
 from mmserve.kernels.attention import KVLike, kv_layer
 from mmserve.kernels.triton_attention import SPLIT, PagedMetadata
 from mmserve.models.base import CausalLM
@@ -108,7 +109,8 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         # each graph's logits rows' argmax, computed in the graph: a greedy step's tokens
-        # without an argmax launch from the host (~29 us of the H200 host a step)
+        # without an argmax launch from the host (~29 us of the H200 host a step); on
+        # CUDA the two-pass Triton argmax, in the step's PDL chain
         self.argmax: dict[tuple[int, int], torch.Tensor] = {}
         # the decode stack's serial-split variant of the shapes it runs (SERIAL_MAX_KEYS)
         self.serial_max_keys = SERIAL_MAX_KEYS
@@ -160,13 +162,13 @@ class DecodeGraphs:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
-            self._forward(bs, q).argmax(-1)
+            argmax(self._forward(bs, q))
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             logits = self._forward(bs, q)
-            argmax = logits.argmax(-1)  # row-wise: a row's argmax is the one outside
-        return graph, logits, argmax
+            rows = argmax(logits)  # row-wise: a row's argmax is the one outside
+        return graph, logits, rows
 
     def fits(self, n: int, q: int = 1) -> bool:
         return 0 < n <= self.max_batch and q <= self.max_q and bool(self.graphs)

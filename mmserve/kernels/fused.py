@@ -4,7 +4,8 @@ A batch-1 decode step of a small model is launch-bound (bench/NOTES.md, issue 6:
 kernels a layer at ~3 us each). These four ops cut a Llama layer to six launches:
 ``norm_linear`` (RMSNorm + QKV product), ``rope_write_kv``, attention, ``linear_residual``
 (o product + residual), ``norm_gate_up_silu`` (RMSNorm + gate/up product + silu * up),
-``linear_residual`` (down product + residual).
+``linear_residual`` (down product + residual). Where the norm is not fused (hidden above
+``FUSE_MAX_HIDDEN``), ``silu_mul`` is silu * up in one launch after the gate/up product.
 
 Each op hands its call to :mod:`mmserve.kernels.triton_fused` when the tensors live on
 CUDA with Triton (``use_triton``), fusion is on, and the dtype is bf16/fp16; the GEMM
@@ -51,7 +52,8 @@ def fused_enabled() -> bool:
 FUSE_MAX_HIDDEN = 2048
 # Above it the gated epilogue alone (norm kernel, then gate_up with silu * up fused) was
 # measured too: H200, 8B shape, M=1, best tile 65.9 us against 66.3 us for the plain GEMM
-# + F.silu + the product (bench/NOTES.md, session 4), so the composition stays there.
+# + F.silu + the product (bench/NOTES.md, session 4), so the composition stays there,
+# with silu * up in one launch of its own (``silu_mul``).
 
 
 def _fused_gemm(x: torch.Tensor, hidden: int | None) -> bool:
@@ -91,8 +93,20 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
         from mmserve.kernels import triton_fused
 
         return triton_fused.norm_gate_up_silu(x, norm_weight, eps, offset, gate_up)
-    gate, up = linear(rms_norm(x, norm_weight, eps, offset), gate_up).split(
-        gate_up.shape[0] // 2, dim=-1)
+    return silu_mul(linear(rms_norm(x, norm_weight, eps, offset), gate_up))
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """``F.silu(gate) * up`` of ``gate, up = x.split(inter, -1)``; x (..., 2 * inter).
+
+    On CUDA one Triton launch with torch's bits (a PDL launch: the Llama-3-8B shape's
+    composition above ran torch's silu and product as two launches outside the chain).
+    """
+    if _state["enabled"] and x.dtype in HALF and use_triton(x):
+        from mmserve.kernels import triton_fused
+
+        return triton_fused.silu_mul(x)
+    gate, up = x.split(x.shape[-1] // 2, dim=-1)
     return F.silu(gate) * up
 
 

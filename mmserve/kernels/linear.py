@@ -53,6 +53,19 @@ def cuda_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return F.linear(x, weight, bias)
 
 
+def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``linear(x, weight).float()``: the product in x's dtype, as float32 (the LM head).
+
+    On CUDA's invariant path the GEMM stores its rounded result as float32 itself, the
+    same bits without the cast's launch after it."""
+    if (x.device.type == "cuda" and _state["invariant"]
+            and x.dtype in (torch.bfloat16, torch.float16) and use_triton(x)):
+        from mmserve.kernels.triton_matmul import invariant_linear
+
+        return invariant_linear(x, weight, float_out=True)
+    return linear(x, weight).float()
+
+
 def tiled_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int
 ) -> torch.Tensor:

@@ -87,7 +87,8 @@ if triton is not None:
     @triton.jit
     def _gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, M, N, K, stride_am, stride_wn, stride_om,
                      HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr):
+                     BK: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
+                     PDL: tl.constexpr):
         rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
@@ -103,15 +104,19 @@ if triton is not None:
             acc = tl.dot(a, tl.trans(w), acc)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if UPCAST:  # rounded to the input's dtype, stored wider: ``linear(...).float()``
+            acc = acc.to(a_ptr.dtype.element_ty)
         tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                     config: TileConfig | None = None) -> torch.Tensor:
+                     config: TileConfig | None = None, float_out: bool = False) -> torch.Tensor:
     """x: (..., K), weight: (N, K) -> (..., N); a row's bits do not depend on the row count.
 
     ``config`` overrides the tile shape (tests and benchmarks: the bits must not move).
+    ``float_out``: the result rounded to x's dtype as always, stored as float32: the bits
+    of ``invariant_linear(x, weight).float()`` without the cast's launch (logits).
     """
     k = x.shape[-1]
     n = weight.shape[0]
@@ -120,13 +125,13 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         a = a.contiguous()
     assert weight.stride(-1) == 1 and weight.shape[1] == k
     m = a.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(m, n, dtype=torch.float32 if float_out else x.dtype, device=x.device)
     if m:
         cfg = config or pick_config(m, n)
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
         _gemm_kernel[(tiles,)](
             a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),
             weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BM=cfg.bm, BN=cfg.bn,
-            BK=cfg.bk, GROUP_M=8, num_warps=cfg.warps, num_stages=cfg.stages,
-            **pdl_args(a))
+            BK=cfg.bk, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
+            num_warps=cfg.warps, num_stages=cfg.stages, **pdl_args(a))
     return out.view(*x.shape[:-1], n)

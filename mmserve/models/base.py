@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from mmserve.kernels.attention import AttentionMetadata, KVLike
-from mmserve.kernels.linear import linear
+from mmserve.kernels.linear import logits_linear
 
 
 class CausalLM(nn.Module, ABC):
@@ -51,7 +51,7 @@ class CausalLM(nn.Module, ABC):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(M, H) -> (M, V) float32 logits."""
-        return linear(hidden, self.lm_head_weight()).float()
+        return logits_linear(hidden, self.lm_head_weight())
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight

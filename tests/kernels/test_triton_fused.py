@@ -65,6 +65,33 @@ def test_linear_residual_matches_composition(m, n, k):
 
 
 @needs_triton
+@pytest.mark.parametrize("m,inter", [(1, 14336), (1, 48), (9, 1000), (300, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_silu_mul_is_torchs_silu_times_up(m, inter, dtype):
+    """torch's two kernels' bits on CUDA (bf16 and fp16); float32 under the interpreter."""
+    from mmserve.kernels.triton_fused import silu_mul
+
+    if not ON_CUDA:
+        dtype = torch.float32
+    torch.manual_seed(m + inter)
+    x = (torch.randn(m, 2 * inter, device=DEVICE) * 4).to(dtype)
+    gate, up = x.split(inter, dim=-1)
+    want = F.silu(gate) * up
+    for block in (1024, 64):
+        got = silu_mul(x, block)
+        if ON_CUDA:
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    wide = (torch.randn(m, 2 * inter + 8, device=DEVICE) * 4).to(dtype)[:, 3:3 + 2 * inter]
+    gate, up = wide.split(inter, dim=-1)  # rows strided wider than the product
+    torch.testing.assert_close(silu_mul(wide), F.silu(gate) * up, atol=TOL, rtol=TOL)
+    if ON_CUDA:
+        assert torch.equal(silu_mul(wide), F.silu(gate) * up)
+        assert torch.equal(fused.silu_mul(x), want)  # the dispatch takes the kernel
+
+
+@needs_triton
 @pytest.mark.parametrize("m,inter,k", [(1, 48, 576), (9, 100, 130), (70, 160, 2100),
                                        (300, 64, 64)])
 def test_norm_gate_up_silu_matches_composition(m, inter, k):
@@ -265,12 +292,12 @@ def test_whole_model_fused_matches_unfused(monkeypatch):
 @cuda_only
 def test_wide_model_fused_is_the_unfused_bits(monkeypatch):
     """Above FUSE_MAX_HIDDEN no norm is fused, so the fused ops there (the residual
-    epilogues, rope + cache write) have the unfused path's bits: the whole model's logits
+    epilogues, rope + cache write, silu * up) have the unfused path's bits: the whole model's logits
     are equal, prefill and decode."""
     from mmserve.kernels import triton_fused
 
     calls = {"n": 0}
-    for name in ("linear_residual", "rope_write_kv"):
+    for name in ("linear_residual", "rope_write_kv", "silu_mul"):
         real = getattr(triton_fused, name)
 
         def counted(*a, _real=real, **kw):
@@ -284,10 +311,11 @@ def test_wide_model_fused_is_the_unfused_bits(monkeypatch):
     prompt = torch.randint(0, 1000, (21,), generator=torch.Generator().manual_seed(6)).tolist()
     tokens = [5, 17, 900, 3, 3, 41]
     got = _run(model, prompt, tokens)
-    assert calls["n"] == 7 * 2 * 3  # 7 steps x 2 layers x (o, down, rope + write)
+    # 7 steps x 2 layers x (o, down, rope + write, silu * up)
+    assert calls["n"] == 7 * 2 * 4
     monkeypatch.setitem(fused._state, "enabled", False)
     want = _run(model, prompt, tokens)
-    assert calls["n"] == 42
+    assert calls["n"] == 56
     assert torch.equal(got, want)
 
 

@@ -27,6 +27,22 @@ def test_matches_f_linear(m, n, k, with_bias):
     torch.testing.assert_close(got.double(), want, atol=TOL, rtol=TOL)
 
 
+@pytest.mark.skipif(not ON_CUDA, reason="half precision: the interpreter runs float32")
+@pytest.mark.parametrize("m,n,k", [(1, 49152, 576), (5, 960, 576), (70, 200, 2100)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float_out_is_the_product_rounded_then_cast(m, n, k, dtype):
+    """The LM head's float32 logits: the same bits as the half product and ``.float()``."""
+    from mmserve.kernels.linear import logits_linear
+    from mmserve.kernels.triton_matmul import invariant_linear
+
+    torch.manual_seed(m + n)
+    x, w = _rand(m, k).to(dtype), (_rand(n, k) / k**0.5).to(dtype)
+    want = invariant_linear(x, w).float()
+    got = invariant_linear(x, w, float_out=True)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert torch.equal(logits_linear(x, w), want)
+
+
 @pytest.mark.skipif(not ON_CUDA, reason="bits: the interpreter's numpy matmul varies by shape")
 def test_row_bits_independent_of_row_count_and_tile_shape():
     from mmserve.kernels.triton_matmul import TileConfig, invariant_linear
