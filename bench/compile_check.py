@@ -24,7 +24,8 @@ from triton.compiler import ASTSource
 from mmserve.kernels import triton_attention, triton_decode_stack
 
 TARGET = GPUTarget("cuda", 90, 32)
-NO_HINT = {"L", "M", "B", "att_tiles", "SPLITS", "eps", "scale_log2", "stride_sb", "stride_ss"}
+NO_HINT = {"L", "M", "B", "att_tiles", "SPLITS", "PER", "eps", "scale_log2", "stride_sb",
+           "stride_ss"}
 STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256, BKG=256,
              CH=64, UNROLL=8, ROUND=1, TK=16, ATT_BM=16, ATT_BN=64, SPLIT=128, TIMING=False,
              WORKERS=48, LINE=64, LQKV=256, LO=64, LGU=512, LD=256, LN=1, KV_ROWS=64,
@@ -83,6 +84,11 @@ def main() -> None:
         print(f"paged attention, fp8={fp8}, prefetch={prefetch}:",
               report(kernel, {**ATTENTION, "FP8": fp8, "PREFETCH": prefetch}, fp8=fp8,
                      num_warps=4, num_stages=2))
+    kernel = triton_attention._paged_attention_spread_kernel
+    for fp8, prefetch, d in ((False, 2, 64), (False, 2, 128), (True, 1, 128)):
+        print(f"paged attention, spread, fp8={fp8}, prefetch={prefetch}, D={d}:",
+              report(kernel, {**ATTENTION, "FP8": fp8, "PREFETCH": prefetch, "D": d,
+                              "G": 4 if d == 128 else 3}, fp8=fp8, num_warps=4, num_stages=2))
 
 
 if __name__ == "__main__":

@@ -112,7 +112,8 @@ class DecodeGraphs:
         # without an argmax launch from the host (~29 us of the H200 host a step); on
         # CUDA the two-pass Triton argmax, in the step's PDL chain
         self.argmax: dict[tuple[int, int], torch.Tensor] = {}
-        # the decode stack's serial-split variant of the shapes it runs (SERIAL_MAX_KEYS)
+        # the serial-split variant of the shapes whose kernels spread splits: the decode
+        # stack and the layered attention (SERIAL_MAX_KEYS)
         self.serial_max_keys = SERIAL_MAX_KEYS
         self.serial: dict[tuple[int, int],
                           tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -140,11 +141,11 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         for q in reversed(self.qsizes):
             for bs in reversed(self.sizes):
-                stacked = decode_stack.runs()
+                spread = decode_stack.spread_runs()
                 key = (bs, q)
                 self.graphs[key], self.logits[key], self.argmax[key] = self._capture(
                     bs, q, pool)
-                if decode_stack.runs() > stacked and self.serial_max_keys > 0:
+                if decode_stack.spread_runs() > spread and self.serial_max_keys > 0:
                     with decode_stack.serial_splits():
                         self.serial[(bs, q)] = self._capture(bs, q, pool)
         # one replay each (all padding: nothing is written): a graph's first launch uploads

@@ -54,17 +54,27 @@ def runs() -> int:
 
 @contextlib.contextmanager
 def serial_splits() -> Iterator[None]:
-    """Within it, launches keep every tile's key splits in one program (the kernel
-    variant without the spread path: fewer registers). CUDA graphs captured inside replay
-    that variant; the bits are the same either way (GPU tests)."""
+    """Within it, launches keep every tile's key splits in one program: the stack's
+    variant without the spread path (fewer registers) and the layered attention kernel
+    (``triton_attention.SPREAD``). CUDA graphs captured inside replay that variant; the
+    bits are the same either way (GPU tests)."""
+    from mmserve.kernels.triton_attention import SPREAD
     from mmserve.kernels.triton_decode_stack import TUNING
 
-    was = TUNING["spread"]
-    TUNING["spread"] = False
+    was = TUNING["spread"], SPREAD["on"]
+    TUNING["spread"] = SPREAD["on"] = False
     try:
         yield
     finally:
-        TUNING["spread"] = was
+        TUNING["spread"], SPREAD["on"] = was
+
+
+def spread_runs() -> int:
+    """Launches so far that spread a context's splits: the stack's and the layered
+    attention kernel's (a forward the caller watches may have a serial variant)."""
+    from mmserve.kernels.triton_attention import SPREAD
+
+    return runs() + int(SPREAD["runs"])
 
 
 def set_decode_stack_rows(rows: int) -> None:

@@ -73,6 +73,13 @@ PREFETCH_MAX_PROGRAMS = 128
 # 1). Speed only: the same values meet the same arithmetic. H200, batch-1 SmolLM2-135M-shape
 # replay of the layered path: 883 us against 894 with mode 1 (bench/NOTES.md, session 9).
 KV_AHEAD = {"on": True}
+# Small grids (fewer (sequence, tile, kv head) groups than this) spread a long context's
+# splits over programs of their own, as the decode stack does (``spread_programs``): at
+# batch 1 the Llama-3-8B shape has 8 groups, each a chain of dependent key blocks in one
+# program. ``on``: off inside ``decode_stack.serial_splits``; ``runs``: launches so far.
+SPREAD_MAX_GROUPS = 64
+SPREAD_MAX_PROGRAMS = 16
+SPREAD: dict = {"on": True, "runs": 0, "sms": {}, "counts": {}}
 
 
 def prefetch_mode(fp8: bool) -> int:
@@ -147,6 +154,62 @@ if triton is not None:
             tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, ks_ptr, vs_ptr, scale_log2,
             stride_qn, stride_qh, stride_on, stride_oh, stride_kb, stride_ks, stride_kh,
             stride_bt, stride_sb, stride_ss, G, D, PAGE, WINDOW, BM, BN, SPLIT, FP8, PREFETCH)
+
+    @triton.jit
+    def _paged_attention_spread_kernel(
+        q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
+        ks_ptr, vs_ptr, part_ptr, count_ptr, scale_log2, PER, SPLITS,
+        stride_qn, stride_qh, stride_on, stride_oh,
+        stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
+        G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
+        PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    ):
+        """``_paged_attention_kernel`` with ``PER`` programs a (sequence, tile, kv head)
+        group: a context of several splits has them spread over the group's programs,
+        each taking a run of consecutive splits and storing each split's state in
+        ``part_ptr``; the last to count its run in (``count_ptr``, one a group, left at
+        0 for the next launch) merges them all in order. One split: program 0 alone."""
+        wait_previous(PDL)
+        seq = tl.program_id(0)
+        tile = tl.program_id(1)
+        kvh = tl.program_id(2) // PER
+        sub = tl.program_id(2) % PER
+        row_ok, tok, head, qpos, lo, hi, qlen, _qs = tile_rows(
+            seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, WINDOW)
+        first = lo // SPLIT
+        last = tl.cdiv(hi, SPLIT)
+        n = last - first
+        table = tables_ptr + seq * stride_bt
+        if tile * BM < qlen * G:
+            if n == 1:  # nothing to spread: the whole tile here, as attention_rows
+                if sub == 0:
+                    q = load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D)
+                    _, den, acc = attend_keys(q, qpos, table, k_ptr, v_ptr, ks_ptr, vs_ptr,
+                                              kvh, lo, hi, scale_log2, stride_kb, stride_ks,
+                                              stride_sb, stride_ss, D, PAGE, WINDOW, BM, BN,
+                                              SPLIT, FP8, PREFETCH, stride_kh, ks_ptr, False)
+                    store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh,
+                                    D)
+            else:
+                run = tl.cdiv(n, PER)
+                j0 = first + sub * run
+                j1 = tl.minimum(j0 + run, last)
+                if j0 < j1:
+                    g = (seq * tl.num_programs(1) + tile) * (tl.num_programs(2) // PER) + kvh
+                    part = part_ptr + g.to(tl.int64) * SPLITS * (2 * BM + BM * D)
+                    q = load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D)
+                    attend_keys(q, qpos, table, k_ptr, v_ptr, ks_ptr, vs_ptr, kvh,
+                                tl.maximum(lo, j0 * SPLIT), tl.minimum(hi, j1 * SPLIT),
+                                scale_log2, stride_kb, stride_ks, stride_sb, stride_ss, D, PAGE,
+                                WINDOW, BM, BN, SPLIT, FP8, PREFETCH, stride_kh, part, True)
+                    tl.debug_barrier()  # every thread's states stored, then counted
+                    done = tl.atomic_add(count_ptr + g, j1 - j0, sem="acq_rel", scope="gpu")
+                    if done + (j1 - j0) == n:  # the group's last run in: merge them all
+                        tl.atomic_xchg(count_ptr + g, 0)  # every run has counted: reset
+                        _, den, acc = merge_partials(part, first, last, BM, D, 4)
+                        store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on,
+                                        stride_oh, D)
 
     @triton.jit
     def _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb, stride_ks, stride_kh,
@@ -283,7 +346,7 @@ if triton is not None:
     @triton.jit
     def split_state(part, j, BM: tl.constexpr, D: tl.constexpr):
         """The pointers of split j's state in ``part``: (max, denominator, weighted values)."""
-        base = part + j.to(tl.int64) * (2 * BM + BM * D)
+        base = part + tl.cast(j, tl.int64) * (2 * BM + BM * D)  # (j: an int in the interpreter)
         r = tl.arange(0, BM)
         return base + r, base + BM + r, base + 2 * BM + r[:, None] * D + tl.arange(0, D)[None, :]
 
@@ -293,6 +356,27 @@ if triton is not None:
         tl.store(pm, m)
         tl.store(pd, den)
         tl.store(pa, acc)
+
+    @triton.jit
+    def merge_partials(part, first, last, BM: tl.constexpr, D: tl.constexpr,
+                        CHUNK: tl.constexpr):
+        """The split states ``first .. last - 1`` in ``part`` (written by other programs of
+        the launch, read from L2) merged in ascending order from the empty state, as
+        ``attend_keys`` merges them; ``CHUNK`` splits' loads in flight together."""
+        m, den, acc = empty_softmax(BM, D)
+        for j0 in range(first, last, CHUNK):
+            for u in tl.static_range(CHUNK):
+                j = j0 + u
+                ok = j < last
+                pm, pd, pa = split_state(part, j, BM, D)
+                m_j = tl.load(pm, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                den_j = tl.load(pd, mask=ok, other=0.0, cache_modifier=".cg")
+                acc_j = tl.load(pa, mask=ok, other=0.0, cache_modifier=".cg")
+                m2, den2, acc2 = merge_split(m, den, acc, m_j, den_j, acc_j)
+                m = tl.where(ok, m2, m)  # a split past the last one is not merged at all
+                den = tl.where(ok, den2, den)
+                acc = tl.where(ok, acc2, acc)
+        return m, den, acc
 
     @triton.jit
     def store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh,
@@ -407,16 +491,56 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     if b == 0 or n == 0:
         return out
     tiles = -(-pm.max_query_len * g // BLOCK_M)
-    prefetch = prefetch_mode(fp8) if b * tiles * hkv < PREFETCH_MAX_PROGRAMS else 0
-    _paged_attention_kernel[(b, tiles, hkv)](
+    groups = b * tiles * hkv
+    prefetch = prefetch_mode(fp8) if groups < PREFETCH_MAX_PROGRAMS else 0
+    strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
+               k_scale.stride(0), k_scale.stride(1))
+    consts = dict(G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, SPLIT=SPLIT,
+                  FP8=fp8, PREFETCH=prefetch, **pdl_args(q), **LAUNCH)
+    per = spread_programs(groups, q.device)
+    counts = _spread_counts(q.device) if per > 1 else None
+    if counts is None:
+        _paged_attention_kernel[(b, tiles, hkv)](
+            q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
+            pm.query_lens, k_scale, v_scale, scale * 1.4426950408889634, *strides, **consts)
+        return out
+    SPREAD["runs"] += 1
+    splits = -(-pm.block_tables.shape[1] * page // SPLIT)  # the most a tile can have
+    part = torch.empty(groups * splits * (2 * BLOCK_M + BLOCK_M * d), dtype=torch.float32,
+                       device=q.device)
+    _paged_attention_spread_kernel[(b, tiles, hkv * per)](
         q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
-        pm.query_lens, k_scale, v_scale, scale * 1.4426950408889634,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
-        k_scale.stride(0), k_scale.stride(1),
-        G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, SPLIT=SPLIT, FP8=fp8,
-        PREFETCH=prefetch, **pdl_args(q), **LAUNCH)
+        pm.query_lens, k_scale, v_scale, part, counts, scale * 1.4426950408889634, per,
+        splits, *strides, **consts)
     return out
+
+
+def spread_programs(groups: int, device: torch.device) -> int:
+    """Programs a (sequence, tile, kv head) group gets: 1 (each tile's splits in one
+    program) unless spreading is on and the groups leave most of the GPU idle; then as
+    many as fill it, up to ``SPREAD_MAX_PROGRAMS``. Speed only: the bits are the same."""
+    if not SPREAD["on"] or groups >= SPREAD_MAX_GROUPS:
+        return 1
+    sms = SPREAD["sms"].get(device.index)
+    if sms is None:  # (the interpreter's CPU tensors: a small GPU's worth)
+        sms = SPREAD["sms"][device.index] = (
+            torch.cuda.get_device_properties(device).multi_processor_count
+            if device.type == "cuda" else 8)
+    return max(1, min(SPREAD_MAX_PROGRAMS, sms // groups))
+
+
+def _spread_counts(device: torch.device) -> torch.Tensor | None:
+    """The spread kernel's per-group counters: zeroed once, each reset by the program that
+    merges its group (so no launch needs a memset before it). None while a CUDA graph is
+    being captured before they exist (that launch keeps its splits in one program)."""
+    counts = SPREAD["counts"].get(device.index)
+    if counts is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counts = SPREAD["counts"][device.index] = torch.zeros(SPREAD_MAX_GROUPS,
+                                                              dtype=torch.int32, device=device)
+    return counts
 
 
 def cuda_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,

@@ -74,10 +74,8 @@ MAX_ROWS = 16
 if triton is not None:
     from mmserve.kernels.triton_attention import (
         attend_keys,
-        empty_softmax,
         load_queries,
-        merge_split,
-        split_state,
+        merge_partials,
         store_attention,
         tile_rows,
     )
@@ -162,27 +160,6 @@ if triton is not None:
         d = tl.arange(0, D)[None, :]
         tl.store(vc + row + d, tl.load(src + HKV * D + d, mask=ok_k, cache_modifier=".cg"),
                  mask=ok_k)
-
-    @triton.jit
-    def _merge_partials(part, first, last, BM: tl.constexpr, D: tl.constexpr,
-                        CHUNK: tl.constexpr):
-        """The split states ``first .. last - 1`` in ``part`` (written by other programs of
-        the launch, read from L2) merged in ascending order from the empty state, as
-        ``attend_keys`` merges them; ``CHUNK`` splits' loads in flight together."""
-        m, den, acc = empty_softmax(BM, D)
-        for j0 in range(first, last, CHUNK):
-            for u in tl.static_range(CHUNK):
-                j = j0 + u
-                ok = j < last
-                pm, pd, pa = split_state(part, j, BM, D)
-                m_j = tl.load(pm, mask=ok, other=float("-inf"), cache_modifier=".cg")
-                den_j = tl.load(pd, mask=ok, other=0.0, cache_modifier=".cg")
-                acc_j = tl.load(pa, mask=ok, other=0.0, cache_modifier=".cg")
-                m2, den2, acc2 = merge_split(m, den, acc, m_j, den_j, acc_j)
-                m = tl.where(ok, m2, m)  # a split past the last one is not merged at all
-                den = tl.where(ok, den2, den)
-                acc = tl.where(ok, acc2, acc)
-        return m, den, acc
 
     @triton.jit
     def _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
@@ -274,7 +251,7 @@ if triton is not None:
                     done = tl.atomic_add(count_ptr + layer * groups + g, j1 - j0,
                                          sem="acq_rel", scope="gpu")
                     if done + (j1 - j0) == n:  # the group's last run to finish: merge all
-                        _, den, acc = _merge_partials(part, first, last, BM, D, 4)
+                        _, den, acc = merge_partials(part, first, last, BM, D, 4)
                         store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
 
     @triton.jit

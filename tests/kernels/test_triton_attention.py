@@ -139,3 +139,25 @@ def test_block_prefetch_is_a_launch_option_only(monkeypatch, window):
         monkeypatch.setitem(ta.KV_AHEAD, "on", ahead)
         outs.append(_run([1, 4, 1, 37], [1, 200, 129, 150], 2, 4, 128, window, seed=5)[-1])
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_spread_splits_are_a_launch_option_only(monkeypatch, window):
+    """Small grids give a group's 128-key splits programs of their own, merged in order by
+    the last to finish: the same bits as one program walking them all, at one split and
+    many, decode and verify rows, a window; the groups' counters are left at 0."""
+    from mmserve.kernels import triton_attention as ta
+
+    index = torch.empty(0, device=DEVICE).device.index  # cuda:0, or None on CPU
+    monkeypatch.setitem(ta.SPREAD["sms"], index, 132)  # spread on the interpreter too
+    cases = [([1], [1]), ([1], [129]), ([1], [300]), ([1, 5], [700, 260]),
+             ([4, 1, 9], [1000, 128, 390])]
+    for q_lens, ctx in cases:
+        outs, runs = [], ta.SPREAD["runs"]
+        for on in (False, True):
+            monkeypatch.setitem(ta.SPREAD, "on", on)
+            outs.append(_run(q_lens, ctx, 2, 4, 128, window, seed=len(ctx))[-1])
+        assert ta.SPREAD["runs"] == runs + 1, "the second launch spread"
+        assert torch.equal(outs[0], outs[1]), (q_lens, ctx)
+        assert not ta.SPREAD["counts"][index].any()
+    assert ta.spread_programs(64, DEVICE) == 1  # big grids keep a tile in one program
