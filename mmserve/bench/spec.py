@@ -9,6 +9,7 @@ Writes ``spec.json`` and ``spec.png`` (if matplotlib is installed) into ``out_di
 from __future__ import annotations
 
 import json
+import math
 import platform
 import statistics
 import time
@@ -21,6 +22,8 @@ from mmserve.bench.spec_workloads import WORKLOADS, workload
 from mmserve.llm import LLM
 from mmserve.sampling_params import SamplingParams
 
+FLOOR = 0.97  # issue 5: no workload below 0.97x plain decode
+
 
 def _timed(llm: LLM, convs: list, params: SamplingParams,
            speculate: bool | None = None) -> tuple[float, list[list[int]]]:
@@ -30,6 +33,22 @@ def _timed(llm: LLM, convs: list, params: SamplingParams,
     start = time.perf_counter()
     out = llm.chat(convs, params)
     return time.perf_counter() - start, [r.token_ids for r in out]
+
+
+def median_interval(values: list[float], level: float = 0.9) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of what ``values`` were drawn from: the
+    ``k``-th smallest and ``k``-th largest value, ``k`` as large as keeps the coverage
+    ``1 - 2 P(Binomial(n, 1/2) < k)`` at or above ``level`` -> (low, high, coverage). With
+    too few values for ``level`` it is (min, max) and the coverage they give."""
+    xs = sorted(values)
+    n = len(xs)
+    assert n > 0
+    best = 1
+    for k in range(1, (n + 1) // 2 + 1):
+        if 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n >= level:
+            best = k
+    coverage = 1 - 2 * sum(math.comb(n, i) for i in range(best)) / 2**n
+    return xs[best - 1], xs[n - best], coverage
 
 
 def run_spec_bench(model: str | None = None, speculative_config: dict | None = None,
@@ -80,8 +99,11 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
             # the speed-up is the median of each pair's ratio: a pair's two runs are next
             # to each other in time, and one lucky run on either side (which a ratio of
             # bests takes at face value) moves a median by one rank, not to its value
-            paired = statistics.median(p / s for p, s in zip(plain_times, spec_times,
-                                                              strict=True))
+            ratios = [p / s for p, s in zip(plain_times, spec_times, strict=True)]
+            paired = statistics.median(ratios)
+            # how far the machine's noise leaves the median: a row is below the 0.97 floor
+            # only if the interval is, and unclear where the interval holds 0.97
+            lo, hi, coverage = median_interval(ratios)
             after = spec.engine.stats()
             host_steps = host.host_steps - host_before[1]
             drafted = after.spec_draft_tokens_total - before.spec_draft_tokens_total
@@ -92,6 +114,9 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                 "tokens": tokens,
                 "plain_tok_s": tokens / t_plain, "spec_tok_s": tokens / t_spec,
                 "speedup": paired, "speedup_of_bests": t_plain / t_spec,
+                "speedup_interval": [lo, hi], "speedup_interval_coverage": coverage,
+                "plain_seconds": plain_times, "spec_seconds": spec_times,  # pair by pair
+                "floor_0_97": "below" if hi < FLOOR else "met" if lo >= FLOOR else "unclear",
                 "drafted": drafted, "accepted": accepted,
                 "acceptance": accepted / drafted if drafted else 0.0,
                 "identical": ids_plain == ids_spec,
@@ -114,7 +139,9 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
         "speculative_config": config, "max_tokens": max_tokens, "greedy": True,
         "timing": f"one engine, speculation switched off for plain runs; {repeats} interleaved "
                   "pairs alternating which goes first; tok/s from each side's best run, "
-                  "speedup the median of the pairs' ratios (speedup_of_bests: best vs best)",
+                  "speedup the median of the pairs' ratios (speedup_of_bests: best vs best), "
+                  "speedup_interval a distribution-free interval for that median (order "
+                  "statistics of the ratios, its coverage beside it)",
         "acceptance_by_position": spec.engine.stats().spec_acceptance_by_position,
         "rows": rows,
     }
@@ -127,7 +154,8 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
 
 def _format_row(r: dict[str, Any]) -> str:
     return (f"{r['workload']:>5} c={r['concurrency']:<3} plain {r['plain_tok_s']:7.1f} tok/s  "
-            f"spec {r['spec_tok_s']:7.1f} tok/s  x{r['speedup']:.3f} (bests "
+            f"spec {r['spec_tok_s']:7.1f} tok/s  x{r['speedup']:.3f} "
+            f"[{r['speedup_interval'][0]:.3f}, {r['speedup_interval'][1]:.3f}] (bests "
             f"x{r['speedup_of_bests']:.3f})  "
             f"accept {r['acceptance']:.2f}  identical={r['identical']}  "
             f"pauses {r['guard_pauses']}  spec host {r['spec_host_us_per_step']:.0f} us/step")
@@ -144,9 +172,13 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in dict.fromkeys(r["workload"] for r in rows):
         mine = [r for r in rows if r["workload"] == name]
-        ax.plot([r["concurrency"] for r in mine], [r["speedup"] for r in mine], "o-", label=name)
+        ys = [r["speedup"] for r in mine]
+        spans = [[y - r["speedup_interval"][0] for y, r in zip(ys, mine, strict=True)],
+                 [r["speedup_interval"][1] - y for y, r in zip(ys, mine, strict=True)]]
+        ax.errorbar([r["concurrency"] for r in mine], ys, yerr=spans, fmt="o-", capsize=3,
+                    label=name)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.axhline(0.97, color="red", lw=0.8, ls="--", label="0.97x floor")
+    ax.axhline(FLOOR, color="red", lw=0.8, ls="--", label=f"{FLOOR}x floor")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency")
     ax.set_ylabel("speed-up over plain decode")

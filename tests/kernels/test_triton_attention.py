@@ -161,3 +161,51 @@ def test_spread_splits_are_a_launch_option_only(monkeypatch, window):
         assert torch.equal(outs[0], outs[1]), (q_lens, ctx)
         assert not ta.SPREAD["counts"][index].any()
     assert ta.spread_programs(64, DEVICE) == 1  # big grids keep a tile in one program
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="concurrent programs and CUDA graphs need the GPU")
+def test_spread_launches_replayed_from_a_graph_give_the_serial_bits():
+    """The interpreter runs a grid's programs one at a time, so only the GPU can show a race
+    between a group's programs or a counter left unreset: a graph of four spread launches
+    (a step's layers, the same counters each time), replayed with new contexts, gives the
+    serial kernel's bits every time and leaves every counter at 0."""
+    from mmserve.kernels import triton_attention as ta
+    from mmserve.kernels.triton_attention import PagedMetadata, cuda_paged_attention
+
+    hkv, g, d, b = 8, 4, 128, 2  # the Llama-3-8B heads, two sequences: 16 groups
+    kc, vc = _setup(hkv, d, 11)
+    blocks = NUM_BLOCKS // b
+    tables = torch.randperm(NUM_BLOCKS, device=DEVICE).view(b, blocks).long()  # disjoint
+    ctx = torch.ones(b, dtype=torch.long, device=DEVICE)
+    meta = PagedMetadata(torch.full((b,), -1, dtype=torch.long, device=DEVICE), tables, ctx,
+                         torch.arange(b, device=DEVICE), torch.ones(b, dtype=torch.long,
+                                                                    device=DEVICE), 1)
+    q = torch.randn(b, hkv * g, d, device=DEVICE).to(DTYPE)
+
+    def step() -> torch.Tensor:
+        return torch.stack([cuda_paged_attention(q, kc, vc, meta, d**-0.5) for _ in range(4)])
+
+    assert ta.spread_programs(b * hkv, q.device) > 1
+    step()  # compiles, and makes the counters outside the capture
+    runs = ta.SPREAD["runs"]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    assert ta.SPREAD["runs"] == runs + 4, "the captured launches spread"
+    gen = torch.Generator().manual_seed(12)
+    contexts = [(1000, 300), (129, 1), (blocks * PAGE, 900), (257, 256)]
+    contexts += [tuple(torch.randint(1, blocks * PAGE + 1, (b,), generator=gen).tolist())
+                 for _ in range(24)]
+    for lens in contexts:
+        ctx.copy_(torch.tensor(lens))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not ta.SPREAD["counts"][q.device.index].any(), lens
+        got = out.clone()
+        ta.SPREAD["on"] = False
+        try:
+            want = cuda_paged_attention(q, kc, vc, meta, d**-0.5)
+        finally:
+            ta.SPREAD["on"] = True
+        for layer in got:
+            assert torch.equal(layer, want), lens
