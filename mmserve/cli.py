@@ -279,6 +279,9 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated: edit, code, chat, long")
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated")
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="spec: interleaved plain/spec pairs a row (a row's floor verdict "
+                        "needs 5 or more: the interval for its median covers 90 %% then)")
     parser.add_argument("--out-dir", default="bench/out", help="where JSON and PNG go")
 
 
@@ -298,7 +301,7 @@ def bench(args: argparse.Namespace) -> int:
         json.loads(args.speculative_config) if args.speculative_config else None,
         tuple(w for w in args.workloads.split(",") if w),
         tuple(int(c) for c in args.concurrency.split(",") if c),
-        args.max_tokens, device=args.device, out_dir=args.out_dir)
+        args.max_tokens, repeats=args.repeats, device=args.device, out_dir=args.out_dir)
     return 0
 
 

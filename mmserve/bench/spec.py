@@ -23,6 +23,7 @@ from mmserve.llm import LLM
 from mmserve.sampling_params import SamplingParams
 
 FLOOR = 0.97  # issue 5: no workload below 0.97x plain decode
+LEVEL = 0.9  # the coverage a row's interval must reach for a floor verdict (5+ pairs)
 
 
 def _timed(llm: LLM, convs: list, params: SamplingParams,
@@ -35,7 +36,7 @@ def _timed(llm: LLM, convs: list, params: SamplingParams,
     return time.perf_counter() - start, [r.token_ids for r in out]
 
 
-def median_interval(values: list[float], level: float = 0.9) -> tuple[float, float, float]:
+def median_interval(values: list[float], level: float = LEVEL) -> tuple[float, float, float]:
     """A distribution-free interval for the median of what ``values`` were drawn from: the
     ``k``-th smallest and ``k``-th largest value, ``k`` as large as keeps the coverage
     ``1 - 2 P(Binomial(n, 1/2) < k)`` at or above ``level`` -> (low, high, coverage). With
@@ -49,6 +50,14 @@ def median_interval(values: list[float], level: float = 0.9) -> tuple[float, flo
             best = k
     coverage = 1 - 2 * sum(math.comb(n, i) for i in range(best)) / 2**n
     return xs[best - 1], xs[n - best], coverage
+
+
+def floor_verdict(lo: float, hi: float, coverage: float) -> str:
+    """"met" / "below" where the median's interval (``median_interval``) lies wholly above /
+    below ``FLOOR`` with at least ``LEVEL`` coverage, else "unclear"."""
+    if coverage < LEVEL or lo < FLOOR <= hi:
+        return "unclear"
+    return "below" if hi < FLOOR else "met"
 
 
 def run_spec_bench(model: str | None = None, speculative_config: dict | None = None,
@@ -102,8 +111,9 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
             ratios = [p / s for p, s in zip(plain_times, spec_times, strict=True)]
             paired = statistics.median(ratios)
             # how far the machine's noise leaves the median: a row is below the 0.97 floor
-            # only if the interval is, and unclear where the interval holds 0.97
-            lo, hi, coverage = median_interval(ratios)
+            # only if the interval is, and unclear where the interval holds 0.97 or covers
+            # less than LEVEL (too few pairs)
+            lo, hi, coverage = median_interval(ratios, LEVEL)
             after = spec.engine.stats()
             host_steps = host.host_steps - host_before[1]
             drafted = after.spec_draft_tokens_total - before.spec_draft_tokens_total
@@ -116,7 +126,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                 "speedup": paired, "speedup_of_bests": t_plain / t_spec,
                 "speedup_interval": [lo, hi], "speedup_interval_coverage": coverage,
                 "plain_seconds": plain_times, "spec_seconds": spec_times,  # pair by pair
-                "floor_0_97": "below" if hi < FLOOR else "met" if lo >= FLOOR else "unclear",
+                "floor_0_97": floor_verdict(lo, hi, coverage),
                 "drafted": drafted, "accepted": accepted,
                 "acceptance": accepted / drafted if drafted else 0.0,
                 "identical": ids_plain == ids_spec,
