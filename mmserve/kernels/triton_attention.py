@@ -506,14 +506,22 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
             pm.query_lens, k_scale, v_scale, scale * 1.4426950408889634, *strides, **consts)
         return out
     SPREAD["runs"] += 1
-    splits = -(-pm.block_tables.shape[1] * page // SPLIT)  # the most a tile can have
-    part = torch.empty(groups * splits * (2 * BLOCK_M + BLOCK_M * d), dtype=torch.float32,
-                       device=q.device)
+    splits, part = split_states(groups, pm.block_tables, page, d, q.device)
     _paged_attention_spread_kernel[(b, tiles, hkv * per)](
         q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
         pm.query_lens, k_scale, v_scale, part, counts, scale * 1.4426950408889634, per,
         splits, *strides, **consts)
     return out
+
+
+def split_states(groups: int, block_tables: torch.Tensor, page: int, d: int,
+                 device: torch.device) -> tuple[int, torch.Tensor]:
+    """The most splits a tile can have (what the block tables hold) and a scratch for every
+    group's split states at that many (``split_state``'s layout, float32; one element
+    for no groups, a pointer a kernel that never stores a state may still be given)."""
+    splits = -(-block_tables.shape[1] * page // SPLIT)
+    return splits, torch.empty(max(1, groups * splits * (2 * BLOCK_M + BLOCK_M * d)),
+                               dtype=torch.float32, device=device)
 
 
 def spread_programs(groups: int, device: torch.device) -> int:

@@ -45,7 +45,7 @@ import torch
 
 from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
 from mmserve.kernels.triton_attention import BLOCK_N as BLOCK_N_ATT
-from mmserve.kernels.triton_attention import SPLIT
+from mmserve.kernels.triton_attention import SPLIT, split_states
 from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode, norm_unroll
 
 try:
@@ -428,12 +428,10 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     workers = workers if TUNING["prefetch"] and workers > 0 else 0
     att_tiles = -(-max_query_len * group // BLOCK_M_ATT)
     groups = context_lens.shape[0] * kv_heads * att_tiles
-    splits = -(-block_tables.shape[1] * kv.shape[3] // SPLIT)  # most a tile can have
     # phase B spreads a group's splits over its programs when it has more than one: their
     # states meet in ``part``, the last to arrive (a count per layer and group) merges
     shared = TUNING["spread"] and (programs - workers) // groups > 1
-    part = torch.empty(groups * splits * (BLOCK_M_ATT * d + 2 * BLOCK_M_ATT) if shared else 1,
-                       dtype=torch.float32, device=dev)
+    splits, part = split_states(groups if shared else 0, block_tables, kv.shape[3], d, dev)
     counts = torch.zeros(1 + n_layers * groups, dtype=torch.int32, device=dev)
     counter = counts[:1]  # the grid barrier's
     line = 128 // x.element_size()  # elements a 128-byte L2 line holds
