@@ -1,0 +1,91 @@
+"""Thin-tile shapes (steps of <= 16 rows) per GEMM width, measured in the whole batch-1 step.
+
+``pick_config`` gives every GEMM of up to 16 rows one of two thin tiles (by width), chosen by
+sweeps of each GEMM alone (bench/NOTES.md). Alone is not the step: in the PDL chain a GEMM's
+ramp and tail overlap its neighbours'. Here each candidate tile for one width (the others
+at the default) runs the captured batch-1 decode graph of the model shape, alternated
+with the default in pairs (the machine drifts), and the row-0 tokens must not move (the
+tile shape never changes an element's arithmetic).
+
+Usage (GPU): PYTHONPATH=$PWD python bench/tile_sweep.py OUT.json [shape] [--pairs N]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+
+from mmserve.bench.engine_run import PagedDecoder, random_cuda_model, weight_bytes
+from mmserve.bench.limits import copy_bandwidth
+from mmserve.kernels import triton_fused, triton_matmul
+from mmserve.kernels.triton_matmul import TileConfig
+
+T = TileConfig
+# width -> candidate thin tiles (the first: what pick_config gives at the 8B shape)
+CANDIDATES = {
+    4096: [T(16, 16, 256, 2, 4), T(16, 16, 512, 2, 3), T(16, 16, 256, 4, 4),
+           T(16, 32, 256, 4, 4), T(16, 16, 128, 2, 8), T(16, 16, 512, 4, 4)],
+    6144: [T(16, 16, 256, 2, 4), T(16, 32, 256, 4, 4), T(16, 16, 512, 2, 3)],
+    28672: [T(16, 32, 256, 4, 4), T(16, 64, 256, 4, 3), T(16, 32, 512, 4, 3),
+            T(16, 16, 256, 2, 4)],
+    128256: [T(16, 32, 256, 4, 4), T(16, 64, 256, 4, 3), T(16, 128, 128, 4, 4)],
+}
+_chosen: dict[int, TileConfig] = {}
+_default = triton_matmul.pick_config
+
+
+def patched(m: int, n: int) -> TileConfig:
+    if m <= 16 and n in _chosen:
+        return _chosen[n]
+    return _default(m, n)
+
+
+def step_ms(dec: PagedDecoder, first: list[int], steps: int = 100) -> tuple[float, list[int]]:
+    dec.capture((1,))
+    r = dec.decode(first, 128, steps, graphs=True)
+    return r.step_ms_p50, r.row0
+
+
+def main() -> None:
+    out_path = sys.argv[1]
+    args = [a for a in sys.argv[2:] if not a.startswith("--")]
+    pairs = int(sys.argv[sys.argv.index("--pairs") + 1]) if "--pairs" in sys.argv else 2
+    name = args[0] if args else "llama3-8b"
+    triton_matmul.pick_config = patched
+    triton_fused.pick_config = patched
+    bw = max(copy_bandwidth()["gb_s"]) * 1e9
+    model, cfg = random_cuda_model(name)
+    roof_ms = weight_bytes(model) / bw * 1e3
+    dec = PagedDecoder(model, 1, 512)
+    first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
+                                       generator=torch.Generator().manual_seed(0)).tolist()])
+    base_ms, ref_row0 = step_ms(dec, first)
+    print(f"[{name}] copy roofline {roof_ms * 1e3:.0f} us a step; default {base_ms * 1e3:.0f} us"
+          f" ({roof_ms / base_ms * 100:.1f} %)", flush=True)
+    report: dict = {"shape": name, "copy_gb_s": bw / 1e9, "roofline_ms": roof_ms,
+                    "default_ms": base_ms, "widths": {}}
+    for width, cands in CANDIDATES.items():
+        rows = []
+        for cand in cands[1:]:
+            ratios, same = [], True
+            for _ in range(pairs):
+                _chosen[width] = cand
+                c_ms, c_row0 = step_ms(dec, first)
+                _chosen.pop(width)
+                b_ms, b_row0 = step_ms(dec, first)
+                same &= c_row0 == ref_row0 and b_row0 == ref_row0
+                ratios.append(b_ms / c_ms)
+            rows.append({"tile": list(cand), "speedup_pairs": ratios,
+                         "speedup_median": statistics.median(ratios), "same_tokens": same})
+            print(f"  n={width:<6} {tuple(cand)}  x{statistics.median(ratios):.4f} "
+                  f"{[round(r, 4) for r in ratios]}  same={same}", flush=True)
+        report["widths"][str(width)] = {"default": list(cands[0]), "candidates": rows}
+    with open(out_path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
