@@ -1,4 +1,4 @@
-"""Compile the stack and attention kernels for sm_90 without a GPU: registers and spills.
+"""Compile the stack, attention and GEMM kernels for sm_90 without a GPU: registers and spills.
 
 The pip Triton carries ptxas, so a machine without CUDA can run the front end (which
 catches errors the interpreter lets through, e.g. a plain global read in a jitted
@@ -21,7 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from mmserve.kernels import triton_attention, triton_decode_stack
+from mmserve.kernels import triton_attention, triton_decode_stack, triton_fused, triton_matmul
 
 TARGET = GPUTarget("cuda", 90, 32)
 NO_HINT = {"L", "M", "B", "att_tiles", "SPLITS", "PER", "eps", "scale_log2", "stride_sb",
@@ -32,6 +32,8 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
              KV_LINES=4, ATT_PREFETCH=1, SPREAD=True)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=64, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
+GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
+FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, **GEMM)
 
 
 def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
@@ -47,7 +49,7 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
             types[name] = "*fp32"
         elif name.endswith("_ptr"):
             types[name] = "*fp8e4nv" if fp8 and name in ("k_ptr", "v_ptr") else "*bf16"
-        elif name in ("eps", "scale_log2"):
+        elif name in ("eps", "scale_log2", "offset"):
             types[name] = "fp32"
         else:
             types[name] = "i32"
@@ -89,6 +91,15 @@ def main() -> None:
         print(f"paged attention, spread, fp8={fp8}, prefetch={prefetch}, D={d}:",
               report(kernel, {**ATTENTION, "FP8": fp8, "PREFETCH": prefetch, "D": d,
                               "G": 4 if d == 128 else 3}, fp8=fp8, num_warps=4, num_stages=2))
+    for late in (False, True):  # the PDL trigger at the start or after the K loop
+        print(f"GEMM, late={late}:", report(triton_matmul._gemm_kernel,
+                                            {**GEMM, "UPCAST": False, "LATE": late},
+                                            num_warps=2, num_stages=4))
+        for epilogue in ("RESIDUAL", "GATED"):
+            print(f"fused GEMM, {epilogue.lower()}, late={late}:",
+                  report(triton_fused._fused_gemm_kernel, {**FUSED, epilogue: True,
+                                                           "LATE": late},
+                         num_warps=2, num_stages=4))
 
 
 if __name__ == "__main__":

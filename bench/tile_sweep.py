@@ -43,12 +43,6 @@ def patched(m: int, n: int) -> TileConfig:
     return _default(m, n)
 
 
-def step_ms(dec: PagedDecoder, first: list[int], steps: int = 100) -> tuple[float, list[int]]:
-    dec.capture((1,))
-    r = dec.decode(first, 128, steps, graphs=True)
-    return r.step_ms_p50, r.row0
-
-
 def main() -> None:
     out_path = sys.argv[1]
     args = [a for a in sys.argv[2:] if not a.startswith("--")]
@@ -62,7 +56,7 @@ def main() -> None:
     dec = PagedDecoder(model, 1, 512)
     first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
                                        generator=torch.Generator().manual_seed(0)).tolist()])
-    base_ms, ref_row0 = step_ms(dec, first)
+    base_ms, ref_row0 = dec.recaptured_step_ms(first)
     print(f"[{name}] copy roofline {roof_ms * 1e3:.0f} us a step; default {base_ms * 1e3:.0f} us"
           f" ({roof_ms / base_ms * 100:.1f} %)", flush=True)
     report: dict = {"shape": name, "copy_gb_s": bw / 1e9, "roofline_ms": roof_ms,
@@ -73,9 +67,9 @@ def main() -> None:
             ratios, same = [], True
             for _ in range(pairs):
                 _chosen[width] = cand
-                c_ms, c_row0 = step_ms(dec, first)
+                c_ms, c_row0 = dec.recaptured_step_ms(first)
                 _chosen.pop(width)
-                b_ms, b_row0 = step_ms(dec, first)
+                b_ms, b_row0 = dec.recaptured_step_ms(first)
                 same &= c_row0 == ref_row0 and b_row0 == ref_row0
                 ratios.append(b_ms / c_ms)
             rows.append({"tile": list(cand), "speedup_pairs": ratios,

@@ -151,6 +151,13 @@ class PagedDecoder:
         return DecodeResult(b, steps, sum(times), statistics.median(ms),
                             ms[min(len(ms) - 1, int(0.99 * len(ms)))], row0)
 
+    def recaptured_step_ms(self, first: list[int], steps: int = 100) -> tuple[float, list[int]]:
+        """Batch-1 graphs captured anew (kernel options set since are taken), then ``steps``
+        decode steps from ``first`` at position 128 -> (median step ms, row-0 tokens)."""
+        self.capture((1,))
+        r = self.decode(first, 128, steps, graphs=True)
+        return r.step_ms_p50, r.row0
+
     def ttft(self, prompt_len: int, vocab: int, repeats: int = 3) -> dict:
         """Time to first token of one ``prompt_len`` prompt (prefill + logits + host id)."""
         prompt = torch.randint(0, vocab, (prompt_len,)).tolist()

@@ -36,7 +36,7 @@ import os
 import torch
 
 from mmserve.kernels.triton_matmul import TileConfig, pick_config
-from mmserve.kernels.triton_pdl import pdl_args
+from mmserve.kernels.triton_pdl import gemm_pdl_args, pdl_args
 
 try:
     import triton
@@ -76,7 +76,7 @@ if triton is not None:
 
     from mmserve.kernels.triton_attention import _quantize_store
     from mmserve.kernels.triton_matmul import tile_rows_cols
-    from mmserve.kernels.triton_pdl import wait_previous
+    from mmserve.kernels.triton_pdl import launch_next, wait_only, wait_previous
     from mmserve.kernels.triton_rope import round_bf16
 
     @triton.jit
@@ -122,11 +122,17 @@ if triton is not None:
                            NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
                            GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                           CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr):
-        wait_previous(PDL)
+                           CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
+                           LATE: tl.constexpr):
+        if LATE:  # the next kernel launches once this program's tile is done
+            wait_only(PDL)
+        else:
+            wait_previous(PDL)
         fused_tile(tl.program_id(0), a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K,
                    UP, stride_am, stride_wn, stride_om, stride_rm, eps, offset, NORM, HAS_BIAS,
                    RESIDUAL, GATED, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "")
+        if LATE:
+            launch_next(PDL)
 
     @triton.jit
     def _silu_mul_kernel(x_ptr, o_ptr, INTER, stride_x, stride_o, ROUND: tl.constexpr,
@@ -312,8 +318,9 @@ if triton is not None:
 def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
           norm: tuple[torch.Tensor, float, float] | None = None,
           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-          gated: bool = False) -> torch.Tensor:
-    """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated)."""
+          gated: bool = False, late: bool = False) -> torch.Tensor:
+    """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated);
+    ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits."""
     k = x.shape[-1]
     a = x.reshape(-1, k)  # (M, K)
     if a.stride(-1) != 1:
@@ -337,7 +344,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
         CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps,
-        num_stages=cfg.stages, **pdl_args(a))
+        num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)
 
 
@@ -353,9 +360,10 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: 
 
 
 def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                    config: TileConfig | None = None) -> torch.Tensor:
-    """``residual + linear(x, weight)`` in one launch; x (..., K), residual (..., N)."""
-    return _gemm(x, weight, weight.shape[0], config, residual=residual)
+                    config: TileConfig | None = None, late: bool = False) -> torch.Tensor:
+    """``residual + linear(x, weight)`` in one launch; x (..., K), residual (..., N).
+    ``late``: the PDL trigger after the tile (``_gemm``)."""
+    return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late)
 
 
 def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
@@ -367,6 +375,20 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
     assert gate_up.shape[0] % 2 == 0
     return _gemm(x, gate_up, gate_up.shape[0] // 2, config, norm=(norm_weight, eps, offset),
                  gated=True)
+
+
+def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, config: TileConfig | None = None,
+                 late: bool = False) -> torch.Tensor:
+    """``silu(gate) * up`` of ``linear(x, gate_up)`` split in halves, in one launch: the
+    gated epilogue without the norm prologue, so the bits of the plain GEMM followed by
+    ``silu_mul`` (tests). x: (..., K) already normed -> (..., inter).
+
+    Not on the model's path: at the Llama-3-8B shape, batch 1, it cost 2.3 % against the
+    GEMM + ``silu_mul`` (H200, bench/NOTES.md, session 16); ``bench/pdl_trigger_ab.py``
+    measures it with a late trigger.
+    """
+    assert gate_up.shape[0] % 2 == 0
+    return _gemm(x, gate_up, gate_up.shape[0] // 2, config, gated=True, late=late)
 
 
 SILU_BLOCK = 1024  # columns a program: 14 programs a row at the Llama-3-8B shape's 14,336

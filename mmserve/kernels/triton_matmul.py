@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from mmserve.kernels.triton_pdl import pdl_args
+from mmserve.kernels.triton_pdl import gemm_pdl_args
 
 try:
     import triton
@@ -69,7 +69,7 @@ def pick_config(m: int, n: int) -> TileConfig:
 
 
 if triton is not None:
-    from mmserve.kernels.triton_pdl import wait_previous
+    from mmserve.kernels.triton_pdl import launch_next, wait_only, wait_previous
 
     @triton.jit
     def tile_rows_cols(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
@@ -88,12 +88,15 @@ if triton is not None:
     def _gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, M, N, K, stride_am, stride_wn, stride_om,
                      HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
-                     PDL: tl.constexpr):
+                     PDL: tl.constexpr, LATE: tl.constexpr):
         rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-        wait_previous(PDL)
+        if LATE:  # the next kernel launches after the K loop
+            wait_only(PDL)
+        else:
+            wait_previous(PDL)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k in range(0, K, BK):
             kk = k + rk
@@ -102,6 +105,8 @@ if triton is not None:
             w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K),
                         other=0.0)
             acc = tl.dot(a, tl.trans(w), acc)
+        if LATE:
+            launch_next(PDL)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         if UPCAST:  # rounded to the input's dtype, stored wider: ``linear(...).float()``
@@ -111,12 +116,15 @@ if triton is not None:
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                     config: TileConfig | None = None, float_out: bool = False) -> torch.Tensor:
+                     config: TileConfig | None = None, float_out: bool = False,
+                     late: bool = False) -> torch.Tensor:
     """x: (..., K), weight: (N, K) -> (..., N); a row's bits do not depend on the row count.
 
     ``config`` overrides the tile shape (tests and benchmarks: the bits must not move).
     ``float_out``: the result rounded to x's dtype as always, stored as float32: the bits
     of ``invariant_linear(x, weight).float()`` without the cast's launch (logits).
+    ``late``: under PDL the next kernel launches after the K loop, not at the start
+    (``triton_pdl``); the same bits.
     """
     k = x.shape[-1]
     n = weight.shape[0]
@@ -133,5 +141,5 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),
             weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BM=cfg.bm, BN=cfg.bn,
             BK=cfg.bk, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
-            num_warps=cfg.warps, num_stages=cfg.stages, **pdl_args(a))
+            num_warps=cfg.warps, num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)

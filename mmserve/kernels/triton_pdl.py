@@ -19,7 +19,13 @@ Rules every kernel launched with ``launch_pdl`` here keeps:
 - every program runs ``wait_previous`` before it writes or exits, so a grid cannot
   finish before its predecessor has (a chain of waits is then a chain of completions);
 - ``wait_previous`` also lets the next kernel launch: at most two kernels of the chain
-  are resident, the one computing and the next one, waiting.
+  are resident, the one computing and the next one, waiting. A GEMM can instead wait with
+  ``wait_only`` and let the next kernel launch after its K loop (``launch_next``, the
+  GEMMs' ``late`` launch option): the waiting programs then do not hold shared memory
+  and registers while it streams. H200, 8B batch 1 (bench/NOTES.md, session 16): late for
+  every GEMM cost 3-4 % (the small kernels' launches were exposed again); in a timing
+  probe with down right after gate_up (silu * up skipped) it turned 4,973-5,042 us a
+  step into 4,492. Off by default; ``bench/pdl_trigger_ab.py`` measures where it pays.
 
 Only the launch and the order of memory traffic change: every kernel computes the same
 bits with PDL on or off (tests on the GPU compare them). Off on CPU, in the Triton
@@ -65,6 +71,14 @@ def pdl_args(t: torch.Tensor) -> dict[str, bool]:
     return {"PDL": on, "launch_pdl": on}
 
 
+def gemm_pdl_args(t: torch.Tensor, late: bool) -> dict[str, bool]:
+    """``pdl_args`` plus the GEMMs' ``LATE`` constexpr: wait at the start, and let the next
+    kernel launch only after the K loop."""
+    d = pdl_args(t)
+    d["LATE"] = d["PDL"] and late
+    return d
+
+
 if triton is not None:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -73,4 +87,16 @@ if triton is not None:
         """Wait for the previous kernel (and its writes), then let the next one launch."""
         if PDL:
             gdc_wait()
+            gdc_launch_dependents()
+
+    @triton.jit
+    def wait_only(PDL: tl.constexpr):
+        """Wait for the previous kernel (and its writes); the next launches at ``launch_next``."""
+        if PDL:
+            gdc_wait()
+
+    @triton.jit
+    def launch_next(PDL: tl.constexpr):
+        """Let the next kernel of the chain launch (after ``wait_only``)."""
+        if PDL:
             gdc_launch_dependents()

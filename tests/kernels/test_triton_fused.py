@@ -120,6 +120,24 @@ def test_gated_epilogue_is_silu_times_up_of_the_same_gemm(m, inter, k):
     torch.testing.assert_close(got, F.silu(gate) * up, atol=TOL, rtol=TOL)
 
 
+@needs_triton
+@pytest.mark.parametrize("m,inter,k", [(1, 48, 576), (9, 100, 130), (16, 300, 2100)])
+def test_gate_up_silu_is_silu_mul_of_the_plain_gemm(m, inter, k):
+    """Without the norm prologue the gated epilogue has the bits of the plain invariant
+    GEMM followed by ``silu_mul``, at every tile shape and with the late PDL trigger."""
+    from mmserve.kernels.triton_fused import gate_up_silu, silu_mul
+    from mmserve.kernels.triton_matmul import invariant_linear
+
+    x, _, w = _inputs(m, 2 * inter, k, 3 * m + inter)
+    x = x * 3.0  # gates far into both tails of silu
+    want = silu_mul(invariant_linear(x, w))
+    for cfg, late in ((None, False), (None, True), (CONFIGS[0], False), (CONFIGS[1], True)):
+        got = gate_up_silu(x, w, config=cfg, late=late)
+        if ON_CUDA:
+            assert torch.equal(got, want), (cfg, late)
+        torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+
+
 def _qkv_views(n, hq, hkv, d):
     qkv = _rand(n, (hq + 2 * hkv) * d, scale=4.0)  # one product's output, like the model's
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)

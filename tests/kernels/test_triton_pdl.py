@@ -33,52 +33,57 @@ def test_pdl_is_off_on_cpu_and_when_disabled(monkeypatch):
     assert triton_pdl._state["enabled"]
 
 
-def _chain(x, weights, norm):
+def _chain(x, weights, norm, late=False):
     """A chain of dependent launches, each reading the one before's output (the layer
-    ops: norm + GEMM, GEMM + residual, norm + GEMM + silu * up, plain GEMM)."""
+    ops: norm + GEMM, GEMM + residual, norm + GEMM + silu * up, plain GEMM; with ``late``
+    the GEMMs that take it let the next kernel launch after their K loop, and a gated
+    GEMM without a norm follows a GEMM)."""
     from mmserve.kernels import triton_fused
     from mmserve.kernels.triton_matmul import invariant_linear
 
-    for w_in, w_out, w_gu, w_down in weights:
+    for w_in, w_out, w_gu, w_down, w_sq in weights:
         h = triton_fused.norm_linear(x, norm, 1e-5, 0.0, w_in)
-        x = triton_fused.linear_residual(h, w_out, x)
+        x = triton_fused.linear_residual(h, w_out, x, late=late)
         g = triton_fused.norm_gate_up_silu(x, norm, 1e-5, 0.0, w_gu)
-        x = triton_fused.linear_residual(g, w_down, x)
-        x = invariant_linear(x, w_in[: x.shape[1]]) + x
+        x = triton_fused.linear_residual(g, w_down, x, late=late)
+        x = invariant_linear(x, w_in[: x.shape[1]], late=late) + x
+        if late:
+            x = triton_fused.gate_up_silu(x, w_sq, late=True) + x
     return x
 
 
 @hopper_only
 @pytest.mark.parametrize("rows", [1, 5, 64])
-def test_dependent_chain_same_bits_with_pdl_eager_and_in_a_graph(rows):
+@pytest.mark.parametrize("late", [False, True])
+def test_dependent_chain_same_bits_with_pdl_eager_and_in_a_graph(rows, late):
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def rand(*s):
         return (torch.randn(*s, device="cuda", generator=gen) * s[-1] ** -0.5).to(torch.bfloat16)
 
     h, inter = 576, 1536  # SmolLM2-135M's widths: K not a multiple of the prefetch stride
-    weights = [(rand(960, h), rand(h, 960), rand(2 * inter, h), rand(h, inter))
+    weights = [(rand(960, h), rand(h, 960), rand(2 * inter, h), rand(h, inter), rand(2 * h, h))
                for _ in range(6)]
     norm = rand(h) + 1
     x0 = rand(rows, h) * 8
     set_pdl_enabled(False)
     try:
-        want = _chain(x0, weights, norm)
+        want = _chain(x0, weights, norm, late)
     finally:
         set_pdl_enabled(True)
-    assert torch.equal(_chain(x0, weights, norm), want)  # eager, PDL on
+    assert torch.equal(_chain(x0, weights, norm, late), want)  # eager, PDL on
     static_x = x0.clone()
-    _chain(static_x, weights, norm)  # compile outside the capture
+    _chain(static_x, weights, norm, late)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = _chain(static_x, weights, norm)
+        out = _chain(static_x, weights, norm, late)
     for seed in range(3):  # new inputs each replay: a stale read would show
         static_x.copy_(rand(rows, h) * (seed + 1))
         graph.replay()
         set_pdl_enabled(False)
         try:
-            ref = _chain(static_x, weights, norm)
+            ref = _chain(static_x, weights, norm, late)
         finally:
             set_pdl_enabled(True)
         assert torch.equal(out, ref), seed

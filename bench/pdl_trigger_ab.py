@@ -1,0 +1,110 @@
+"""When a GEMM lets the next kernel launch, and silu * up in gate_up's epilogue, in the
+whole batch-1 step of a wide model (hidden above ``FUSE_MAX_HIDDEN``; CUDA only).
+
+Under PDL a kernel lets the next one launch as soon as its programs pass the wait, so the
+next kernel's programs sit on the SMs, holding shared memory and registers, while it runs
+(``kernels.triton_pdl``). Session 16 (bench/NOTES.md) found that this costs where a GEMM
+follows a GEMM: with silu * up skipped, down waiting beside gate_up, the 8B step went from
+4,492 us with every GEMM triggering late to 4,973-5,042 us triggering early. It also found
+late triggers everywhere 3-4 % slower than the default, and silu * up in gate_up's
+epilogue with early triggers 2.3 % slower. Variants, each against the default
+in alternated pairs, every one with the default's bits (the row-0 tokens must not move):
+
+- ``gated``: steps of <= 16 rows take ``triton_fused.gate_up_silu`` (silu * up in the
+  epilogue, no ``silu_mul`` launch), early trigger;
+- ``gated_late``: the same with gate_up triggering after its K loop (down waits then);
+- ``gate_up_late``: the plain gate_up GEMM triggering late, ``silu_mul`` kept;
+- ``residual_late``: the o and down GEMMs (residual epilogues) triggering late.
+
+Usage (GPU): PYTHONPATH=$PWD python bench/pdl_trigger_ab.py OUT.json [shape] [--pairs N]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+
+from mmserve.bench.engine_run import PagedDecoder, random_cuda_model, weight_bytes
+from mmserve.bench.limits import copy_bandwidth
+from mmserve.kernels import fused, triton_fused
+from mmserve.kernels.norm import rms_norm
+from mmserve.kernels.triton_matmul import invariant_linear
+from mmserve.models import layers
+
+THIN = 16
+_default_mlp = fused.norm_gate_up_silu
+_default_residual = fused.linear_residual
+
+
+def _mlp(gated: bool, late: bool):
+    def norm_gate_up_silu(x, norm_weight, eps, offset, gate_up):
+        h = rms_norm(x, norm_weight, eps, offset)
+        if h.numel() > THIN * h.shape[-1]:
+            return _default_mlp(x, norm_weight, eps, offset, gate_up)
+        if gated:
+            return triton_fused.gate_up_silu(h, gate_up, late=late)
+        return fused.silu_mul(invariant_linear(h, gate_up, late=late))
+    return norm_gate_up_silu
+
+
+def _residual_late(x, weight, residual):
+    return triton_fused.linear_residual(x, weight, residual, late=True)
+
+
+VARIANTS = {
+    "gated": {"norm_gate_up_silu": _mlp(True, False)},
+    "gated_late": {"norm_gate_up_silu": _mlp(True, True)},
+    "gate_up_late": {"norm_gate_up_silu": _mlp(False, True)},
+    "residual_late": {"linear_residual": _residual_late},
+}
+DEFAULT = {"norm_gate_up_silu": _default_mlp, "linear_residual": _default_residual}
+
+
+def use(patches: dict) -> None:
+    for name, fn in {**DEFAULT, **patches}.items():
+        setattr(layers, name, fn)  # the layers call these names
+
+
+def main() -> None:
+    out_path = sys.argv[1]
+    args = [a for a in sys.argv[2:] if not a.startswith("--")]
+    pairs = int(sys.argv[sys.argv.index("--pairs") + 1]) if "--pairs" in sys.argv else 3
+    name = args[0] if args else "llama3-8b"
+    bw = max(copy_bandwidth()["gb_s"]) * 1e9
+    model, cfg = random_cuda_model(name)
+    assert cfg["hidden_size"] > fused.FUSE_MAX_HIDDEN, "the variants are the unfused-norm path"
+    roof_ms = weight_bytes(model) / bw * 1e3
+    dec = PagedDecoder(model, 1, 512)
+    first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
+                                       generator=torch.Generator().manual_seed(0)).tolist()])
+    use({})
+    base_ms, ref_row0 = dec.recaptured_step_ms(first)
+    print(f"[{name}] copy roofline {roof_ms * 1e3:.0f} us a step; default {base_ms * 1e3:.0f} us"
+          f" ({roof_ms / base_ms * 100:.1f} %)", flush=True)
+    report: dict = {"shape": name, "copy_gb_s": bw / 1e9, "roofline_ms": roof_ms,
+                    "default_ms": base_ms, "variants": {}}
+    for label, patches in VARIANTS.items():
+        ratios, same, ms = [], True, []
+        for _ in range(pairs):
+            use(patches)
+            v_ms, v_row0 = dec.recaptured_step_ms(first)
+            use({})
+            b_ms, b_row0 = dec.recaptured_step_ms(first)
+            same &= v_row0 == ref_row0 and b_row0 == ref_row0
+            ratios.append(b_ms / v_ms)
+            ms.append((b_ms, v_ms))
+        report["variants"][label] = {"speedup_pairs": ratios, "default_and_variant_ms": ms,
+                                     "speedup_median": statistics.median(ratios),
+                                     "same_tokens": same}
+        print(f"  {label:<14} x{statistics.median(ratios):.4f} "
+              f"{[round(r, 4) for r in ratios]}  same={same}", flush=True)
+    use({})
+    with open(out_path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
