@@ -25,10 +25,7 @@ import json
 import statistics
 import sys
 
-import torch
-
-from mmserve.bench.engine_run import PagedDecoder, random_cuda_model, weight_bytes
-from mmserve.bench.limits import copy_bandwidth
+from mmserve.bench.engine_run import batch1_step_baseline
 from mmserve.kernels import fused, triton_fused
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.triton_matmul import invariant_linear
@@ -73,19 +70,11 @@ def main() -> None:
     args = [a for a in sys.argv[2:] if not a.startswith("--")]
     pairs = int(sys.argv[sys.argv.index("--pairs") + 1]) if "--pairs" in sys.argv else 3
     name = args[0] if args else "llama3-8b"
-    bw = max(copy_bandwidth()["gb_s"]) * 1e9
-    model, cfg = random_cuda_model(name)
-    assert cfg["hidden_size"] > fused.FUSE_MAX_HIDDEN, "the variants are the unfused-norm path"
-    roof_ms = weight_bytes(model) / bw * 1e3
-    dec = PagedDecoder(model, 1, 512)
-    first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
-                                       generator=torch.Generator().manual_seed(0)).tolist()])
     use({})
-    base_ms, ref_row0 = dec.recaptured_step_ms(first)
-    print(f"[{name}] copy roofline {roof_ms * 1e3:.0f} us a step; default {base_ms * 1e3:.0f} us"
-          f" ({roof_ms / base_ms * 100:.1f} %)", flush=True)
-    report: dict = {"shape": name, "copy_gb_s": bw / 1e9, "roofline_ms": roof_ms,
-                    "default_ms": base_ms, "variants": {}}
+    dec, first, report = batch1_step_baseline(name)
+    assert report["hidden"] > fused.FUSE_MAX_HIDDEN, "the variants are the unfused-norm path"
+    ref_row0 = report["default_row0"]
+    report["variants"] = {}
     for label, patches in VARIANTS.items():
         ratios, same, ms = [], True, []
         for _ in range(pairs):

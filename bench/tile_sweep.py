@@ -16,10 +16,7 @@ import json
 import statistics
 import sys
 
-import torch
-
-from mmserve.bench.engine_run import PagedDecoder, random_cuda_model, weight_bytes
-from mmserve.bench.limits import copy_bandwidth
+from mmserve.bench.engine_run import batch1_step_baseline
 from mmserve.kernels import triton_fused, triton_matmul
 from mmserve.kernels.triton_matmul import TileConfig
 
@@ -50,17 +47,9 @@ def main() -> None:
     name = args[0] if args else "llama3-8b"
     triton_matmul.pick_config = patched
     triton_fused.pick_config = patched
-    bw = max(copy_bandwidth()["gb_s"]) * 1e9
-    model, cfg = random_cuda_model(name)
-    roof_ms = weight_bytes(model) / bw * 1e3
-    dec = PagedDecoder(model, 1, 512)
-    first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
-                                       generator=torch.Generator().manual_seed(0)).tolist()])
-    base_ms, ref_row0 = dec.recaptured_step_ms(first)
-    print(f"[{name}] copy roofline {roof_ms * 1e3:.0f} us a step; default {base_ms * 1e3:.0f} us"
-          f" ({roof_ms / base_ms * 100:.1f} %)", flush=True)
-    report: dict = {"shape": name, "copy_gb_s": bw / 1e9, "roofline_ms": roof_ms,
-                    "default_ms": base_ms, "widths": {}}
+    dec, first, report = batch1_step_baseline(name)
+    ref_row0 = report["default_row0"]
+    report["widths"] = {}
     for width, cands in CANDIDATES.items():
         rows = []
         for cand in cands[1:]:

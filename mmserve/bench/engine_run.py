@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mmserve.bench.limits import copy_bandwidth
 from mmserve.engine.cuda_graphs import DecodeGraphs
 from mmserve.engine.kv_cache import KVCache
 from mmserve.kernels.attention import KVLike
@@ -171,3 +172,20 @@ class PagedDecoder:
         s = statistics.median(times)
         return {"prompt_len": prompt_len, "ttft_ms": s * 1e3, "prefill_tok_s": prompt_len / s,
                 "ttft_ms_all": [t * 1e3 for t in times]}
+
+
+def batch1_step_baseline(name: str) -> tuple[PagedDecoder, list[int], dict]:
+    """A model shape (random bf16 weights) at batch 1 after a 128-token prompt, for the
+    launch-option sweeps: -> (decoder, first tokens, report with the copy roofline and the
+    default step's median ms and row-0 tokens, printed)."""
+    bw = max(copy_bandwidth()["gb_s"]) * 1e9
+    model, cfg = random_cuda_model(name)
+    roof_ms = weight_bytes(model) / bw * 1e3
+    dec = PagedDecoder(model, 1, 512)
+    first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
+                                       generator=torch.Generator().manual_seed(0)).tolist()])
+    base_ms, row0 = dec.recaptured_step_ms(first)
+    print(f"[{name}] copy roofline {roof_ms * 1e3:.0f} us a step; default {base_ms * 1e3:.0f} us"
+          f" ({roof_ms / base_ms * 100:.1f} %)", flush=True)
+    return dec, first, {"shape": name, "hidden": cfg["hidden_size"], "copy_gb_s": bw / 1e9,
+                        "roofline_ms": roof_ms, "default_ms": base_ms, "default_row0": row0}
