@@ -19,13 +19,14 @@ Rules every kernel launched with ``launch_pdl`` here keeps:
 - every program runs ``wait_previous`` before it writes or exits, so a grid cannot
   finish before its predecessor has (a chain of waits is then a chain of completions);
 - ``wait_previous`` also lets the next kernel launch: at most two kernels of the chain
-  are resident, the one computing and the next one, waiting. A GEMM can instead wait with
-  ``wait_only`` and let the next kernel launch after its K loop (``launch_next``, the
-  GEMMs' ``late`` launch option): the waiting programs then do not hold shared memory
-  and registers while it streams. H200, 8B batch 1 (bench/NOTES.md, session 16): late for
-  every GEMM cost 3-4 % (the small kernels' launches were exposed again); in a timing
-  probe with down right after gate_up (silu * up skipped) it turned 4,973-5,042 us a
-  step into 4,492. Off by default; ``bench/pdl_trigger_ab.py`` measures where it pays.
+  are resident, the one computing and the next one, waiting.
+- A GEMM launched with ``late`` waits with ``wait_only`` instead and lets the next kernel
+  launch with ``launch_next`` after its K loop (the fused GEMMs: after the tile's store),
+  so the waiting programs do not hold shared memory and registers while it streams. H200,
+  8B batch 1 (bench/NOTES.md, session 16): late for every GEMM cost 3-4 % (the small
+  kernels' launches were exposed again); in a timing probe with down right after gate_up
+  (silu * up skipped) it turned 4,973-5,042 us a step into 4,492. Off by default;
+  ``bench/pdl_trigger_ab.py`` measures where it pays.
 
 Only the launch and the order of memory traffic change: every kernel computes the same
 bits with PDL on or off (tests on the GPU compare them). Off on CPU, in the Triton
