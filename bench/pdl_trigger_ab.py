@@ -12,7 +12,8 @@ in alternated pairs, every one with the default's bits (the row-0 tokens must no
 
 - ``gated``: steps of <= 16 rows take ``triton_fused.gate_up_silu`` (silu * up in the
   epilogue, no ``silu_mul`` launch), early trigger;
-- ``gated_late``: the same with gate_up triggering after its K loop (down waits then);
+- ``gated_late``: the same with gate_up letting the next kernel launch after its tile's
+  store (down waits then);
 - ``gate_up_late``: the plain gate_up GEMM triggering late, ``silu_mul`` kept;
 - ``residual_late``: the o and down GEMMs (residual epilogues) triggering late.
 
@@ -38,9 +39,9 @@ _default_residual = fused.linear_residual
 
 def _mlp(gated: bool, late: bool):
     def norm_gate_up_silu(x, norm_weight, eps, offset, gate_up):
-        h = rms_norm(x, norm_weight, eps, offset)
-        if h.numel() > THIN * h.shape[-1]:
+        if x.numel() > THIN * x.shape[-1]:
             return _default_mlp(x, norm_weight, eps, offset, gate_up)
+        h = rms_norm(x, norm_weight, eps, offset)
         if gated:
             return triton_fused.gate_up_silu(h, gate_up, late=late)
         return fused.silu_mul(invariant_linear(h, gate_up, late=late))

@@ -124,7 +124,8 @@ def test_gated_epilogue_is_silu_times_up_of_the_same_gemm(m, inter, k):
 @pytest.mark.parametrize("m,inter,k", [(1, 48, 576), (9, 100, 130), (16, 300, 2100)])
 def test_gate_up_silu_is_silu_mul_of_the_plain_gemm(m, inter, k):
     """Without the norm prologue the gated epilogue has the bits of the plain invariant
-    GEMM followed by ``silu_mul``, at every tile shape and with the late PDL trigger."""
+    GEMM followed by ``silu_mul``, at every tile shape (and with the late PDL trigger on
+    sm_90+; elsewhere PDL, and so ``late``, is off)."""
     from mmserve.kernels.triton_fused import gate_up_silu, silu_mul
     from mmserve.kernels.triton_matmul import invariant_linear
 

@@ -35,20 +35,24 @@ def test_pdl_is_off_on_cpu_and_when_disabled(monkeypatch):
 
 def _chain(x, weights, norm, late=False):
     """A chain of dependent launches, each reading the one before's output (the layer
-    ops: norm + GEMM, GEMM + residual, norm + GEMM + silu * up, plain GEMM; with ``late``
-    the GEMMs that take it let the next kernel launch after their K loop, and a gated
-    GEMM without a norm follows a GEMM)."""
+    ops: norm + GEMM, GEMM + residual, norm + GEMM + silu * up, plain GEMM). With
+    ``late`` the GEMMs let the next kernel launch after their K loop, each followed by a
+    PDL kernel that reads its output: a residual GEMM by a norm GEMM and by a plain GEMM,
+    a gated GEMM without a norm by a residual GEMM, a plain GEMM by ``silu_mul``."""
     from mmserve.kernels import triton_fused
     from mmserve.kernels.triton_matmul import invariant_linear
 
-    for w_in, w_out, w_gu, w_down, w_sq in weights:
+    for w_in, w_out, w_gu, w_down, w_sq, w_hh in weights:
         h = triton_fused.norm_linear(x, norm, 1e-5, 0.0, w_in)
         x = triton_fused.linear_residual(h, w_out, x, late=late)
         g = triton_fused.norm_gate_up_silu(x, norm, 1e-5, 0.0, w_gu)
         x = triton_fused.linear_residual(g, w_down, x, late=late)
-        x = invariant_linear(x, w_in[: x.shape[1]], late=late) + x
+        x = invariant_linear(x, w_in[: x.shape[1]]) + x
         if late:
-            x = triton_fused.gate_up_silu(x, w_sq, late=True) + x
+            g = triton_fused.gate_up_silu(x, w_sq, late=True)
+            x = triton_fused.linear_residual(g, w_hh, x, late=True)
+            g = triton_fused.silu_mul(invariant_linear(x, w_sq, late=True))
+            x = triton_fused.linear_residual(g, w_hh, x)
     return x
 
 
@@ -62,8 +66,8 @@ def test_dependent_chain_same_bits_with_pdl_eager_and_in_a_graph(rows, late):
         return (torch.randn(*s, device="cuda", generator=gen) * s[-1] ** -0.5).to(torch.bfloat16)
 
     h, inter = 576, 1536  # SmolLM2-135M's widths: K not a multiple of the prefetch stride
-    weights = [(rand(960, h), rand(h, 960), rand(2 * inter, h), rand(h, inter), rand(2 * h, h))
-               for _ in range(6)]
+    weights = [(rand(960, h), rand(h, 960), rand(2 * inter, h), rand(h, inter), rand(2 * h, h),
+                rand(h, h)) for _ in range(6)]
     norm = rand(h) + 1
     x0 = rand(rows, h) * 8
     set_pdl_enabled(False)
