@@ -15,7 +15,10 @@ in alternated pairs, every one with the default's bits (the row-0 tokens must no
 - ``gated_late``: the same with gate_up letting the next kernel launch after its tile's
   store (down waits then);
 - ``gate_up_late``: the plain gate_up GEMM triggering late, ``silu_mul`` kept;
-- ``residual_late``: the o and down GEMMs (residual epilogues) triggering late.
+- ``residual_late``: the o and down GEMMs (residual epilogues) triggering late;
+- ``fold``: the folded norm (``kernels.fused.folds_norm``: 64 norm launches a step gone;
+  its own bits, so its tokens are compared with its own first run);
+- ``fold_gated_late``: the folded norm with ``gated_late``'s gate_up.
 
 Usage (GPU): PYTHONPATH=$PWD python bench/pdl_trigger_ab.py OUT.json [shape] [--pairs N]
 """
@@ -38,9 +41,13 @@ _default_residual = fused.linear_residual
 
 
 def _mlp(gated: bool, late: bool):
-    def norm_gate_up_silu(x, norm_weight, eps, offset, gate_up):
+    def norm_gate_up_silu(x, norm_weight, eps, offset, gate_up, sq=None):
         if x.numel() > THIN * x.shape[-1]:
-            return _default_mlp(x, norm_weight, eps, offset, gate_up)
+            return _default_mlp(x, norm_weight, eps, offset, gate_up, sq=sq)
+        if sq is not None:  # the folded norm
+            out = triton_fused.partials_norm_linear(x, sq, norm_weight, eps, offset, gate_up,
+                                                    gated=gated, late=late)
+            return out if gated else fused.silu_mul(out)
         h = rms_norm(x, norm_weight, eps, offset)
         if gated:
             return triton_fused.gate_up_silu(h, gate_up, late=late)
@@ -57,13 +64,17 @@ VARIANTS = {
     "gated_late": {"norm_gate_up_silu": _mlp(True, True)},
     "gate_up_late": {"norm_gate_up_silu": _mlp(False, True)},
     "residual_late": {"linear_residual": _residual_late},
+    "fold": {"fold": True},
+    "fold_gated_late": {"fold": True, "norm_gate_up_silu": _mlp(True, True)},
 }
 DEFAULT = {"norm_gate_up_silu": _default_mlp, "linear_residual": _default_residual}
 
 
 def use(patches: dict) -> None:
+    fused.set_norm_fold(bool(patches.get("fold")))
     for name, fn in {**DEFAULT, **patches}.items():
-        setattr(layers, name, fn)  # the layers call these names
+        if name != "fold":
+            setattr(layers, name, fn)  # the layers call these names
 
 
 def main() -> None:
@@ -77,13 +88,15 @@ def main() -> None:
     ref_row0 = report["default_row0"]
     report["variants"] = {}
     for label, patches in VARIANTS.items():
-        ratios, same, ms = [], True, []
+        ratios, same, ms, own = [], True, [], None
         for _ in range(pairs):
             use(patches)
             v_ms, v_row0 = dec.recaptured_step_ms(first)
             use({})
             b_ms, b_row0 = dec.recaptured_step_ms(first)
-            same &= v_row0 == ref_row0 and b_row0 == ref_row0
+            own = v_row0 if own is None else own  # the fold's bits are its own
+            same &= (v_row0 == own if patches.get("fold") else v_row0 == ref_row0)
+            same &= b_row0 == ref_row0
             ratios.append(b_ms / v_ms)
             ms.append((b_ms, v_ms))
         report["variants"][label] = {"speedup_pairs": ratios, "default_and_variant_ms": ms,

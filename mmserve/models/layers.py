@@ -6,7 +6,9 @@ the paged kernel, so a token's hidden states never depend on the batch.
 
 ``forward`` takes an already-normed input and returns the block's output (Gemma's
 sandwich norms need that); ``residual_forward`` is the pre-norm block
-``x + block(rms_norm(x))`` with the norm and the residual add fused into the products.
+``x + block(rms_norm(x))`` with the norm and the residual add fused into the products;
+``residual_stream`` the same with the norm folded (``kernels.fused.folds_norm``): x's row
+partials in, the output's out.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmserve.kernels.attention import AttentionMetadata, LayerKV, paged_attention
-from mmserve.kernels.fused import linear_residual, norm_gate_up_silu, norm_linear, rope_write_kv
+from mmserve.kernels.fused import (
+    linear_residual,
+    linear_residual_partials,
+    norm_gate_up_silu,
+    norm_linear,
+    rope_write_kv,
+)
 from mmserve.kernels.linear import linear
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
@@ -53,6 +61,14 @@ class SelfAttention(nn.Module):
         """``x + forward(rms_norm(x, norm, eps, offset))``: the norm and the add fused."""
         qkv = norm_linear(x, norm, eps, offset, self.qkv_weight, self.qkv_bias)
         return linear_residual(self.attend(qkv, positions, rope, meta, kv), self.o_weight, x)
+
+    def residual_stream(self, x: torch.Tensor, sq: torch.Tensor, norm: torch.Tensor, eps: float,
+                        positions: torch.Tensor, rope: RotaryTable, meta: AttentionMetadata,
+                        kv: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
+        """``residual_forward`` with the norm folded: (x, its partials) -> (out, its)."""
+        qkv = norm_linear(x, norm, eps, 0.0, self.qkv_weight, self.qkv_bias, sq=sq)
+        return linear_residual_partials(self.attend(qkv, positions, rope, meta, kv),
+                                        self.o_weight, x)
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
                meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:
@@ -94,6 +110,15 @@ class GatedMLP(nn.Module):
                 self.inter, dim=-1)
             h = self.act(gate) * up
         return linear_residual(h, self.down_weight, x)
+
+    def residual_stream(self, x: torch.Tensor, sq: torch.Tensor, norm: torch.Tensor, eps: float,
+                        want_sq: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``residual_forward`` (silu) with the norm folded: (x, its partials) -> (out, its
+        partials, or None where ``want_sq`` is False: the last layer's go to no GEMM)."""
+        h = norm_gate_up_silu(x, norm, eps, 0.0, self.gate_up_weight, sq=sq)
+        if want_sq:
+            return linear_residual_partials(h, self.down_weight, x)
+        return linear_residual(h, self.down_weight, x), None
 
 
 def fuse_attention(sd: dict[str, torch.Tensor], prefix: str, out: str) -> dict[str, torch.Tensor]:
