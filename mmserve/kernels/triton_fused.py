@@ -192,7 +192,7 @@ if triton is not None:
         return tree_sum(subs, BM, NCH)
 
     @triton.jit
-    def _square_partials_kernel(x_ptr, o_ptr, K, stride_x, stride_o, GB: tl.constexpr,
+    def _square_partials_kernel(x_ptr, sq_out_ptr, K, stride_x, stride_o, GB: tl.constexpr,
                                 PDL: tl.constexpr):
         """``group_squares`` of one row's ``GB`` 16-column groups."""
         wait_previous(PDL)
@@ -201,7 +201,7 @@ if triton is not None:
         v = tl.load(x_ptr + row * stride_x + col, mask=col < K, other=0.0).to(tl.float32)
         parts = tl.reshape(group_squares(v[None, :], 1, GB * 16), (GB,))
         g = tl.program_id(1) * GB + tl.arange(0, GB)
-        tl.store(o_ptr + row * stride_o + g, parts, mask=g < K // 16)
+        tl.store(sq_out_ptr + row * stride_o + g, parts, mask=g < K // 16)
 
     @triton.jit
     def fused_tile(pid, a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
@@ -421,6 +421,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         assert norm is not None or sq_in is None
         assert sq.dtype == torch.float32 and sq.stride(-1) == 1 and sq.shape[0] == m
         assert sq.shape[1] == (k if sq_in is not None else n) // 16
+        assert sq_out is None or cfg.bn % 16 == 0, "partials are written per 16-column group"
     res = out
     if residual is not None:
         res = residual.reshape(m, n)
@@ -436,7 +437,8 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         num_stages=cfg.stages, sq_in_ptr=sq_in if sq_in is not None else out,
         sq_out_ptr=sq_out if sq_out is not None else out,
         stride_sq=sq.stride(0) if sq is not None else 0, SQ_IN=sq_in is not None,
-        SQ_OUT=sq_out is not None, PB=triton.next_power_of_2(max(1, k // 16)),
+        SQ_OUT=sq_out is not None,
+        PB=triton.next_power_of_2(max(1, k // 16)) if sq_in is not None else 1,  # one compile
         **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)
 
@@ -492,7 +494,8 @@ def partials_norm_linear(x: torch.Tensor, sq: torch.Tensor, norm_weight: torch.T
     ``late``: the PDL trigger after the tile. x (..., K), sq (M, K // 16) -> (..., N) (or
     (..., N // 2) gated).
     """
-    assert x.shape[-1] // FOLD_GROUP <= 1024, "tree_sum adds up to 1,024 partials"
+    assert x.shape[-1] % FOLD_GROUP == 0 and x.shape[-1] // FOLD_GROUP <= 1024, \
+        "whole 16-column groups, at most 1,024 (tree_sum)"
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     return _gemm(x, weight, n, config, norm=(norm_weight, eps, offset), bias=bias,
                  gated=gated, late=late, sq_in=sq.reshape(-1, sq.shape[-1]))

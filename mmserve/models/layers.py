@@ -115,6 +115,7 @@ class GatedMLP(nn.Module):
                         want_sq: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``residual_forward`` (silu) with the norm folded: (x, its partials) -> (out, its
         partials, or None where ``want_sq`` is False: the last layer's go to no GEMM)."""
+        assert self.act is F.silu, "the folded norm's MLP is the silu one"
         h = norm_gate_up_silu(x, norm, eps, 0.0, self.gate_up_weight, sq=sq)
         if want_sq:
             return linear_residual_partials(h, self.down_weight, x)
