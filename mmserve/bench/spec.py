@@ -113,7 +113,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
             # how far the machine's noise leaves the median: a row is below the 0.97 floor
             # only if the interval is, and unclear where the interval holds 0.97 or covers
             # less than LEVEL (too few pairs)
-            lo, hi, coverage = median_interval(ratios, LEVEL)
+            lo, hi, coverage = median_interval(ratios)
             after = spec.engine.stats()
             host_steps = host.host_steps - host_before[1]
             drafted = after.spec_draft_tokens_total - before.spec_draft_tokens_total

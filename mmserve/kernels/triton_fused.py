@@ -125,10 +125,9 @@ if triton is not None:
                            CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
                            LATE: tl.constexpr, sq_in_ptr, sq_out_ptr, stride_sq,
                            SQ_IN: tl.constexpr, SQ_OUT: tl.constexpr, PB: tl.constexpr):
-        if LATE:  # the next kernel launches once this program's tile is done
-            wait_only(PDL)
-        else:
-            wait_previous(PDL)
+        wait_only(PDL)
+        if not LATE:  # else the next kernel launches once this program's tile is done
+            launch_next(PDL)
         fused_tile(tl.program_id(0), a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K,
                    UP, stride_am, stride_wn, stride_om, stride_rm, eps, offset, NORM, HAS_BIAS,
                    RESIDUAL, GATED, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "", sq_in_ptr,

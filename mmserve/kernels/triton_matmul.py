@@ -69,7 +69,7 @@ def pick_config(m: int, n: int) -> TileConfig:
 
 
 if triton is not None:
-    from mmserve.kernels.triton_pdl import launch_next, wait_only, wait_previous
+    from mmserve.kernels.triton_pdl import launch_next, wait_only
 
     @triton.jit
     def tile_rows_cols(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
@@ -93,10 +93,9 @@ if triton is not None:
         rk = tl.arange(0, BK)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-        if LATE:  # the next kernel launches after the K loop
-            wait_only(PDL)
-        else:
-            wait_previous(PDL)
+        wait_only(PDL)
+        if not LATE:  # else the next kernel launches after the K loop
+            launch_next(PDL)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k in range(0, K, BK):
             kk = k + rk

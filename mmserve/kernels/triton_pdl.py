@@ -84,13 +84,6 @@ if triton is not None:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
-    def wait_previous(PDL: tl.constexpr):
-        """Wait for the previous kernel (and its writes), then let the next one launch."""
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
-
-    @triton.jit
     def wait_only(PDL: tl.constexpr):
         """Wait for the previous kernel (and its writes); the next launches at ``launch_next``."""
         if PDL:
@@ -101,3 +94,9 @@ if triton is not None:
         """Let the next kernel of the chain launch (after ``wait_only``)."""
         if PDL:
             gdc_launch_dependents()
+
+    @triton.jit
+    def wait_previous(PDL: tl.constexpr):
+        """Wait for the previous kernel (and its writes), then let the next one launch."""
+        wait_only(PDL)
+        launch_next(PDL)
