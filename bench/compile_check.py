@@ -21,10 +21,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from mmserve.kernels import triton_attention, triton_decode_stack, triton_fused, triton_matmul
+from mmserve.kernels import (
+    triton_attention,
+    triton_decode_stack,
+    triton_fused,
+    triton_matmul,
+    triton_rope_attention,
+)
 
 TARGET = GPUTarget("cuda", 90, 32)
-NO_HINT = {"L", "M", "B", "att_tiles", "SPLITS", "PER", "eps", "scale_log2", "stride_sb",
+NO_HINT = {"L", "M", "B", "att_tiles", "groups", "SPLITS", "PER", "eps", "scale_log2", "stride_sb",
            "stride_ss"}
 STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256, BKG=256,
              CH=64, UNROLL=8, ROUND=1, TK=16, ATT_BM=16, ATT_BN=64, SPLIT=128, TIMING=False,
@@ -113,6 +119,13 @@ def main() -> None:
         print(f"fused GEMM, folded norm, {bm}x{bn}:",
               report(triton_fused._fused_gemm_kernel, {**FUSED, **tile, "SQ_IN": True},
                      num_warps=warps, num_stages=3))
+    # rope + cache write + attention in one launch (the layered path's), both shapes
+    for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
+        print(f"rope + attention, HQ={hq} HKV={hkv} D={d}:",
+              report(triton_rope_attention._rope_attention_kernel,
+                     {"HQ": hq, "HKV": hkv, "D": d, "PAGE": 16, "BM": 16, "BN": 64, "SPLIT": 128,
+                      "TK": 16, "ROUND": 1, "PREFETCH": 2, "PDL": True},
+                     num_warps=4, num_stages=2))
     print("square partials:", report(triton_fused._square_partials_kernel,
                                      {"GB": 64, "PDL": True}, num_warps=4))
 

@@ -18,9 +18,12 @@ in alternated pairs, every one with the default's bits (the row-0 tokens must no
 - ``residual_late``: the o and down GEMMs (residual epilogues) triggering late;
 - ``fold``: the folded norm (``kernels.fused.folds_norm``: 64 norm launches a step gone;
   its own bits, so its tokens are compared with its own first run);
-- ``fold_gated_late``: the folded norm with ``gated_late``'s gate_up.
+- ``fold_gated_late``: the folded norm with ``gated_late``'s gate_up;
+- ``rope_attention``: rope, the cache write and attention in one launch
+  (``kernels.triton_rope_attention``; the same bits).
 
 Usage (GPU): PYTHONPATH=$PWD python bench/pdl_trigger_ab.py OUT.json [shape] [--pairs N]
+[--only a,b]
 """
 
 from __future__ import annotations
@@ -66,21 +69,25 @@ VARIANTS = {
     "residual_late": {"linear_residual": _residual_late},
     "fold": {"fold": True},
     "fold_gated_late": {"fold": True, "norm_gate_up_silu": _mlp(True, True)},
+    "rope_attention": {"rope_attention": True},
 }
 DEFAULT = {"norm_gate_up_silu": _default_mlp, "linear_residual": _default_residual}
 
 
 def use(patches: dict) -> None:
     fused.set_norm_fold(bool(patches.get("fold")))
+    fused.set_rope_attention(bool(patches.get("rope_attention")))
     for name, fn in {**DEFAULT, **patches}.items():
-        if name != "fold":
+        if name not in ("fold", "rope_attention"):
             setattr(layers, name, fn)  # the layers call these names
 
 
 def main() -> None:
     out_path = sys.argv[1]
-    args = [a for a in sys.argv[2:] if not a.startswith("--")]
+    args = [a for i, a in enumerate(sys.argv[2:], 2)
+            if not a.startswith("--") and not sys.argv[i - 1].startswith("--")]
     pairs = int(sys.argv[sys.argv.index("--pairs") + 1]) if "--pairs" in sys.argv else 3
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     name = args[0] if args else "llama3-8b"
     use({})
     dec, first, report = batch1_step_baseline(name)
@@ -88,6 +95,8 @@ def main() -> None:
     ref_row0 = report["default_row0"]
     report["variants"] = {}
     for label, patches in VARIANTS.items():
+        if only and label not in only:
+            continue
         ratios, same, ms, own = [], True, [], None
         for _ in range(pairs):
             use(patches)

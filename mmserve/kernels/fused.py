@@ -31,7 +31,8 @@ from mmserve.kernels.rope import RotaryTable
 from mmserve.kernels.triton_dispatch import use_triton
 
 _state = {"enabled": os.environ.get("MMSERVE_FUSED", "1") != "0",
-          "fold": os.environ.get("MMSERVE_NORM_FOLD", "0") == "1"}
+          "fold": os.environ.get("MMSERVE_NORM_FOLD", "0") == "1",
+          "rope_attention": os.environ.get("MMSERVE_ROPE_ATTENTION", "0") == "1"}
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -58,7 +59,10 @@ def folds_norm(x: torch.Tensor) -> bool:
     norm weight and its accumulator by 1 / rms from those partials: the norm's 64 launches
     a Llama-3-8B step are gone (``triton_fused.partials_norm_linear``). Its bits are its
     own (weight before the product, 1 / rms after), the same at every row count, so the
-    choice is per process, never per batch; bf16 only (x * w could overflow fp16)."""
+    choice is per process, never per batch; bf16 only (x * w could overflow fp16).
+    Off by default: H200, Llama-3-8B shape, batch 1, it made the step 9-10 % slower, ~7
+    points of it the x tile scaled in the K loop and ~3.5 the partials' tree before it
+    (timing probes with either removed; bench/NOTES.md, session 17)."""
     h = x.shape[-1]
     return (_state["fold"] and x.dtype == torch.bfloat16 and FUSE_MAX_HIDDEN < h <= 16384
             and h % 16 == 0 and _fused_gemm(x, None))
@@ -159,6 +163,37 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
         return triton_fused.silu_mul(x)
     gate, up = x.split(x.shape[-1] // 2, dim=-1)
     return F.silu(gate) * up
+
+
+def set_rope_attention(on: bool) -> None:
+    """Rope, the cache write and attention in one launch where ``rope_attention`` applies
+    (off: two, ``rope_write_kv`` and ``paged_attention``; the same bits). Off by default
+    (``MMSERVE_ROPE_ATTENTION=1`` turns it on): H200, Llama-3-8B shape, batch 1, 5
+    alternated pairs, the one launch was 0.6 % slower (pairs -1.6 % to +1.1 %), batch 64
+    10,317 against 10,340 tok/s (bench/NOTES.md, session 17): a small grid's attention
+    program then runs rope's chain of loads itself, so the step saves only the boundary."""
+    _state["rope_attention"] = on
+
+
+def rope_attention(qkv: torch.Tensor, heads: int, kv_heads: int, positions: torch.Tensor,
+                   rope: RotaryTable, kv: LayerKV, meta, scale: float,
+                   window: int | None) -> torch.Tensor | None:
+    """``paged_attention(rope_write_kv(q, k, v, ...))`` of the q, k, v columns of ``qkv``
+    (N, (Hq + 2 Hkv) D) -> (N, Hq D) in one launch (``triton_rope_attention``), or None
+    where that kernel does not apply: not CUDA bf16 with a bf16 cache, a sliding window,
+    or a sequence with more than 16 tokens in the step (a prompt chunk)."""
+    if not (_state["enabled"] and _state["rope_attention"] and window is None
+            and qkv.dtype == torch.bfloat16 and use_triton(qkv) and kv.k.dtype == qkv.dtype
+            and kv.k_scale is None and qkv.is_contiguous()):
+        return None
+    from mmserve.kernels import triton_rope_attention as tra
+    from mmserve.kernels.triton_attention import paged_metadata
+
+    d = kv.k.shape[-1]
+    if d & (d - 1) or paged_metadata(meta, kv.k.shape[1]).max_query_len > tra.TK:
+        return None
+    return tra.rope_attention(qkv, heads, kv_heads, positions, rope.cos, rope.sin, kv.k, kv.v,
+                              meta, scale)
 
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

@@ -72,15 +72,9 @@ MAX_ROWS = 16
 
 
 if triton is not None:
-    from mmserve.kernels.triton_attention import (
-        attend_keys,
-        load_queries,
-        merge_partials,
-        store_attention,
-        tile_rows,
-    )
-    from mmserve.kernels.triton_fused import _rotated_at, fused_tile, rope_rows, store_halves_at
+    from mmserve.kernels.triton_fused import fused_tile
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
+    from mmserve.kernels.triton_rope_attention import attend_group
 
     @triton.jit
     def _prefetch_layer(lw, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr, worker,
@@ -121,47 +115,6 @@ if triton is not None:
                     prefetch_l2(vc + off)
 
     @triton.jit
-    def _rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qstart, qlen,
-                         tile, h, k_lo, k_hi, HQ: tl.constexpr, HKV: tl.constexpr,
-                         D: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, TK: tl.constexpr,
-                         ROUND: tl.constexpr):
-        """What attention tile ``tile`` of kv head ``h`` reads of keys ``k_lo .. k_hi - 1``,
-        for the sequence of ``qlen`` tokens from flat row ``qstart``: its ``BM`` query rows
-        (``attention_rows``' layout, row = token * G + head) rotated into ``qrot``; the keys
-        of its tokens in that range (up to its last row's) rotated into their cache slots,
-        the values copied there. All in one pass, so a block of tokens waits for memory as
-        one token does; another tile's
-        program writes the same bytes for the tokens they share. ``_rope_write_kv_kernel``'s
-        elementwise math, so the bits do not depend on the tiling; a negative slot writes
-        no key or value."""
-        HALF: tl.constexpr = D // 2
-        QKV: tl.constexpr = (HQ + 2 * HKV) * D
-        rows = tile * BM + tl.arange(0, BM)
-        ok_q = rows < qlen * G
-        tq = qstart + rows // G
-        head = h * G + rows % G
-        pos = tl.load(pos_ptr + tq, mask=ok_q, other=0)[:, None]
-        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos, HALF, ROUND)
-        o1, o2 = _rotated_at(qkv + (tq * QKV + head * D)[:, None], ok_q[:, None], c1, s1, c2,
-                             s2, HALF, ROUND, ".cg")
-        store_halves_at(qrot + (tq * (HQ * D) + head * D)[:, None], o1, o2, ok_q[:, None],
-                        HALF)
-        t = tl.arange(0, TK)
-        ok_t = t <= tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
-        tk = qstart + t
-        slot = tl.load(slot_ptr + tk, mask=ok_t, other=-1).to(tl.int64)
-        pos = tl.load(pos_ptr + tk, mask=ok_t, other=0)
-        ok_k = ((slot >= 0) & (pos >= k_lo) & (pos < k_hi))[:, None]
-        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos[:, None], HALF, ROUND)
-        src = qkv + (tk * QKV + HQ * D + h * D)[:, None]
-        o1, o2 = _rotated_at(src, ok_k, c1, s1, c2, s2, HALF, ROUND, ".cg")
-        row = (slot * HKV * D + h * D)[:, None]
-        store_halves_at(kc + row, o1, o2, ok_k, HALF)
-        d = tl.arange(0, D)[None, :]
-        tl.store(vc + row + d, tl.load(src + HKV * D + d, mask=ok_k, cache_modifier=".cg"),
-                 mask=ok_k)
-
-    @triton.jit
     def _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
                          slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr,
                          count_ptr, B, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks,
@@ -183,76 +136,17 @@ if triton is not None:
             per = 1
         if per <= 1:  # each group whole in one program
             for g in range(pid, groups, P_ATT):
-                _attend_group(g, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
+                attend_group(g, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
                               pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
                               part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                               stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
                               BN, SPLIT, TK, ROUND, ATT_PREFETCH)
         elif pid < groups * per:  # the group's splits spread over its programs
-            _attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
+            attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
                           sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
                           qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                           stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
                           SPLIT, TK, ROUND, ATT_PREFETCH)
-
-    @triton.jit
-    def _attend_group(g, sub, per, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
-                      slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr, count_ptr,
-                      groups, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks, stride_kh,
-                      stride_bt, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                      PAGE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      SPLIT: tl.constexpr, TK: tl.constexpr, ROUND: tl.constexpr,
-                      ATT_PREFETCH: tl.constexpr):
-        """Program ``sub`` of ``per`` on group ``g``: with one program or one split, the
-        whole tile in order; else a run of consecutive splits (the block loop goes on
-        across them, each split's state to ``part_ptr``), and the program that finishes
-        the group's last run merges them all in order."""
-        G: tl.constexpr = HQ // HKV
-        Q: tl.constexpr = HQ * D
-        seq = g // (HKV * att_tiles)
-        h = g // att_tiles % HKV
-        tile = g % att_tiles
-        row_ok, tok, head, qpos, lo, hi, qlen, qstart = tile_rows(
-            seq, tile, h, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, 0)
-        table = tables_ptr + seq * stride_bt
-        first = lo // SPLIT
-        last = tl.cdiv(hi, SPLIT)
-        n = last - first
-        if tile * BM < qlen * G:
-            if (per == 1) | (n == 1):  # every split here, merged in order
-                if sub == 0:
-                    _rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-                                     qstart, qlen, tile, h, lo, hi, HQ, HKV, D, G, BM, TK,
-                                     ROUND)
-                    tl.debug_barrier()  # the program's own writes, read back below
-                    q = load_queries(qrot, row_ok, tok, head, Q, D, D)
-                    _, den, acc = attend_keys(q, qpos, table, kc, vc, kc, vc, h, lo, hi,
-                                              scale_log2, stride_kb, stride_ks, 0, 0, D, PAGE,
-                                              0, BM, BN, SPLIT, False, ATT_PREFETCH, stride_kh,
-                                              part_ptr, False)
-                    store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
-            else:  # a run of consecutive splits a program, each split's state to ``part``
-                run = tl.cdiv(n, per)
-                j0 = first + sub * run
-                j1 = tl.minimum(j0 + run, last)
-                if j0 < j1:
-                    k_lo = tl.maximum(lo, j0 * SPLIT)
-                    k_hi = tl.minimum(hi, j1 * SPLIT)
-                    _rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-                                     qstart, qlen, tile, h, k_lo, k_hi, HQ, HKV, D, G, BM, TK,
-                                     ROUND)
-                    tl.debug_barrier()
-                    q = load_queries(qrot, row_ok, tok, head, Q, D, D)
-                    part = part_ptr + g.to(tl.int64) * SPLITS * (2 * BM + BM * D)
-                    attend_keys(q, qpos, table, kc, vc, kc, vc, h, k_lo, k_hi, scale_log2,
-                                stride_kb, stride_ks, 0, 0, D, PAGE, 0, BM, BN, SPLIT, False,
-                                ATT_PREFETCH, stride_kh, part, True)
-                    tl.debug_barrier()  # every thread's states stored, then counted
-                    done = tl.atomic_add(count_ptr + layer * groups + g, j1 - j0,
-                                         sem="acq_rel", scope="gpu")
-                    if done + (j1 - j0) == n:  # the group's last run to finish: merge all
-                        _, den, acc = merge_partials(part, first, last, BM, D, 4)
-                        store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr):

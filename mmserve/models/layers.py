@@ -25,6 +25,7 @@ from mmserve.kernels.fused import (
     linear_residual_partials,
     norm_gate_up_silu,
     norm_linear,
+    rope_attention,
     rope_write_kv,
 )
 from mmserve.kernels.linear import linear
@@ -74,6 +75,11 @@ class SelfAttention(nn.Module):
                meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:
         """(N, q + 2 kv) projections -> (N, Hq * D) attention output; caches this step's K/V."""
         n = qkv.shape[0]
+        if self.q_norm is None:  # one launch where it applies (decodes, verify blocks)
+            out = rope_attention(qkv, self.heads, self.kv_heads, positions, rope, kv, meta,
+                                 self.scale, self.window)
+            if out is not None:
+                return out
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(n, self.heads, self.head_dim)  # (N, Hq, D), a view of qkv
         k = k.reshape(n, self.kv_heads, self.head_dim)  # (N, Hkv, D)
