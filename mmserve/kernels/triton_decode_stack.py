@@ -137,16 +137,16 @@ if triton is not None:
         if per <= 1:  # each group whole in one program
             for g in range(pid, groups, P_ATT):
                 attend_group(g, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
-                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-                              part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
-                              stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                              BN, SPLIT, TK, ROUND, ATT_PREFETCH)
+                             pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
+                             part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
+                             stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
+                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False)
         elif pid < groups * per:  # the group's splits spread over its programs
             attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
-                          sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
-                          qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
-                          stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                          SPLIT, TK, ROUND, ATT_PREFETCH)
+                         sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
+                         qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
+                         stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
+                         SPLIT, TK, ROUND, ATT_PREFETCH, False)
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr):

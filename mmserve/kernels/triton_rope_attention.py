@@ -102,11 +102,12 @@ if triton is not None:
                       stride_bt, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                       PAGE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       SPLIT: tl.constexpr, TK: tl.constexpr, ROUND: tl.constexpr,
-                      ATT_PREFETCH: tl.constexpr):
+                      ATT_PREFETCH: tl.constexpr, RESET: tl.constexpr):
         """Program ``sub`` of ``per`` on group ``g``: with one program or one split, the
         whole tile in order; else a run of consecutive splits (the block loop goes on
         across them, each split's state to ``part_ptr``), and the program that finishes
-        the group's last run merges them all in order."""
+        the group's last run merges them all in order (``RESET``: and zeroes the group's
+        counter, for a launch that does not zero them first)."""
         G: tl.constexpr = HQ // HKV
         Q: tl.constexpr = HQ * D
         seq = g // (HKV * att_tiles)
@@ -151,7 +152,8 @@ if triton is not None:
                     done = tl.atomic_add(count_ptr + layer * groups + g, j1 - j0,
                                          sem="acq_rel", scope="gpu")
                     if done + (j1 - j0) == n:  # the group's last run to finish: merge all
-                        tl.atomic_xchg(count_ptr + layer * groups + g, 0)  # reset for reuse
+                        if RESET:  # the counter left at 0 for the next launch
+                            tl.atomic_xchg(count_ptr + layer * groups + g, 0)
                         _, den, acc = merge_partials(part, first, last, BM, D, 4)
                         store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
 
@@ -171,7 +173,7 @@ if triton is not None:
                      cos_ptr, sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
                      qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                      stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                     SPLIT, TK, ROUND, PREFETCH)
+                     SPLIT, TK, ROUND, PREFETCH, True)
 
 
 def rope_attention(qkv: torch.Tensor, heads: int, kv_heads: int, positions: torch.Tensor,
