@@ -39,8 +39,7 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=64, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
-FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, SQ_IN=False,
-             SQ_OUT=False, PB=256, **GEMM)  # PB: the folded norm's partials at hidden 4,096
+FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, **GEMM)
 
 
 def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
@@ -52,8 +51,7 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
             types[name] = "*i64"
         elif name in ("tables_ptr", "counter_ptr", "count_ptr"):
             types[name] = "*i32"
-        elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr", "sq_in_ptr",
-                      "sq_out_ptr"):
+        elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr"):
             types[name] = "*fp32"
         elif name.endswith("_ptr"):
             types[name] = "*fp8e4nv" if fp8 and name in ("k_ptr", "v_ptr") else "*bf16"
@@ -108,17 +106,6 @@ def main() -> None:
                   report(triton_fused._fused_gemm_kernel, {**FUSED, epilogue: True,
                                                            "LATE": late},
                          num_warps=2, num_stages=4))
-    # the folded norm: a residual GEMM writing partials, a GEMM reading them (thin and
-    # prefill tiles), and the partials of an embedding
-    for bm, bn, bk, warps in ((16, 16, 256, 2), (256, 128, 64, 8)):
-        tile = {"BM": bm, "BN": bn, "BK": bk}
-        print(f"fused GEMM, residual + partials out, {bm}x{bn}:",
-              report(triton_fused._fused_gemm_kernel, {**FUSED, **tile, "RESIDUAL": True,
-                                                       "SQ_OUT": True},
-                     num_warps=warps, num_stages=3))
-        print(f"fused GEMM, folded norm, {bm}x{bn}:",
-              report(triton_fused._fused_gemm_kernel, {**FUSED, **tile, "SQ_IN": True},
-                     num_warps=warps, num_stages=3))
     # rope + cache write + attention in one launch (the layered path's), both shapes
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
         print(f"rope + attention, HQ={hq} HKV={hkv} D={d}:",
@@ -126,8 +113,6 @@ def main() -> None:
                      {"HQ": hq, "HKV": hkv, "D": d, "PAGE": 16, "BM": 16, "BN": 64, "SPLIT": 128,
                       "TK": 16, "ROUND": 1, "PREFETCH": 2, "PDL": True},
                      num_warps=4, num_stages=2))
-    print("square partials:", report(triton_fused._square_partials_kernel,
-                                     {"GB": 64, "PDL": True}, num_warps=4))
 
 
 if __name__ == "__main__":

@@ -16,9 +16,6 @@ in alternated pairs, every one with the default's bits (the row-0 tokens must no
   store (down waits then);
 - ``gate_up_late``: the plain gate_up GEMM triggering late, ``silu_mul`` kept;
 - ``residual_late``: the o and down GEMMs (residual epilogues) triggering late;
-- ``fold``: the folded norm (``kernels.fused.folds_norm``: 64 norm launches a step gone;
-  its own bits, so its tokens are compared with its own first run);
-- ``fold_gated_late``: the folded norm with ``gated_late``'s gate_up;
 - ``rope_attention``: rope, the cache write and attention in one launch
   (``kernels.triton_rope_attention``; the same bits).
 
@@ -44,13 +41,9 @@ _default_residual = fused.linear_residual
 
 
 def _mlp(gated: bool, late: bool):
-    def norm_gate_up_silu(x, norm_weight, eps, offset, gate_up, sq=None):
+    def norm_gate_up_silu(x, norm_weight, eps, offset, gate_up):
         if x.numel() > THIN * x.shape[-1]:
-            return _default_mlp(x, norm_weight, eps, offset, gate_up, sq=sq)
-        if sq is not None:  # the folded norm
-            out = triton_fused.partials_norm_linear(x, sq, norm_weight, eps, offset, gate_up,
-                                                    gated=gated, late=late)
-            return out if gated else fused.silu_mul(out)
+            return _default_mlp(x, norm_weight, eps, offset, gate_up)
         h = rms_norm(x, norm_weight, eps, offset)
         if gated:
             return triton_fused.gate_up_silu(h, gate_up, late=late)
@@ -67,18 +60,15 @@ VARIANTS = {
     "gated_late": {"norm_gate_up_silu": _mlp(True, True)},
     "gate_up_late": {"norm_gate_up_silu": _mlp(False, True)},
     "residual_late": {"linear_residual": _residual_late},
-    "fold": {"fold": True},
-    "fold_gated_late": {"fold": True, "norm_gate_up_silu": _mlp(True, True)},
     "rope_attention": {"rope_attention": True},
 }
 DEFAULT = {"norm_gate_up_silu": _default_mlp, "linear_residual": _default_residual}
 
 
 def use(patches: dict) -> None:
-    fused.set_norm_fold(bool(patches.get("fold")))
     fused.set_rope_attention(bool(patches.get("rope_attention")))
     for name, fn in {**DEFAULT, **patches}.items():
-        if name not in ("fold", "rope_attention"):
+        if name != "rope_attention":
             setattr(layers, name, fn)  # the layers call these names
 
 
@@ -97,15 +87,13 @@ def main() -> None:
     for label, patches in VARIANTS.items():
         if only and label not in only:
             continue
-        ratios, same, ms, own = [], True, [], None
+        ratios, same, ms = [], True, []
         for _ in range(pairs):
             use(patches)
             v_ms, v_row0 = dec.recaptured_step_ms(first)
             use({})
             b_ms, b_row0 = dec.recaptured_step_ms(first)
-            own = v_row0 if own is None else own  # the fold's bits are its own
-            same &= (v_row0 == own if patches.get("fold") else v_row0 == ref_row0)
-            same &= b_row0 == ref_row0
+            same &= v_row0 == ref_row0 and b_row0 == ref_row0
             ratios.append(b_ms / v_ms)
             ms.append((b_ms, v_ms))
         report["variants"][label] = {"speedup_pairs": ratios, "default_and_variant_ms": ms,

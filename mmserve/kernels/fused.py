@@ -31,7 +31,6 @@ from mmserve.kernels.rope import RotaryTable
 from mmserve.kernels.triton_dispatch import use_triton
 
 _state = {"enabled": os.environ.get("MMSERVE_FUSED", "1") != "0",
-          "fold": os.environ.get("MMSERVE_NORM_FOLD", "0") == "1",
           "rope_attention": os.environ.get("MMSERVE_ROPE_ATTENTION", "0") == "1"}
 HALF = (torch.bfloat16, torch.float16)
 
@@ -43,37 +42,6 @@ def set_fused_enabled(enabled: bool) -> None:
 
 def fused_enabled() -> bool:
     return _state["enabled"]
-
-
-def set_norm_fold(enabled: bool) -> None:
-    """Switch the folded RMSNorm (``folds_norm``) on or off for every model in the process.
-    Off by default until the H200 measures what it pays (bench/NOTES.md, session 16)."""
-    _state["fold"] = enabled
-
-
-def folds_norm(x: torch.Tensor) -> bool:
-    """Whether a wide model's pre-norms are folded into the GEMMs around them (CUDA, bf16,
-    the invariant Triton GEMMs, hidden above ``FUSE_MAX_HIDDEN`` in whole 16-column groups,
-    at most 16,384). Then the residual GEMMs write each row's 16-column partial sums of
-    squares beside the residual stream, and the next norm's GEMM scales its input by the
-    norm weight and its accumulator by 1 / rms from those partials: the norm's 64 launches
-    a Llama-3-8B step are gone (``triton_fused.partials_norm_linear``). Its bits are its
-    own (weight before the product, 1 / rms after), the same at every row count, so the
-    choice is per process, never per batch; bf16 only (x * w could overflow fp16).
-    Off by default: H200, Llama-3-8B shape, batch 1, it made the step 9-10 % slower, ~7
-    points of it the x tile scaled in the K loop and ~3.5 the partials' tree before it
-    (timing probes with either removed; bench/NOTES.md, session 17)."""
-    h = x.shape[-1]
-    return (_state["fold"] and x.dtype == torch.bfloat16 and FUSE_MAX_HIDDEN < h <= 16384
-            and h % 16 == 0 and _fused_gemm(x, None))
-
-
-def row_partials(x: torch.Tensor) -> torch.Tensor:
-    """x (N, H) -> (N, H // 16) float32, the folded norm's input for a residual stream no
-    GEMM wrote (the embedding); the bits a residual GEMM writes for the same values."""
-    from mmserve.kernels import triton_fused
-
-    return triton_fused.square_partials(x)
 
 
 # The RMSNorm-prologue GEMMs pay where a step is launch-bound (small hidden sizes) and
@@ -97,15 +65,8 @@ def _fused_gemm(x: torch.Tensor, hidden: int | None) -> bool:
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
-                weight: torch.Tensor, bias: torch.Tensor | None = None,
-                sq: torch.Tensor | None = None) -> torch.Tensor:
-    """``linear(rms_norm(x, norm_weight, eps, offset), weight, bias)``; x (M, K) -> (M, N).
-
-    ``sq``: x's row partials where ``folds_norm(x)``: the folded norm, one launch."""
-    if sq is not None:
-        from mmserve.kernels import triton_fused
-
-        return triton_fused.partials_norm_linear(x, sq, norm_weight, eps, offset, weight, bias)
+                weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear(rms_norm(x, norm_weight, eps, offset), weight, bias)``; x (M, K) -> (M, N)."""
     if _fused_gemm(x, x.shape[-1]):
         from mmserve.kernels import triton_fused
 
@@ -123,27 +84,12 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor,
     return residual + linear(x, weight)
 
 
-def linear_residual_partials(x: torch.Tensor, weight: torch.Tensor,
-                             residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``linear_residual`` (its bits) and the output's row partials, for the next folded
-    norm (only where ``folds_norm``: one launch writes both)."""
-    from mmserve.kernels import triton_fused
-
-    return triton_fused.linear_residual_partials(x, weight, residual)
-
-
 def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
-                      gate_up: torch.Tensor, sq: torch.Tensor | None = None) -> torch.Tensor:
+                      gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` where ``gate, up`` = halves of ``linear(rms_norm(x), gate_up)``.
 
-    x: (M, K), gate_up: (2 * inter, K), gate rows first -> (M, inter). ``sq``: x's row
-    partials where ``folds_norm(x)`` (the folded norm, then ``silu_mul``).
+    x: (M, K), gate_up: (2 * inter, K), gate rows first -> (M, inter).
     """
-    if sq is not None:
-        from mmserve.kernels import triton_fused
-
-        return silu_mul(triton_fused.partials_norm_linear(x, sq, norm_weight, eps, offset,
-                                                          gate_up))
     if _fused_gemm(x, x.shape[-1]):
         from mmserve.kernels import triton_fused
 

@@ -213,8 +213,7 @@ if triton is not None:
             for t in range(pid, (QKV + BN - 1) // BN, P):
                 fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
                            M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False, False,
-                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg", x_in, x_in, 0, False, False,
-                           1)  # no folded norm: the stack's norm is the prologue's
+                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # B: per (sequence, kv head, query tile): rope of the tile's queries, rope +
             # cache write of the keys and values it reads (the write and the read then need
@@ -243,21 +242,19 @@ if triton is not None:
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H, Q, Q,
                            H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BK, 8,
-                           CH, UNROLL, ".cg", x_in, x_in, 0, False, False, 1)
+                           CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
             for t in range(pid, (INTER + BN - 1) // BN, P):
                 fused_tile(t, mid, wgu_ptr + lw * 2 * INTER * H, act, act, act,
                            n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
-                           True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg",
-                           x_in, x_in, 0, False, False, 1)
+                           True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # E: x_next = mid + act @ Wd.T
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + M * H, x_in, mid, x_in, M,
                            H, INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
-                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg", x_in, x_in, 0, False, False,
-                           1)
+                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
 
 

@@ -123,15 +123,13 @@ if triton is not None:
                            GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                            CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                           LATE: tl.constexpr, sq_in_ptr, sq_out_ptr, stride_sq,
-                           SQ_IN: tl.constexpr, SQ_OUT: tl.constexpr, PB: tl.constexpr):
+                           LATE: tl.constexpr):
         wait_only(PDL)
         if not LATE:  # else the next kernel launches once this program's tile is done
             launch_next(PDL)
         fused_tile(tl.program_id(0), a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K,
                    UP, stride_am, stride_wn, stride_om, stride_rm, eps, offset, NORM, HAS_BIAS,
-                   RESIDUAL, GATED, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "", sq_in_ptr,
-                   sq_out_ptr, stride_sq, SQ_IN, SQ_OUT, PB)
+                   RESIDUAL, GATED, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "")
         if LATE:
             launch_next(PDL)
 
@@ -149,76 +147,15 @@ if triton is not None:
                  (_round(_silu(g), ROUND) * u).to(o_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _pair_sums(x, R: tl.constexpr, N: tl.constexpr):
-        """(R, N) -> (R, N // 2): ``x[:, 2i] + x[:, 2i + 1]``."""
-        a, b = tl.split(tl.reshape(x, (R, N // 2, 2)))
-        return a + b
-
-    @triton.jit
-    def tree_sum(x, R: tl.constexpr, N: tl.constexpr):
-        """(R, N) -> (R,) for N a power of two <= 1024: adjacent pairs added level by level,
-        ``((x0 + x1) + (x2 + x3)) + ...``. The order follows the indices, never the
-        register layout, so it is the same at every tile shape and warp count."""
-        for level in tl.static_range(10):  # unrolled: x halves in width each level
-            if (N >> level) >= 2:
-                x = _pair_sums(x, R, N >> level)
-        return tl.reshape(x, (R,))
-
-    @triton.jit
-    def group_squares(v, R: tl.constexpr, C: tl.constexpr):
-        """(R, C) fp32 values -> (R, C // 16): each 16-column group's sum of squares
-        (``tree_sum``), the partials a folded norm adds up."""
-        return tl.reshape(tree_sum(tl.reshape(v * v, (R * (C // 16), 16)), R * (C // 16), 16),
-                          (R, C // 16))
-
-    @triton.jit
-    def partials_total(sq_rows, row_ok, K, BM: tl.constexpr, PB: tl.constexpr,
-                       ACT_CACHE: tl.constexpr):
-        """(BM,) rows' sums of squares from their K // 16 partials (``sq_rows``: (BM, 1)
-        pointers): ``tree_sum`` over PB (zeros past K // 16), loaded 32 at a time. Each
-        load is an aligned subtree and the subtrees' sums are added by ``tree_sum`` too,
-        so the order is the whole tree's, without a (BM, PB) tile in registers."""
-        NCH: tl.constexpr = (PB + 31) // 32
-        W: tl.constexpr = PB // NCH
-        cw = tl.arange(0, W)
-        cn = tl.arange(0, NCH)
-        subs = tl.zeros([BM, NCH], tl.float32)
-        for c in tl.static_range(NCH):
-            g = c * W + cw
-            p = tl.load(sq_rows + g[None, :], mask=row_ok[:, None] & (g[None, :] < K // 16),
-                        other=0.0, cache_modifier=ACT_CACHE)
-            subs = tl.where(cn[None, :] == c, tree_sum(p, BM, W)[:, None], subs)
-        return tree_sum(subs, BM, NCH)
-
-    @triton.jit
-    def _square_partials_kernel(x_ptr, sq_out_ptr, K, stride_x, stride_o, GB: tl.constexpr,
-                                PDL: tl.constexpr):
-        """``group_squares`` of one row's ``GB`` 16-column groups."""
-        wait_previous(PDL)
-        row = tl.program_id(0).to(tl.int64)
-        col = tl.program_id(1) * GB * 16 + tl.arange(0, GB * 16)
-        v = tl.load(x_ptr + row * stride_x + col, mask=col < K, other=0.0).to(tl.float32)
-        parts = tl.reshape(group_squares(v[None, :], 1, GB * 16), (GB,))
-        g = tl.program_id(1) * GB + tl.arange(0, GB)
-        tl.store(sq_out_ptr + row * stride_o + g, parts, mask=g < K // 16)
-
-    @triton.jit
     def fused_tile(pid, a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
                    stride_am, stride_wn, stride_om, stride_rm, eps, offset,
                    NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                    BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                   CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr,
-                   sq_in_ptr, sq_out_ptr, stride_sq, SQ_IN: tl.constexpr,
-                   SQ_OUT: tl.constexpr, PB: tl.constexpr):
+                   CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
-        written by other programs of the launch, from L2).
-
-        The folded norm (``SQ_IN`` / ``SQ_OUT``, see ``partials_norm_linear``): ``SQ_IN``
-        reads the rows' 16-column partials (``PB``: their count, padded to a power of
-        two), scales each x tile by ``offset + w`` only, and the accumulator by the rows'
-        1 / rms at the end; ``SQ_OUT`` writes the stored output's partials."""
+        written by other programs of the launch, from L2)."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         row_ok = rm < M
@@ -238,10 +175,6 @@ if triton is not None:
                                 other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
                     sq += x * x
             rstd = _rstd(sq, K, eps, BM, CH)
-        if SQ_IN:  # the rows' sums of squares: their partials added in tree order
-            total = partials_total(sq_in_ptr + rm.to(tl.int64)[:, None] * stride_sq, row_ok,
-                                   K, BM, PB, ACT_CACHE)
-            rstd = tl.rsqrt(total / K + eps)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
         for k in range(0, K, BK):
@@ -253,19 +186,12 @@ if triton is not None:
                 nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
                 a = (a.to(tl.float32) * rstd[:, None] * (offset + nw)[None, :]).to(
                     a_ptr.dtype.element_ty)
-            elif SQ_IN:  # the folded norm: the weight now, 1 / rms on the accumulator
-                nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-                a = (a.to(tl.float32) * (offset + nw)[None, :]).to(a_ptr.dtype.element_ty)
             w_ok = (rn[:, None] < N) & k_ok[None, :]
             w = tl.load(w_rows + kk[None, :], mask=w_ok, other=0.0)
             acc = tl.dot(a, tl.trans(w), acc)
             if GATED:
                 u = tl.load(u_rows + kk[None, :], mask=w_ok, other=0.0)
                 acc_u = tl.dot(a, tl.trans(u), acc_u)
-        if SQ_IN:
-            acc = acc * rstd[:, None]
-            if GATED:
-                acc_u = acc_u * rstd[:, None]
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         out_ok = row_ok[:, None] & (rn[None, :] < N)
@@ -278,11 +204,6 @@ if triton is not None:
             acc = _round(_silu(g), ROUND) * _round(acc_u, ROUND)
         tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=out_ok)
-        if SQ_OUT:  # the stored values' 16-column partials, for the next (folded) norm
-            g16 = tl.min(rn, 0) // 16 + tl.arange(0, BN // 16)
-            tl.store(sq_out_ptr + rm.to(tl.int64)[:, None] * stride_sq + g16[None, :],
-                     group_squares(_round(acc, ROUND), BM, BN),
-                     mask=row_ok[:, None] & (g16[None, :] < N // 16))
 
     @triton.jit
     def _rotated_at(src, ok, c1, s1, c2, s2, HALF: tl.constexpr, ROUND: tl.constexpr,
@@ -396,12 +317,9 @@ if triton is not None:
 def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
           norm: tuple[torch.Tensor, float, float] | None = None,
           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-          gated: bool = False, late: bool = False, sq_in: torch.Tensor | None = None,
-          sq_out: torch.Tensor | None = None) -> torch.Tensor:
+          gated: bool = False, late: bool = False) -> torch.Tensor:
     """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated);
-    ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits.
-    ``sq_in`` (M, K // 16) float32: x's partials, the norm folded (``norm`` gives its
-    weight, eps and offset); ``sq_out`` (M, N // 16) float32: filled with the output's."""
+    ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits."""
     k = x.shape[-1]
     a = x.reshape(-1, k)  # (M, K)
     if a.stride(-1) != 1:
@@ -411,16 +329,8 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if not m:
         return out.view(*x.shape[:-1], n)
-    prologue_norm = norm is not None and sq_in is None
     if cfg is None:
-        cfg = fused_config(m, n, gated) if prologue_norm else pick_config(m, n)
-    assert sq_in is None or sq_out is None, "one partials tensor a launch"
-    sq = sq_in if sq_in is not None else sq_out
-    if sq is not None:
-        assert norm is not None or sq_in is None
-        assert sq.dtype == torch.float32 and sq.stride(-1) == 1 and sq.shape[0] == m
-        assert sq.shape[1] == (k if sq_in is not None else n) // 16
-        assert sq_out is None or cfg.bn % 16 == 0, "partials are written per 16-column group"
+        cfg = fused_config(m, n, gated) if norm is not None else pick_config(m, n)
     res = out
     if residual is not None:
         res = residual.reshape(m, n)
@@ -430,15 +340,10 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
     _fused_gemm_kernel[(tiles,)](
         a, weight, out, bias if bias is not None else out, res, nw, m, n, k, n,
         a.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset,
-        NORM=prologue_norm, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
+        NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
         CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps,
-        num_stages=cfg.stages, sq_in_ptr=sq_in if sq_in is not None else out,
-        sq_out_ptr=sq_out if sq_out is not None else out,
-        stride_sq=sq.stride(0) if sq is not None else 0, SQ_IN=sq_in is not None,
-        SQ_OUT=sq_out is not None,
-        PB=triton.next_power_of_2(max(1, k // 16)) if sq_in is not None else 1,  # one compile
-        **gemm_pdl_args(a, late))
+        num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)
 
 
@@ -458,57 +363,6 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     """``residual + linear(x, weight)`` in one launch; x (..., K), residual (..., N).
     ``late``: the PDL trigger after the tile (``_gemm``)."""
     return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late)
-
-
-FOLD_GROUP = 16  # columns a partial covers
-
-
-def square_partials(x: torch.Tensor, groups: int = 64) -> torch.Tensor:
-    """x (..., K) -> (M, K // 16) float32: each row's sum of squares over every 16-column
-    group, added in ``tree_sum``'s order: the bits the residual GEMMs' ``sq_out`` writes
-    for the same values (tests), so a folded norm's input may come from either."""
-    k = x.shape[-1]
-    assert k % FOLD_GROUP == 0
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    out = torch.empty(x2.shape[0], k // FOLD_GROUP, dtype=torch.float32, device=x.device)
-    if x2.shape[0]:
-        _square_partials_kernel[(x2.shape[0], triton.cdiv(k // FOLD_GROUP, groups))](
-            x2, out, k, x2.stride(0), out.stride(0), GB=groups, num_warps=4, **pdl_args(x2))
-    return out
-
-
-def partials_norm_linear(x: torch.Tensor, sq: torch.Tensor, norm_weight: torch.Tensor,
-                         eps: float, offset: float, weight: torch.Tensor,
-                         bias: torch.Tensor | None = None, config: TileConfig | None = None,
-                         gated: bool = False, late: bool = False) -> torch.Tensor:
-    """The folded norm: ``linear(x * (offset + w), weight) / rms(x) (+ bias)``, one launch,
-    the rms from ``sq`` (x's ``square_partials``, or a residual GEMM's ``sq_out``).
-
-    Not ``norm_linear``'s bits: the norm weight is applied (and rounded) before the
-    product and 1 / rms after it, and the sum of squares is a tree over 16-column
-    partials. Batch-invariant all the same: a row's bits depend on its own values only,
-    at every row count and tile shape (tests). ``gated``: silu(gate) * up of the halves;
-    ``late``: the PDL trigger after the tile. x (..., K), sq (M, K // 16) -> (..., N) (or
-    (..., N // 2) gated).
-    """
-    assert x.shape[-1] % FOLD_GROUP == 0 and x.shape[-1] // FOLD_GROUP <= 1024, \
-        "whole 16-column groups, at most 1,024 (tree_sum)"
-    n = weight.shape[0] // 2 if gated else weight.shape[0]
-    return _gemm(x, weight, n, config, norm=(norm_weight, eps, offset), bias=bias,
-                 gated=gated, late=late, sq_in=sq.reshape(-1, sq.shape[-1]))
-
-
-def linear_residual_partials(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                             config: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``linear_residual`` (the same bits) that also writes its output's
-    ``square_partials`` -> (out (..., N), partials (M, N // 16))."""
-    n = weight.shape[0]
-    assert n % FOLD_GROUP == 0
-    m = x.numel() // x.shape[-1]
-    sq = torch.empty(m, n // FOLD_GROUP, dtype=torch.float32, device=x.device)
-    return _gemm(x, weight, n, config, residual=residual, sq_out=sq), sq
 
 
 def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,

@@ -6,9 +6,7 @@ the paged kernel, so a token's hidden states never depend on the batch.
 
 ``forward`` takes an already-normed input and returns the block's output (Gemma's
 sandwich norms need that); ``residual_forward`` is the pre-norm block
-``x + block(rms_norm(x))`` with the norm and the residual add fused into the products;
-``residual_stream`` the same with the norm folded (``kernels.fused.folds_norm``): x's row
-partials in, the output's out.
+``x + block(rms_norm(x))`` with the norm and the residual add fused into the products.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from torch import nn
 from mmserve.kernels.attention import AttentionMetadata, LayerKV, paged_attention
 from mmserve.kernels.fused import (
     linear_residual,
-    linear_residual_partials,
     norm_gate_up_silu,
     norm_linear,
     rope_attention,
@@ -62,14 +59,6 @@ class SelfAttention(nn.Module):
         """``x + forward(rms_norm(x, norm, eps, offset))``: the norm and the add fused."""
         qkv = norm_linear(x, norm, eps, offset, self.qkv_weight, self.qkv_bias)
         return linear_residual(self.attend(qkv, positions, rope, meta, kv), self.o_weight, x)
-
-    def residual_stream(self, x: torch.Tensor, sq: torch.Tensor, norm: torch.Tensor, eps: float,
-                        positions: torch.Tensor, rope: RotaryTable, meta: AttentionMetadata,
-                        kv: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
-        """``residual_forward`` with the norm folded: (x, its partials) -> (out, its)."""
-        qkv = norm_linear(x, norm, eps, 0.0, self.qkv_weight, self.qkv_bias, sq=sq)
-        return linear_residual_partials(self.attend(qkv, positions, rope, meta, kv),
-                                        self.o_weight, x)
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
                meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:
@@ -117,15 +106,6 @@ class GatedMLP(nn.Module):
             h = self.act(gate) * up
         return linear_residual(h, self.down_weight, x)
 
-    def residual_stream(self, x: torch.Tensor, sq: torch.Tensor, norm: torch.Tensor, eps: float,
-                        want_sq: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``residual_forward`` (silu) with the norm folded: (x, its partials) -> (out, its
-        partials, or None where ``want_sq`` is False: the last layer's go to no GEMM)."""
-        assert self.act is F.silu, "the folded norm's MLP is the silu one"
-        h = norm_gate_up_silu(x, norm, eps, 0.0, self.gate_up_weight, sq=sq)
-        if want_sq:
-            return linear_residual_partials(h, self.down_weight, x)
-        return linear_residual(h, self.down_weight, x), None
 
 
 def fuse_attention(sd: dict[str, torch.Tensor], prefix: str, out: str) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmserve.kernels import decode_stack, fused
+from mmserve.kernels import decode_stack
 from mmserve.kernels.attention import AttentionMetadata, KVLike, kv_layer
 from mmserve.kernels.norm import rms_norm
 from mmserve.kernels.rope import RotaryTable
@@ -48,17 +48,8 @@ class LlamaLayer(nn.Module):
 
     def forward(self, x, positions, rope, meta, kv):
         # x + attn(norm(x)), then x + mlp(norm(x)): on CUDA six launches (kernels.fused)
-        if fused.folds_norm(x):  # a caller with no partials (self-drafting): x's own
-            return self.forward_stream(x, fused.row_partials(x), positions, rope, meta, kv,
-                                       want_sq=False)[0]
         x = self.attn.residual_forward(x, self.input_norm, self.eps, positions, rope, meta, kv)
         return self.mlp.residual_forward(x, self.post_attn_norm, self.eps)
-
-    def forward_stream(self, x, sq, positions, rope, meta, kv, want_sq=True):
-        """``forward`` with the norms folded: (x, its row partials) -> (out, its or None)."""
-        x, sq = self.attn.residual_stream(x, sq, self.input_norm, self.eps, positions, rope,
-                                          meta, kv)
-        return self.mlp.residual_stream(x, sq, self.post_attn_norm, self.eps, want_sq)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -121,12 +112,6 @@ class LlamaForCausalLM(CausalLM):
             x = decode_stack.run(x, self.layers, positions, meta, kv_cache, self.rope,
                                  heads=self.num_heads, kv_heads=self.num_kv_heads,
                                  eps=self.eps, scale=self.head_dim**-0.5)
-        elif fused.folds_norm(x):  # the norms folded: each residual GEMM feeds the next
-            sq = fused.row_partials(x)
-            for i, layer in enumerate(self.layers):
-                x, sq = cast(LlamaLayer, layer).forward_stream(
-                    x, sq, positions, self.rope, meta, kv_layer(kv_cache, i),
-                    want_sq=i + 1 < self.num_layers)
         else:
             for i, layer in enumerate(self.layers):
                 x = layer(x, positions, self.rope, meta, kv_layer(kv_cache, i))

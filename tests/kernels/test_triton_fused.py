@@ -139,87 +139,6 @@ def test_gate_up_silu_is_silu_mul_of_the_plain_gemm(m, inter, k):
         torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
 
 
-def _tree_partials(x):
-    """square_partials' definition in torch: each 16-column group's squares added in
-    adjacent pairs, level by level (float32 adds, so the same bits on any device)."""
-    s = x.float() ** 2
-    s = s.reshape(x.shape[0], -1, 16)
-    while s.shape[-1] > 1:
-        s = s[..., 0::2] + s[..., 1::2]
-    return s[..., 0]
-
-
-def _tree_rows(p):
-    """(M, G) partials -> (M,): padded with zeros to a power of two, adjacent pairs."""
-    width = 1 << (p.shape[1] - 1).bit_length()
-    p = F.pad(p, (0, width - p.shape[1]))
-    while p.shape[-1] > 1:
-        p = p[..., 0::2] + p[..., 1::2]
-    return p[..., 0]
-
-
-@needs_triton
-@pytest.mark.parametrize("m,k", [(1, 576), (7, 4096), (33, 2112)])
-def test_square_partials_are_the_16_column_tree(m, k):
-    from mmserve.kernels.triton_fused import square_partials
-
-    torch.manual_seed(m + k)
-    x = _rand(m, k, scale=5.0)
-    assert torch.equal(square_partials(x), _tree_partials(x))
-    assert torch.equal(square_partials(x, groups=4), _tree_partials(x))  # program width
-
-
-@needs_triton
-@pytest.mark.parametrize("m,n,k", [(1, 96, 576), (5, 208, 130), (70, 2112, 300)])
-def test_residual_gemm_writes_its_outputs_partials(m, n, k):
-    """The residual epilogue's partials are ``square_partials`` of the values it stores, at
-    every tile shape, and the stored values are ``linear_residual``'s bits."""
-    from mmserve.kernels.triton_fused import (
-        linear_residual,
-        linear_residual_partials,
-        square_partials,
-    )
-
-    torch.manual_seed(3 * m + n)
-    x, w, r = _rand(m, k), _rand(n, k, scale=k**-0.5), _rand(m, n, scale=2.0)
-    want = linear_residual(x, w, r)
-    for cfg in (None, *CONFIGS):
-        out, sq = linear_residual_partials(x, w, r, config=cfg)
-        assert torch.equal(out, linear_residual(x, w, r, config=cfg)), cfg
-        assert torch.equal(sq, square_partials(out)), cfg
-        torch.testing.assert_close(out, want, atol=TOL, rtol=TOL)
-
-
-@needs_triton
-@pytest.mark.parametrize("m,n,k", [(1, 96, 576), (9, 200, 2304), (70, 130, 5120)])
-@pytest.mark.parametrize("with_bias,offset", [(False, 0.0), (True, 1.0)])
-def test_folded_norm_is_the_norm_and_keeps_row_bits(m, n, k, with_bias, offset):
-    """The folded norm (weight before the product, 1 / rms from the partials after it)
-    against the textbook norm in float64; a row's bits are the same alone and in every
-    tile shape, and its rms is the partials' tree (checked through a one-hot weight)."""
-    from mmserve.kernels.triton_fused import partials_norm_linear, square_partials
-
-    x, nw, w = _inputs(m, n, k, m + k)
-    bias = _rand(n) if with_bias else None
-    sq = square_partials(x)
-    got = partials_norm_linear(x, sq, nw, EPS, offset, w, bias)
-    want = F.linear(_normed(x, nw, offset), w.double(),
-                    None if bias is None else bias.double())
-    torch.testing.assert_close(got.double(), want, atol=TOL * 4, rtol=TOL * 4)
-    same = torch.equal if ON_CUDA else (  # the interpreter's dot sums a tile its own way
-        lambda a, b: torch.allclose(a, b, atol=TOL, rtol=TOL))
-    for cfg in CONFIGS:
-        assert same(partials_norm_linear(x, sq, nw, EPS, offset, w, bias, config=cfg), got), cfg
-    assert same(partials_norm_linear(x[-1:], sq[-1:], nw, EPS, offset, w, bias), got[-1:])
-    # rms alone: x's first column through a one-hot weight and a unit norm weight
-    one = torch.zeros(16, k, device=DEVICE, dtype=DTYPE)
-    one[0, 0] = 1
-    col = partials_norm_linear(x, sq, torch.ones_like(nw), EPS, 0.0, one)[:, 0]
-    rstd = torch.rsqrt(_tree_rows(sq) / k + EPS)
-    torch.testing.assert_close(col.float(), (x[:, 0].float() * rstd).to(DTYPE).float(),
-                               atol=TOL, rtol=TOL)
-
-
 def _qkv_views(n, hq, hkv, d):
     qkv = _rand(n, (hq + 2 * hkv) * d, scale=4.0)  # one product's output, like the model's
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
@@ -261,31 +180,20 @@ def test_rope_write_kv_matches_rotate_and_write_kv(hq, hkv, d):
 
 
 @cuda_only
-@pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu",
-                                "partials_norm_linear", "linear_residual_partials"])
+@pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu"])
 def test_row_bits_independent_of_row_count_and_tile_shape(op):
     from mmserve.kernels import triton_fused
 
     torch.manual_seed(1)
     k, n = 2600, 384  # K not a multiple of the norm chunk or of any BK
-    if op == "partials_norm_linear":
-        k = 2608  # the folded norm needs whole 16-column groups
     x, nw, w = _inputs(300, n, k, 2)
     b, r = _rand(n), _rand(300, n // 2 if "gate" in op else n)
-    sq = triton_fused.square_partials(x) if op == "partials_norm_linear" else None
 
     def run(m, cfg=None):
         if op == "norm_linear":
             return triton_fused.norm_linear(x[:m], nw, EPS, 0.0, w, b, config=cfg)
         if op == "linear_residual":
             return triton_fused.linear_residual(x[:m, :1024], w[:, :1024], r[:m], config=cfg)
-        if op == "partials_norm_linear":
-            return triton_fused.partials_norm_linear(x[:m], sq[:m], nw, EPS, 0.0, w, b,
-                                                     config=cfg)
-        if op == "linear_residual_partials":  # the output and its partials, side by side
-            out, parts = triton_fused.linear_residual_partials(x[:m, :1024], w[:, :1024],
-                                                               r[:m], config=cfg)
-            return torch.cat([out.float(), parts], dim=1)
         return triton_fused.norm_gate_up_silu(x[:m], nw, EPS, 0.0, w, config=cfg)
 
     base = run(1)[0]
@@ -428,52 +336,6 @@ def test_wide_model_fused_is_the_unfused_bits(monkeypatch):
     want = _run(model, prompt, tokens)
     assert calls["n"] == 56
     assert torch.equal(got, want)
-
-
-@cuda_only
-def test_wide_model_folded_norm_is_close_and_batch_invariant(monkeypatch):
-    """The folded norm (off by default) on a model above FUSE_MAX_HIDDEN: every pre-norm
-    taken by the GEMMs (no norm kernel but the final one), logits close to the unfused
-    model's, greedy the same where no near tie; and its own bits at every row count: the
-    last prompt row of one prefill equals the same position decoded after a shorter one."""
-    from mmserve.kernels import triton_fused
-    from mmserve.models.harness import SequenceRunner
-
-    calls = {"norm": 0, "folded": 0, "partials": 0}
-    real = (triton_fused.partials_norm_linear, triton_fused.square_partials)
-    real_norm = fused.rms_norm
-
-    def folded(*a, **kw):
-        calls["folded"] += 1
-        return real[0](*a, **kw)
-
-    def partials(*a, **kw):
-        calls["partials"] += 1
-        return real[1](*a, **kw)
-
-    def norm(*a, **kw):
-        calls["norm"] += 1
-        return real_norm(*a, **kw)
-
-    monkeypatch.setattr(triton_fused, "partials_norm_linear", folded)
-    monkeypatch.setattr(triton_fused, "square_partials", partials)
-    monkeypatch.setattr(fused, "rms_norm", norm)  # the unfolded pre-norms go through it
-    model = _tiny_llama(h=64 * 33, inter=1024, heads=33, kv_heads=3)
-    prompt = torch.randint(0, 1000, (21,), generator=torch.Generator().manual_seed(7)).tolist()
-    tokens = [5, 17, 900, 3, 3, 41]
-    want = _run(model, prompt, tokens)
-    assert calls == {"norm": 7 * 2 * 2, "folded": 0, "partials": 0}
-    monkeypatch.setitem(fused._state, "fold", True)
-    got = _run(model, prompt, tokens)
-    # 7 steps: the embedding's partials once, 2 layers x 2 folded norms, no norm kernel
-    assert calls == {"norm": 28, "folded": 7 * 2 * 2, "partials": 7}
-    torch.testing.assert_close(got, want, atol=0.05, rtol=0.02)
-    top2 = want.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 0.05
-    assert clear.sum() >= 4
-    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
-    whole = SequenceRunner(model, 96).step(prompt + tokens, 0)  # one 27-row forward
-    assert torch.equal(whole[len(prompt) - 1:], got)
 
 
 if INTERPRET and not ON_CUDA:  # the interpreter runs float32 only (triton_kit)
