@@ -38,7 +38,8 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
              KV_LINES=4, ATT_PREFETCH=1, SPREAD=True)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=64, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
-GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
+GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False,
+            AHEAD=0)  # thin tile
 FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, **GEMM)
 
 
@@ -68,7 +69,8 @@ def report(fn, constexprs: dict, fp8: bool = False, **options) -> str:
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if types[n] != "constexpr" and n not in NO_HINT}
     src = ASTSource(fn, signature=types, constexprs=constexprs, attrs=attrs)
-    ptx = triton.compile(src, target=TARGET, options=options).asm["ptx"]
+    compiled = triton.compile(src, target=TARGET, options=options)
+    ptx = compiled.asm["ptx"]
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
@@ -79,7 +81,8 @@ def report(fn, constexprs: dict, fp8: bool = False, **options) -> str:
     regs = re.search(r"Used (\d+) registers", out)
     spill = re.search(r"(\d+) bytes spill stores", out)
     return (f"{regs.group(1) if regs else '?'} registers, "
-            f"{spill.group(1) if spill else '?'} B spilled")
+            f"{spill.group(1) if spill else '?'} B spilled, "
+            f"{compiled.metadata.shared // 1024} kB shared")
 
 
 def main() -> None:
@@ -106,6 +109,22 @@ def main() -> None:
                   report(triton_fused._fused_gemm_kernel, {**FUSED, epilogue: True,
                                                            "LATE": late},
                          num_warps=2, num_stages=4))
+    # the residual GEMMs' deeper pipelines (triton_fused.RESIDUAL_STAGES): two programs an SM
+    for stages in (6, 7):
+        print(f"fused GEMM, residual, {stages} stages:",
+              report(triton_fused._fused_gemm_kernel, {**FUSED, "RESIDUAL": True},
+                     num_warps=2, num_stages=stages))
+    # the thin tile of a wide model's gate_up (triton_matmul.MLP_MAX_WIDTH)
+    print("GEMM, 16x64x256, 4 warps, 3 stages:",
+          report(triton_matmul._gemm_kernel, {**GEMM, "UPCAST": False, "BN": 64},
+                 num_warps=4, num_stages=3))
+    # weight columns asked of L2 before the PDL wait (the o GEMM's whole K at 8B)
+    print("fused GEMM, residual, ahead=4096:",
+          report(triton_fused._fused_gemm_kernel, {**FUSED, "RESIDUAL": True, "AHEAD": 4096},
+                 num_warps=2, num_stages=4))
+    print("GEMM, ahead=1024:", report(triton_matmul._gemm_kernel,
+                                      {**GEMM, "UPCAST": False, "AHEAD": 1024},
+                                      num_warps=2, num_stages=4))
     # rope + cache write + attention in one launch (the layered path's), both shapes
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
         print(f"rope + attention, HQ={hq} HKV={hkv} D={d}:",
