@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from mmserve.kernels.triton_matmul import TileConfig, pick_config
+from mmserve.kernels.triton_matmul import TileConfig, ahead_cols, overridden, pick_config
 from mmserve.kernels.triton_pdl import gemm_pdl_args, pdl_args
 
 try:
@@ -71,10 +71,41 @@ def fused_config(m: int, n: int, gated: bool) -> TileConfig:
     return cfg._replace(bk=cfg.bk // 2) if cfg.bm >= 64 else cfg
 
 
+# Pipeline stages of the thin residual GEMMs (o and down of a wide model) by K: (min K,
+# stages). A thin program's weight stream is bound by the bytes it has in flight, and at
+# 16x16x256 each stage is 8 kB of weights. H200, Llama-3-8B shape, batch 1 (bench/NOTES.md,
+# session 18, tile_sweep.py): against 4 stages, down (K 14,336) at 6 / 7 stages 1.011 /
+# 1.012 a step, o (K 4,096) at 6 1.015, both (7 and 6) 1.017 over 4 pairs; both at 8
+# (two-pair sweeps 1.008 / 1.012 against 7 / 6) then read 0.990 against 7 / 6 in 3 pairs;
+# down at 16 stages of 128 (1 program an SM) 0.88. The QKV GEMM (K 4,096, after a norm)
+# read 0.98 at 6 stages (its 384 programs in two waves), so it keeps 4. Speed only: the
+# bits do not depend on the stages.
+RESIDUAL_STAGES = ((8192, 7), (4096, 6))
+_DEEP: dict[int, bool] = {}
+
+
+def residual_config(m: int, n: int, k: int, device: torch.device) -> TileConfig:
+    """``pick_config`` for ``residual + x @ W.T``, with a deeper weight pipeline for thin
+    tiles of a long K where two programs of it still fit an SM's shared memory (sm_90 and
+    sm_100: 228 kB; 7 stages of 16x16x256 take 96 kB), unless a bench set the tile."""
+    cfg = pick_config(m, n)
+    if cfg[:4] != (16, 16, 256, 2) or overridden(m) or device.type != "cuda":
+        return cfg  # the stages were measured for this thin tile only
+    deep = _DEEP.get(device.index or 0)
+    if deep is None:
+        deep = _DEEP[device.index or 0] = torch.cuda.get_device_capability(device)[0] in (9, 10)
+    if deep:
+        for min_k, stages in RESIDUAL_STAGES:
+            if k >= min_k:
+                return cfg._replace(stages=stages)
+    return cfg
+
+
 if triton is not None:
     from triton.language.extra import libdevice
 
     from mmserve.kernels.triton_attention import _quantize_store
+    from mmserve.kernels.triton_grid import prefetch_rows
     from mmserve.kernels.triton_matmul import tile_rows_cols
     from mmserve.kernels.triton_pdl import launch_next, wait_only, wait_previous
     from mmserve.kernels.triton_rope import round_bf16
@@ -123,7 +154,10 @@ if triton is not None:
                            GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                            CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                           LATE: tl.constexpr):
+                           LATE: tl.constexpr, AHEAD: tl.constexpr):
+        if AHEAD > 0:  # the tile's first weight columns into L2 while the predecessor runs
+            _, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
+            prefetch_rows(w_ptr, rn, N, stride_wn, K, AHEAD, 64)
         wait_only(PDL)
         if not LATE:  # else the next kernel launches once this program's tile is done
             launch_next(PDL)
@@ -317,9 +351,11 @@ if triton is not None:
 def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
           norm: tuple[torch.Tensor, float, float] | None = None,
           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-          gated: bool = False, late: bool = False) -> torch.Tensor:
+          gated: bool = False, late: bool = False, ahead: int = 0) -> torch.Tensor:
     """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated);
-    ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits."""
+    ``late``: the PDL trigger after each program's tile (``triton_pdl``); ``ahead``: weight
+    columns each program asks L2 for before its PDL wait (``invariant_linear``); the same
+    bits."""
     k = x.shape[-1]
     a = x.reshape(-1, k)  # (M, K)
     if a.stride(-1) != 1:
@@ -330,7 +366,12 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
     if not m:
         return out.view(*x.shape[:-1], n)
     if cfg is None:
-        cfg = fused_config(m, n, gated) if norm is not None else pick_config(m, n)
+        if norm is not None:
+            cfg = fused_config(m, n, gated)
+        elif residual is not None:
+            cfg = residual_config(m, n, k, x.device)
+        else:
+            cfg = pick_config(m, n)
     res = out
     if residual is not None:
         res = residual.reshape(m, n)
@@ -343,7 +384,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
         CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps,
-        num_stages=cfg.stages, **gemm_pdl_args(a, late))
+        num_stages=cfg.stages, **gemm_pdl_args(a, late), AHEAD=ahead_cols(a, ahead, k))
     return out.view(*x.shape[:-1], n)
 
 
@@ -359,10 +400,13 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: 
 
 
 def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                    config: TileConfig | None = None, late: bool = False) -> torch.Tensor:
+                    config: TileConfig | None = None, late: bool = False,
+                    ahead: int = 0) -> torch.Tensor:
     """``residual + linear(x, weight)`` in one launch; x (..., K), residual (..., N).
-    ``late``: the PDL trigger after the tile (``_gemm``)."""
-    return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late)
+    ``late``, ``ahead``: the PDL trigger after the tile, L2 prefetch before the wait
+    (``_gemm``)."""
+    return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late,
+                 ahead=ahead)
 
 
 def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,

@@ -203,6 +203,46 @@ def test_row_bits_independent_of_row_count_and_tile_shape(op):
         assert torch.equal(run(96, cfg)[0], base), cfg
 
 
+def test_residual_config_deepens_thin_long_k_tiles_where_two_fit_an_sm(monkeypatch):
+    from mmserve.kernels import triton_fused
+    from mmserve.kernels.triton_matmul import pick_config, set_tile_configs
+
+    cuda = torch.device("cuda", 0)
+    for major, deep in ((9, True), (10, True), (8, False), (12, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, major=major: (major, 0))
+        triton_fused._DEEP.clear()
+        for k, stages in ((14336, 7), (8192, 7), (4096, 6), (2048, 4), (576, 4)):
+            cfg = triton_fused.residual_config(1, 4096, k, cuda)
+            assert cfg == pick_config(1, 4096)._replace(stages=stages if deep else 4), (major, k)
+        assert triton_fused.residual_config(64, 4096, 14336, cuda) == pick_config(64, 4096)
+        # another thin tile (a gate_up width's) keeps its own stages
+        assert triton_fused.residual_config(1, 28672, 4096, cuda) == pick_config(1, 28672)
+    assert triton_fused.residual_config(1, 4096, 14336, torch.device("cpu")) == pick_config(1, 4096)
+    set_tile_configs({16: TileConfig(16, 32, 128, 4, 3)})  # a bench's tile stays as set
+    try:
+        assert triton_fused.residual_config(1, 4096, 14336, cuda) == TileConfig(16, 32, 128, 4, 3)
+    finally:
+        set_tile_configs({})
+    triton_fused._DEEP.clear()
+
+
+@cuda_only
+@pytest.mark.parametrize("k", [14336, 4096])
+def test_deep_residual_pipeline_is_the_same_bits(k):
+    from mmserve.kernels import triton_fused
+    from mmserve.kernels.triton_matmul import invariant_linear, pick_config
+
+    x, _, w = _inputs(16, 256, k, k)
+    r = _rand(16, 256, scale=4.0)
+    four = pick_config(1, 256)._replace(stages=4)
+    if triton_fused.residual_config(1, 256, k, x.device).stages == 4:
+        pytest.skip("a GPU without the deeper pipeline (sm_90 / sm_100 only)")
+    for m in (1, 5, 16):
+        got = triton_fused.linear_residual(x[:m], w, r[:m])
+        assert torch.equal(got, triton_fused.linear_residual(x[:m], w, r[:m], config=four)), m
+        assert torch.equal(got, r[:m] + invariant_linear(x[:m], w)), m
+
+
 def test_unfused_path_is_the_plain_composition():
     """CPU (or fusion off): each op is exactly the calls the models made before fusion."""
     from mmserve.kernels.attention import write_kv
