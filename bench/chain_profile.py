@@ -9,7 +9,8 @@ lm_head are told apart by their order in the step), and a GEMM's weight bytes ov
 charge is its bandwidth in the chain, beside the copy bandwidth measured in the same run.
 
 Random bf16 weights, a 128-token prompt, the captured batch-1 graph replayed under
-``torch.profiler``; the variants are ``bench/pdl_trigger_ab.py``'s (the default first).
+``torch.profiler``; the variants are ``bench/pdl_trigger_ab.py``'s (the default first;
+session 18's L2-prefetch variants it profiled are in git history up to b1ccbac).
 
 Usage (GPU): PYTHONPATH=$PWD python bench/chain_profile.py OUT.json [shape] [--only a,b]
 """
@@ -65,8 +66,7 @@ def chain(events: list[tuple[float, float, str]]) -> dict[str, list[float]]:
     return per
 
 
-def profile_step(dec, first: list[int], hidden: int, weights: dict[str, int],
-                 copy_gb_s: float) -> dict:
+def profile_step(dec, first: list[int], weights: dict[str, int], copy_gb_s: float) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     dec.capture((1,))
@@ -103,17 +103,15 @@ def main() -> None:
     name = args[0] if args else "llama3-8b"
     use({})
     dec, first, report = batch1_step_baseline(name)
-    m = dec.model
-    layer = m.layers[0]
-    el = 2  # bf16
-    weights = {"qkv": layer.attn.qkv_weight.numel() * el, "o": layer.attn.o_weight.numel() * el,
-               "gate_up": layer.mlp.gate_up_weight.numel() * el,
-               "down": layer.mlp.down_weight.numel() * el,
-               "lm_head": m.lm_head_weight().numel() * el}
+    layer = dec.model.layers[0]
+    weights = {role: w.numel() * w.element_size() for role, w in (
+        ("qkv", layer.attn.qkv_weight), ("o", layer.attn.o_weight),
+        ("gate_up", layer.mlp.gate_up_weight), ("down", layer.mlp.down_weight),
+        ("lm_head", dec.model.lm_head_weight()))}
     report["profiles"] = {}
     for label in ["default", *only]:
         use(VARIANTS[label] if label != "default" else {})
-        p = profile_step(dec, first, report["hidden"], weights, report["copy_gb_s"])
+        p = profile_step(dec, first, weights, report["copy_gb_s"])
         report["profiles"][label] = p
         print(f"[{label}] traced span {p['span_us_step']:.0f} us a step", flush=True)
         for r in p["roles"][:14]:

@@ -38,8 +38,7 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
              KV_LINES=4, ATT_PREFETCH=1, SPREAD=True)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=64, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
-GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False,
-            AHEAD=0)  # thin tile
+GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
 FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, **GEMM)
 
 
@@ -118,13 +117,6 @@ def main() -> None:
     print("GEMM, 16x64x256, 4 warps, 3 stages:",
           report(triton_matmul._gemm_kernel, {**GEMM, "UPCAST": False, "BN": 64},
                  num_warps=4, num_stages=3))
-    # weight columns asked of L2 before the PDL wait (the o GEMM's whole K at 8B)
-    print("fused GEMM, residual, ahead=4096:",
-          report(triton_fused._fused_gemm_kernel, {**FUSED, "RESIDUAL": True, "AHEAD": 4096},
-                 num_warps=2, num_stages=4))
-    print("GEMM, ahead=1024:", report(triton_matmul._gemm_kernel,
-                                      {**GEMM, "UPCAST": False, "AHEAD": 1024},
-                                      num_warps=2, num_stages=4))
     # rope + cache write + attention in one launch (the layered path's), both shapes
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
         print(f"rope + attention, HQ={hq} HKV={hkv} D={d}:",

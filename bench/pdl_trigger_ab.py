@@ -18,11 +18,8 @@ in alternated pairs, every one with the default's bits (the row-0 tokens must no
 - ``residual_late``: the o and down GEMMs (residual epilogues) triggering late;
 - ``rope_attention``: rope, the cache write and attention in one launch
   (``kernels.triton_rope_attention``; the same bits);
-- ``o_ahead_C``, ``down_ahead_C``, ``gate_up_ahead_C``, ``qkv_ahead_C``: that GEMM's
-  programs ask L2 for their first C weight columns before the PDL wait (``ahead``), while
-  the kernel before still runs (attention, silu * up, the norms); ``ahead_all`` all four;
-  ``gated_down_ahead_C``: ``gated`` with down's programs asking ahead (they launch at
-  gate_up's tail).
+- the session-18 variants that asked L2 for a GEMM's first weight columns before its PDL
+  wait (0.978-1.003, bench/NOTES.md) are in git history up to commit b1ccbac.
 
 Usage (GPU): PYTHONPATH=$PWD python bench/pdl_trigger_ab.py OUT.json [shape] [--pairs N]
 [--only a,b]
@@ -43,7 +40,6 @@ from mmserve.models import layers
 THIN = 16
 _default_mlp = fused.norm_gate_up_silu
 _default_residual = fused.linear_residual
-_default_norm_linear = fused.norm_linear
 
 
 def _mlp(gated: bool, late: bool):
@@ -61,58 +57,14 @@ def _residual_late(x, weight, residual):
     return triton_fused.linear_residual(x, weight, residual, late=True)
 
 
-def _residual_ahead(o: int, down: int):
-    def linear_residual(x, weight, residual):
-        if x.numel() > THIN * x.shape[-1]:
-            return _default_residual(x, weight, residual)
-        ahead = o if weight.shape[1] == weight.shape[0] else down  # o is square here
-        return triton_fused.linear_residual(x, weight, residual, ahead=ahead)
-    return linear_residual
-
-
-def _mlp_ahead(cols: int):
-    def norm_gate_up_silu(x, norm_weight, eps, offset, gate_up):
-        if x.numel() > THIN * x.shape[-1]:
-            return _default_mlp(x, norm_weight, eps, offset, gate_up)
-        h = rms_norm(x, norm_weight, eps, offset)
-        return fused.silu_mul(invariant_linear(h, gate_up, ahead=cols))
-    return norm_gate_up_silu
-
-
-def _qkv_ahead(cols: int):
-    def norm_linear(x, norm_weight, eps, offset, weight, bias=None):
-        if x.numel() > THIN * x.shape[-1]:
-            return _default_norm_linear(x, norm_weight, eps, offset, weight, bias)
-        return invariant_linear(rms_norm(x, norm_weight, eps, offset), weight, bias,
-                                ahead=cols)
-    return norm_linear
-
-
 VARIANTS = {
     "gated": {"norm_gate_up_silu": _mlp(True, False)},
     "gated_late": {"norm_gate_up_silu": _mlp(True, True)},
     "gate_up_late": {"norm_gate_up_silu": _mlp(False, True)},
     "residual_late": {"linear_residual": _residual_late},
     "rope_attention": {"rope_attention": True},
-    "o_ahead_4096": {"linear_residual": _residual_ahead(4096, 0)},
-    "o_ahead_2048": {"linear_residual": _residual_ahead(2048, 0)},
-    "o_ahead_1024": {"linear_residual": _residual_ahead(1024, 0)},
-    "down_ahead_1024": {"linear_residual": _residual_ahead(0, 1024)},
-    "gate_up_ahead_512": {"norm_gate_up_silu": _mlp_ahead(512)},
-    "qkv_ahead_512": {"norm_linear": _qkv_ahead(512)},
-    # silu * up in gate_up's epilogue, so down launches at gate_up's tail (its last
-    # programs' start) and its programs ask L2 for their first columns while it ends
-    "gated_down_ahead_1024": {"norm_gate_up_silu": _mlp(True, False),
-                              "linear_residual": _residual_ahead(0, 1024)},
-    "gated_down_ahead_2048": {"norm_gate_up_silu": _mlp(True, False),
-                              "linear_residual": _residual_ahead(0, 2048)},
-    "gated_down_ahead_4096": {"norm_gate_up_silu": _mlp(True, False),
-                              "linear_residual": _residual_ahead(0, 4096)},
-    "ahead_all": {"linear_residual": _residual_ahead(4096, 1024),
-                  "norm_gate_up_silu": _mlp_ahead(512), "norm_linear": _qkv_ahead(512)},
 }
-DEFAULT = {"norm_gate_up_silu": _default_mlp, "linear_residual": _default_residual,
-           "norm_linear": _default_norm_linear}
+DEFAULT = {"norm_gate_up_silu": _default_mlp, "linear_residual": _default_residual}
 
 
 def use(patches: dict) -> None:

@@ -67,11 +67,11 @@ _default = triton_matmul.pick_config
 _residual = triton_fused.linear_residual
 
 
-def residual_patched(x, weight, residual, config=None, late=False, ahead=0):
+def residual_patched(x, weight, residual, config=None, late=False):
     k = x.shape[-1]
     if config is None and k in _by_k and x.numel() <= 16 * k:
         config = _by_k[k]
-    return _residual(x, weight, residual, config, late, ahead)
+    return _residual(x, weight, residual, config, late)
 
 
 def patched(m: int, n: int) -> TileConfig:

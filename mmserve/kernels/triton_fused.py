@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from mmserve.kernels.triton_matmul import TileConfig, ahead_cols, overridden, pick_config
+from mmserve.kernels.triton_matmul import TileConfig, overridden, pick_config
 from mmserve.kernels.triton_pdl import gemm_pdl_args, pdl_args
 
 try:
@@ -105,7 +105,6 @@ if triton is not None:
     from triton.language.extra import libdevice
 
     from mmserve.kernels.triton_attention import _quantize_store
-    from mmserve.kernels.triton_grid import prefetch_rows
     from mmserve.kernels.triton_matmul import tile_rows_cols
     from mmserve.kernels.triton_pdl import launch_next, wait_only, wait_previous
     from mmserve.kernels.triton_rope import round_bf16
@@ -154,10 +153,7 @@ if triton is not None:
                            GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                            CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                           LATE: tl.constexpr, AHEAD: tl.constexpr):
-        if AHEAD > 0:  # the tile's first weight columns into L2 while the predecessor runs
-            _, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
-            prefetch_rows(w_ptr, rn, N, stride_wn, K, AHEAD, 64)
+                           LATE: tl.constexpr):
         wait_only(PDL)
         if not LATE:  # else the next kernel launches once this program's tile is done
             launch_next(PDL)
@@ -351,11 +347,9 @@ if triton is not None:
 def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
           norm: tuple[torch.Tensor, float, float] | None = None,
           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-          gated: bool = False, late: bool = False, ahead: int = 0) -> torch.Tensor:
+          gated: bool = False, late: bool = False) -> torch.Tensor:
     """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated);
-    ``late``: the PDL trigger after each program's tile (``triton_pdl``); ``ahead``: weight
-    columns each program asks L2 for before its PDL wait (``invariant_linear``); the same
-    bits."""
+    ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits."""
     k = x.shape[-1]
     a = x.reshape(-1, k)  # (M, K)
     if a.stride(-1) != 1:
@@ -384,7 +378,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
         CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps,
-        num_stages=cfg.stages, **gemm_pdl_args(a, late), AHEAD=ahead_cols(a, ahead, k))
+        num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)
 
 
@@ -400,13 +394,10 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: 
 
 
 def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                    config: TileConfig | None = None, late: bool = False,
-                    ahead: int = 0) -> torch.Tensor:
+                    config: TileConfig | None = None, late: bool = False) -> torch.Tensor:
     """``residual + linear(x, weight)`` in one launch; x (..., K), residual (..., N).
-    ``late``, ``ahead``: the PDL trigger after the tile, L2 prefetch before the wait
-    (``_gemm``)."""
-    return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late,
-                 ahead=ahead)
+    ``late``: the PDL trigger after the tile (``_gemm``)."""
+    return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late)
 
 
 def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,

@@ -64,13 +64,3 @@ if triton is not None:
         of the ``numel`` elements at ``ptr`` (``LINE`` elements a line), into L2."""
         i = worker + workers * tl.arange(0, LINES).to(tl.int64)
         prefetch_l2(ptr + tl.minimum(i * LINE, numel - 1))
-
-    @triton.jit
-    def prefetch_rows(w_ptr, rn, N, stride_wn, K, COLS: tl.constexpr, LINE: tl.constexpr):
-        """Ask L2 for the first ``COLS`` elements (at most K) of weight rows ``rn`` (rows
-        past N clamped to the last: a hint never leaves the tensor), ``LINE`` elements a
-        128-byte line. A GEMM program can issue it before its PDL wait: its weights are
-        never its predecessor's output."""
-        rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
-        c = tl.minimum(tl.arange(0, COLS // LINE) * LINE, K - 1)
-        prefetch_l2(rows + c[None, :])

@@ -83,7 +83,6 @@ def pick_config(m: int, n: int) -> TileConfig:
 
 
 if triton is not None:
-    from mmserve.kernels.triton_grid import prefetch_rows
     from mmserve.kernels.triton_pdl import launch_next, wait_only
 
     @triton.jit
@@ -103,13 +102,11 @@ if triton is not None:
     def _gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, M, N, K, stride_am, stride_wn, stride_om,
                      HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
-                     PDL: tl.constexpr, LATE: tl.constexpr, AHEAD: tl.constexpr):
+                     PDL: tl.constexpr, LATE: tl.constexpr):
         rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-        if AHEAD > 0:  # the tile's first weight columns into L2 while the predecessor runs
-            prefetch_rows(w_ptr, rn, N, stride_wn, K, AHEAD, 64)
         wait_only(PDL)
         if not LATE:  # else the next kernel launches after the K loop
             launch_next(PDL)
@@ -133,16 +130,14 @@ if triton is not None:
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      config: TileConfig | None = None, float_out: bool = False,
-                     late: bool = False, ahead: int = 0) -> torch.Tensor:
+                     late: bool = False) -> torch.Tensor:
     """x: (..., K), weight: (N, K) -> (..., N); a row's bits do not depend on the row count.
 
     ``config`` overrides the tile shape (tests and benchmarks: the bits must not move).
     ``float_out``: the result rounded to x's dtype as always, stored as float32: the bits
     of ``invariant_linear(x, weight).float()`` without the cast's launch (logits).
     ``late``: under PDL the next kernel launches after the K loop, not at the start
-    (``triton_pdl``); the same bits. ``ahead``: under PDL, each program asks L2 for its
-    tile's first ``ahead`` weight columns (a power of two >= 64) before its wait
-    (``ahead_args``); the same bits.
+    (``triton_pdl``); the same bits.
     """
     k = x.shape[-1]
     n = weight.shape[0]
@@ -159,16 +154,5 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),
             weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BM=cfg.bm, BN=cfg.bn,
             BK=cfg.bk, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
-            num_warps=cfg.warps, num_stages=cfg.stages, **gemm_pdl_args(a, late),
-            AHEAD=ahead_cols(a, ahead, k))
+            num_warps=cfg.warps, num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)
-
-
-def ahead_cols(a: torch.Tensor, ahead: int, k: int) -> int:
-    """The ``AHEAD`` constexpr: weight columns a program prefetches before its PDL wait
-    (0 without PDL, where nothing runs before the kernel; at most K rounded up to whole
-    128-byte lines of a power-of-two count)."""
-    if not ahead or not gemm_pdl_args(a, False)["PDL"]:
-        return 0
-    assert ahead >= 64 and ahead & (ahead - 1) == 0, "whole lines, a power-of-two count"
-    return min(ahead, triton.next_power_of_2(k))
