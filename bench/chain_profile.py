@@ -44,7 +44,7 @@ def roles(names: list[str], per_step: dict[str, int]) -> list[str]:
             kind = 2 if norms and i == norms - 1 else i % 2
             n_norm += 1
             pos = 0
-        if "gemm_kernel" in base:
+        if "gemm_kernel" in base or base == "_qkv_rope_kernel":  # the latter: qkv + rope
             out.append(after[kind][min(pos, 1)])
             pos += 1
         else:

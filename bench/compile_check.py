@@ -117,6 +117,14 @@ def main() -> None:
     print("GEMM, 16x64x256, 4 warps, 3 stages:",
           report(triton_matmul._gemm_kernel, {**GEMM, "UPCAST": False, "BN": 64},
                  num_warps=4, num_stages=3))
+    # the QKV product with rope and the cache write in its epilogue: the 8B thin tile (no
+    # norm) and SmolLM2-135M's (the norm prologue)
+    for hq, hkv, d, norm in ((32, 8, 128, False), (9, 3, 64, True)):
+        print(f"QKV + rope, HQ={hq} HKV={hkv} D={d} norm={norm}:",
+              report(triton_fused._qkv_rope_kernel,
+                     {"HQ": hq, "HKV": hkv, "D": d, "NORM": norm, "HAS_BIAS": False,
+                      "ROUND": 1, "BM": 16, "BN": 16, "BK": 256, "GROUP_M": 8, "CH": 64,
+                      "UNROLL": 8, "PDL": True}, num_warps=2, num_stages=4))
     # rope + cache write + attention in one launch (the layered path's), both shapes
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
         print(f"rope + attention, HQ={hq} HKV={hkv} D={d}:",

@@ -18,6 +18,8 @@ in alternated pairs, every one with the default's bits (the row-0 tokens must no
 - ``residual_late``: the o and down GEMMs (residual epilogues) triggering late;
 - ``rope_attention``: rope, the cache write and attention in one launch
   (``kernels.triton_rope_attention``; the same bits);
+- ``qkv_rope_off``: the QKV product, then ``rope_write_kv`` (the default ropes and writes
+  the cache in the product's epilogue, ``fused.qkv_rope``; the same bits);
 - the session-18 variants that asked L2 for a GEMM's first weight columns before its PDL
   wait (0.978-1.003, bench/NOTES.md) are in git history up to commit b1ccbac.
 
@@ -63,14 +65,16 @@ VARIANTS = {
     "gate_up_late": {"norm_gate_up_silu": _mlp(False, True)},
     "residual_late": {"linear_residual": _residual_late},
     "rope_attention": {"rope_attention": True},
+    "qkv_rope_off": {"qkv_rope": False},
 }
 DEFAULT = {"norm_gate_up_silu": _default_mlp, "linear_residual": _default_residual}
 
 
 def use(patches: dict) -> None:
     fused.set_rope_attention(bool(patches.get("rope_attention")))
+    fused.set_qkv_rope(patches.get("qkv_rope", True))
     for name, fn in {**DEFAULT, **patches}.items():
-        if name != "rope_attention":
+        if name not in ("rope_attention", "qkv_rope"):
             setattr(layers, name, fn)  # the layers call these names
 
 

@@ -6,6 +6,10 @@ kernels a layer at ~3 us each). These four ops cut a Llama layer to six launches
 (o product + residual), ``norm_gate_up_silu`` (RMSNorm + gate/up product + silu * up),
 ``linear_residual`` (down product + residual). Where the norm is not fused (hidden above
 ``FUSE_MAX_HIDDEN``), ``silu_mul`` is silu * up in one launch after the gate/up product.
+``qkv_rope`` takes one more launch out: the QKV product ropes q and k and writes the
+cache in its epilogue (bf16 cache, no q/k norm), in place of ``norm_linear`` (or the
+product after the norm) and ``rope_write_kv``; H200, Llama-3-8B shape, batch 1: 4,401 ->
+4,313 us a step (bench/NOTES.md, session 19).
 
 Each op hands its call to :mod:`mmserve.kernels.triton_fused` when the tensors live on
 CUDA with Triton (``use_triton``), fusion is on, and the dtype is bf16/fp16; the GEMM
@@ -31,7 +35,8 @@ from mmserve.kernels.rope import RotaryTable
 from mmserve.kernels.triton_dispatch import use_triton
 
 _state = {"enabled": os.environ.get("MMSERVE_FUSED", "1") != "0",
-          "rope_attention": os.environ.get("MMSERVE_ROPE_ATTENTION", "0") == "1"}
+          "rope_attention": os.environ.get("MMSERVE_ROPE_ATTENTION", "0") == "1",
+          "qkv_rope": os.environ.get("MMSERVE_QKV_ROPE", "1") != "0"}
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -54,7 +59,8 @@ FUSE_MAX_HIDDEN = 2048
 # Above it the gated epilogue alone (norm kernel, then gate_up with silu * up fused) was
 # measured too: H200, 8B shape, M=1, best tile 65.9 us against 66.3 us for the plain GEMM
 # + F.silu + the product (bench/NOTES.md, session 4), so the composition stays there,
-# with silu * up in one launch of its own (``silu_mul``).
+# with silu * up in one launch of its own (``silu_mul``), except for thin steps at the
+# gated tile measured faster in the whole step (``triton_fused.thin_gated_config``).
 
 
 def _fused_gemm(x: torch.Tensor, hidden: int | None) -> bool:
@@ -94,7 +100,14 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
         from mmserve.kernels import triton_fused
 
         return triton_fused.norm_gate_up_silu(x, norm_weight, eps, offset, gate_up)
-    return silu_mul(linear(rms_norm(x, norm_weight, eps, offset), gate_up))
+    h = rms_norm(x, norm_weight, eps, offset)
+    if _fused_gemm(h, None):  # thin steps of a wide model: silu * up in the epilogue
+        from mmserve.kernels import triton_fused
+
+        cfg = triton_fused.thin_gated_config(h.numel() // h.shape[-1], gate_up.shape[0])
+        if cfg is not None:
+            return triton_fused.gate_up_silu(h, gate_up, config=cfg)
+    return silu_mul(linear(h, gate_up))
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
@@ -140,6 +153,38 @@ def rope_attention(qkv: torch.Tensor, heads: int, kv_heads: int, positions: torc
         return None
     return tra.rope_attention(qkv, heads, kv_heads, positions, rope.cos, rope.sin, kv.k, kv.v,
                               meta, scale)
+
+
+def set_qkv_rope(on: bool) -> None:
+    """The QKV product with rope and the cache write in its epilogue where ``qkv_rope``
+    applies (off: the product, then ``rope_write_kv``; the same bits)."""
+    _state["qkv_rope"] = on
+
+
+def qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
+             weight: torch.Tensor, bias: torch.Tensor | None, heads: int, kv_heads: int,
+             positions: torch.Tensor, rope: RotaryTable, kv: LayerKV,
+             slot_mapping: torch.Tensor) -> torch.Tensor | None:
+    """``rope_write_kv`` of the q, k, v heads of ``norm_linear(x, ...)`` -> rotated q
+    (N, Hq, D), with k and v in the cache; one launch (the product's epilogue ropes and
+    writes), or None where it does not apply: not CUDA bf16 in invariant mode with a
+    bf16 cache, the head dim not a multiple of 16, or rope + attention in one launch on.
+    The norm is the product's prologue where ``norm_linear`` fuses it, else its own
+    launch before."""
+    d = kv.k.shape[-1]
+    if not (_state["enabled"] and _state["qkv_rope"] and not _state["rope_attention"]
+            and x.dtype == torch.bfloat16 and batch_invariant() and use_triton(x)
+            and kv.k.dtype == x.dtype and kv.k_scale is None and d % 16 == 0
+            and kv.k.is_contiguous() and kv.v.is_contiguous()):
+        return None
+    from mmserve.kernels import triton_fused
+
+    if x.shape[-1] <= FUSE_MAX_HIDDEN:
+        norm = (norm_weight, eps, offset)
+    else:
+        x, norm = rms_norm(x, norm_weight, eps, offset), None
+    return triton_fused.qkv_rope(x, weight, bias, norm, heads, kv_heads, positions, rope.cos,
+                                 rope.sin, kv.k, kv.v, slot_mapping)
 
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

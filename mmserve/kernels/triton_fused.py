@@ -105,7 +105,7 @@ if triton is not None:
     from triton.language.extra import libdevice
 
     from mmserve.kernels.triton_attention import _quantize_store
-    from mmserve.kernels.triton_matmul import tile_rows_cols
+    from mmserve.kernels.triton_matmul import tile_ids, tile_rows_cols
     from mmserve.kernels.triton_pdl import launch_next, wait_only, wait_previous
     from mmserve.kernels.triton_rope import round_bf16
 
@@ -177,34 +177,32 @@ if triton is not None:
                  (_round(_silu(g), ROUND) * u).to(o_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def fused_tile(pid, a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
-                   stride_am, stride_wn, stride_om, stride_rm, eps, offset,
-                   NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                   GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                   CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
-        """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
-        persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
-        written by other programs of the launch, from L2)."""
-        rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
+    def _row_rstd(a_rows, row_ok, K, eps, BM: tl.constexpr, CH: tl.constexpr,
+                  UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
+        """The RMSNorm prologue: each row's squares, summed elementwise over K chunks in
+        ascending order -> (BM,) 1 / rms (``_rstd``)."""
+        ck = tl.arange(0, CH)
+        sq = tl.zeros([BM, CH], tl.float32)
+        # UNROLL chunks a round: their loads are independent, so a round waits for
+        # memory once, not UNROLL times (K=4096 was 64 dependent L2 round trips a
+        # program); the adds stay in chunk order, so the bits do not depend on UNROLL
+        for k in range(0, K, CH * UNROLL):
+            for u in tl.static_range(UNROLL):
+                kk = k + u * CH + ck
+                x = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < K),
+                            other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
+                sq += x * x
+        return _rstd(sq, K, eps, BM, CH)
+
+    @triton.jit
+    def _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, rstd, nw_ptr, offset,
+                       NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr,
+                       BN: tl.constexpr, BK: tl.constexpr, ACT_CACHE: tl.constexpr):
+        """The K loop of a tile: (BM, BN) fp32 products of the rows at ``a_rows`` (normed
+        by ``rstd`` and the norm weight with NORM) with the weight rows at ``w_rows`` (and
+        ``u_rows`` when GATED), one chain of k16 steps in ascending order; the normed tile is
+        rounded to the activations' dtype."""
         rk = tl.arange(0, BK)
-        row_ok = rm < M
-        a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
-        w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-        u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: the up rows
-        if NORM:  # each row's squares, summed elementwise over K chunks in ascending order
-            ck = tl.arange(0, CH)
-            sq = tl.zeros([BM, CH], tl.float32)
-            # UNROLL chunks a round: their loads are independent, so a round waits for
-            # memory once, not UNROLL times (K=4096 was 64 dependent L2 round trips a
-            # program); the adds stay in chunk order, so the bits do not depend on UNROLL
-            for k in range(0, K, CH * UNROLL):
-                for u in tl.static_range(UNROLL):
-                    kk = k + u * CH + ck
-                    x = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < K),
-                                other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
-                    sq += x * x
-            rstd = _rstd(sq, K, eps, BM, CH)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
         for k in range(0, K, BK):
@@ -215,13 +213,36 @@ if triton is not None:
             if NORM:  # the unfused norm's float32 math, rounded as its output is
                 nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
                 a = (a.to(tl.float32) * rstd[:, None] * (offset + nw)[None, :]).to(
-                    a_ptr.dtype.element_ty)
+                    a_rows.dtype.element_ty)
             w_ok = (rn[:, None] < N) & k_ok[None, :]
             w = tl.load(w_rows + kk[None, :], mask=w_ok, other=0.0)
             acc = tl.dot(a, tl.trans(w), acc)
             if GATED:
                 u = tl.load(u_rows + kk[None, :], mask=w_ok, other=0.0)
                 acc_u = tl.dot(a, tl.trans(u), acc_u)
+        return acc, acc_u
+
+    @triton.jit
+    def fused_tile(pid, a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
+                   stride_am, stride_wn, stride_om, stride_rm, eps, offset,
+                   NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+                   GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
+                   BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                   CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
+        """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
+        persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
+        written by other programs of the launch, from L2)."""
+        rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
+        row_ok = rm < M
+        a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
+        w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+        u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: the up rows
+        if NORM:
+            rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
+        else:
+            rstd = tl.full([BM], 1.0, tl.float32)
+        acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, rstd, nw_ptr,
+                                    offset, NORM, GATED, BM, BN, BK, ACT_CACHE)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         out_ok = row_ok[:, None] & (rn[None, :] < N)
@@ -234,6 +255,66 @@ if triton is not None:
             acc = _round(_silu(g), ROUND) * _round(acc_u, ROUND)
         tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=out_ok)
+
+    @triton.jit
+    def _qkv_rope_kernel(a_ptr, w_ptr, bias_ptr, nw_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr,
+                         sin_ptr, pos_ptr, slot_ptr, M, K, stride_am, stride_wn, eps, offset,
+                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                         NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                         GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
+                         PDL: tl.constexpr):
+        """The QKV product (with the RMSNorm prologue when NORM) and, in its epilogue, the
+        rope of its q and k columns and the cache write of k and v: a q or k tile holds
+        dims ``i .. i + BN/2 - 1`` of one head's first half and the same of its second
+        (the rotation's pairs), a v tile ``BN`` columns in order."""
+        Q: tl.constexpr = HQ * D
+        KV: tl.constexpr = HKV * D
+        HB: tl.constexpr = BN // 2
+        HALF: tl.constexpr = D // 2
+        wait_only(PDL)
+        launch_next(PDL)
+        pid_m, pid_n = tile_ids(tl.program_id(0), M, Q + 2 * KV, BM, BN, GROUP_M)
+        rm = pid_m * BM + tl.arange(0, BM)
+        row_ok = rm < M
+        c0 = pid_n * BN  # the tile's first column of the product: q, k, v heads in order
+        head = c0 // D
+        roped = c0 < Q + KV
+        i0 = (c0 % D) // BN * HB
+        i = i0 + tl.arange(0, HB)  # a rotated tile's first-half dims
+        j = tl.arange(0, BN)
+        rn = tl.where(roped, head * D + (j // HB) * HALF + i0 + j % HB,
+                      c0 + j)  # the weight rows (product columns) of the tile
+        pos = tl.load(pos_ptr + rm, mask=row_ok, other=0).to(tl.int64)
+        c1, s1, c2, s2 = rope_rows(cos_ptr + i0, sin_ptr + i0, pos[:, None], HALF, HB, ROUND)
+        a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
+        w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+        if NORM:
+            rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, "")
+        else:
+            rstd = tl.full([BM], 1.0, tl.float32)
+        acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, rstd,
+                                nw_ptr, offset, NORM, False, BM, BN, BK, "")
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+        y = _round(acc, ROUND)  # the product's value, as linear stores it
+        slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
+        cached = (row_ok & (slot >= 0))[:, None]  # a negative slot: padding, nothing written
+        if roped:  # torch: x * cos + cat(-x2, x1) * sin, each op rounded (``_rotated_at``)
+            x1, x2 = tl.split(tl.permute(tl.reshape(y, [BM, 2, HB]), (0, 2, 1)))
+            o1 = _round(_round(x1 * c1, ROUND) + _round(-x2 * s1, ROUND), ROUND)
+            o2 = _round(_round(x2 * c2, ROUND) + _round(x1 * s2, ROUND), ROUND)
+            if c0 < Q:
+                dst = qo_ptr + rm.to(tl.int64)[:, None] * Q + head * D + i[None, :]
+                ok = row_ok[:, None]
+            else:
+                dst = kc_ptr + slot[:, None] * KV + (head - HQ) * D + i[None, :]
+                ok = cached
+            tl.store(dst, o1.to(qo_ptr.dtype.element_ty), mask=ok)
+            tl.store(dst + HALF, o2.to(qo_ptr.dtype.element_ty), mask=ok)
+        else:
+            tl.store(vc_ptr + slot[:, None] * KV + (c0 - Q - KV) + j[None, :],
+                     y.to(vc_ptr.dtype.element_ty), mask=cached)
 
     @triton.jit
     def _rotated_at(src, ok, c1, s1, c2, s2, HALF: tl.constexpr, ROUND: tl.constexpr,
@@ -295,11 +376,12 @@ if triton is not None:
         tl.store(scale_ptr + h, scale, mask=h < H)
 
     @triton.jit
-    def rope_rows(cos_ptr, sin_ptr, pos, HALF: tl.constexpr, ROUND: tl.constexpr):
-        """cos and sin halves (R, HALF) of the token positions ``pos`` (R, 1), rounded to
-        the activation dtype (the table repeats its frequencies, but both halves are read
-        as the reference does)."""
-        i = tl.arange(0, HALF)[None, :]
+    def rope_rows(cos_ptr, sin_ptr, pos, HALF: tl.constexpr, LANES: tl.constexpr,
+                  ROUND: tl.constexpr):
+        """cos and sin halves (R, LANES) of the token positions ``pos`` (R, 1), rounded to
+        the activation dtype: dims 0 .. LANES - 1 of each half after the pointers (the table
+        repeats its frequencies, but both halves are read as the reference does)."""
+        i = tl.arange(0, LANES)[None, :]
         table = pos.to(tl.int64) * 2 * HALF
         c1 = _round(tl.load(cos_ptr + table + i), ROUND)
         s1 = _round(tl.load(sin_ptr + table + i), ROUND)
@@ -311,7 +393,7 @@ if triton is not None:
     def rope_row(cos_ptr, sin_ptr, pos_ptr, HALF: tl.constexpr, ROUND: tl.constexpr):
         """``rope_rows`` (1, HALF) of the one token position at ``pos_ptr``."""
         pos = tl.load(pos_ptr + tl.zeros([1, 1], tl.int32))
-        return rope_rows(cos_ptr, sin_ptr, pos, HALF, ROUND)
+        return rope_rows(cos_ptr, sin_ptr, pos, HALF, HALF, ROUND)
 
     @triton.jit
     def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
@@ -411,15 +493,34 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
                  gated=True)
 
 
+# The gated epilogue's thin tile for a wide model's gate_up (widths 16,384 to
+# ``MLP_MAX_WIDTH``, steps of <= 16 rows): 32 gate and 32 up columns a program over K steps
+# of 256, 4 warps, 3 stages. H200, Llama-3-8B shape, batch 1 (bench/NOTES.md, session 19):
+# 1.0047-1.0054 a step against the plain GEMM's 16x64x256 tile + ``silu_mul``; the halved
+# ``fused_config`` tile (16x32x128) 0.954, 16x32x128 with 4 stages 0.942, 16x64x128 0.995,
+# 16x16x256 (2 warps, 4 stages) 0.954. Speed only: the bits are the GEMM + ``silu_mul``'s.
+GATED_THIN = TileConfig(16, 32, 256, 4, 3)
+
+
+def thin_gated_config(m: int, width: int) -> TileConfig | None:
+    """The tile ``gate_up_silu`` takes a step of ``m`` rows with, for a gate_up ``width``
+    (gate and up rows) the gated epilogue was measured faster at; else None (the plain
+    GEMM, then ``silu_mul``)."""
+    from mmserve.kernels.triton_matmul import MLP_MAX_WIDTH
+
+    if m <= 16 and 16384 <= width <= MLP_MAX_WIDTH and not overridden(m):
+        return GATED_THIN
+    return None
+
+
 def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, config: TileConfig | None = None,
                  late: bool = False) -> torch.Tensor:
     """``silu(gate) * up`` of ``linear(x, gate_up)`` split in halves, in one launch: the
     gated epilogue without the norm prologue, so the bits of the plain GEMM followed by
     ``silu_mul`` (tests). x: (..., K) already normed -> (..., inter).
 
-    Not on the model's path: at the Llama-3-8B shape, batch 1, it cost 2.3 % against the
-    GEMM + ``silu_mul`` (H200, bench/NOTES.md, session 16); ``bench/pdl_trigger_ab.py``
-    measures it with a late trigger.
+    The model's path for thin steps of a wide model (``thin_gated_config``);
+    ``bench/pdl_trigger_ab.py`` also measures it with a late trigger.
     """
     assert gate_up.shape[0] % 2 == 0
     return _gemm(x, gate_up, gate_up.shape[0] // 2, config, gated=True, late=late)
@@ -448,6 +549,54 @@ def silu_mul(x: torch.Tensor, block: int = SILU_BLOCK) -> torch.Tensor:
             x2, out, inter, x2.stride(0), out.stride(0), ROUND=_round_mode(x.dtype),
             BLOCK=block, num_warps=4, **pdl_args(x2))
     return out.view(*x.shape[:-1], inter)
+
+
+def qkv_tile_width(m: int, n: int, d: int, norm: bool) -> int:
+    """Columns a tile of ``qkv_rope``: the GEMM's (``fused_config`` / ``pick_config``),
+    halved until it divides the head dim (a rotated tile holds pairs of one head's dims);
+    0 where no tensor-core width (>= 16) does."""
+    bn = (fused_config(m, n, False) if norm else pick_config(m, n)).bn
+    while bn >= 16 and d % bn:
+        bn //= 2
+    return bn if bn >= 16 else 0
+
+
+def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             norm: tuple[torch.Tensor, float, float] | None, heads: int, kv_heads: int,
+             positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             config: TileConfig | None = None) -> torch.Tensor:
+    """``rope_write_kv`` of the q, k, v columns of ``linear(x, weight, bias)`` (of
+    ``norm_linear`` with ``norm`` = (weight, eps, offset)) in one launch -> rotated q
+    (M, heads, D); k rotated and v stored at their slots of the bf16 caches (blocks, bs,
+    Hkv, D) (a negative slot: nothing written). The same bits as the product, then
+    ``rope_write_kv``. ``config``: the tile (tests; its width must divide D)."""
+    k = x.shape[-1]
+    a = x.reshape(-1, k)
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    d = k_cache.shape[-1]
+    n = (heads + 2 * kv_heads) * d
+    assert weight.shape == (n, k) and weight.stride(-1) == 1
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous()
+    assert sin.is_contiguous() and k_cache.shape[-2] == kv_heads and d % 2 == 0
+    m = a.shape[0]
+    out = torch.empty(m, heads, d, dtype=x.dtype, device=x.device)
+    if not m:
+        return out
+    cfg = config or (fused_config(m, n, False) if norm is not None else pick_config(m, n))
+    bn = cfg.bn if config is not None else qkv_tile_width(m, n, d, norm is not None)
+    assert bn >= 16 and d % bn == 0, (bn, d)
+    nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
+    tiles = triton.cdiv(m, cfg.bm) * (n // bn)
+    _qkv_rope_kernel[(tiles,)](
+        a, weight, bias if bias is not None else out, nw, out, k_cache, v_cache, cos, sin,
+        positions, slot_mapping, m, k, a.stride(0), weight.stride(0), eps, offset,
+        HQ=heads, HKV=kv_heads, D=d, NORM=norm is not None, HAS_BIAS=bias is not None,
+        ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=bn, BK=cfg.bk, GROUP_M=8, CH=NORM_CHUNK,
+        UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps, num_stages=cfg.stages,
+        **pdl_args(a))
+    return out
 
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

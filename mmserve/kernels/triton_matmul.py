@@ -86,8 +86,8 @@ if triton is not None:
     from mmserve.kernels.triton_pdl import launch_next, wait_only
 
     @triton.jit
-    def tile_rows_cols(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
-        """Program ``pid``'s output rows and columns; row-tile groups of ``GROUP_M`` walk
+    def tile_ids(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+        """Program ``pid``'s (row tile, column tile); row-tile groups of ``GROUP_M`` walk
         the columns together so they share weight tiles in L2."""
         grid_m = tl.cdiv(M, BM)
         grid_n = tl.cdiv(N, BN)
@@ -96,6 +96,12 @@ if triton is not None:
         size_m = tl.minimum(grid_m - first_m, GROUP_M)
         pid_m = first_m + (pid % (GROUP_M * grid_n)) % size_m
         pid_n = (pid % (GROUP_M * grid_n)) // size_m
+        return pid_m, pid_n
+
+    @triton.jit
+    def tile_rows_cols(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+        """Program ``pid``'s output rows and columns (``tile_ids``)."""
+        pid_m, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
         return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
 
     @triton.jit

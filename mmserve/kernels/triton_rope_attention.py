@@ -75,7 +75,7 @@ if triton is not None:
         tq = qstart + rows // G
         head = h * G + rows % G
         pos = tl.load(pos_ptr + tq, mask=ok_q, other=0)[:, None]
-        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos, HALF, ROUND)
+        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos, HALF, HALF, ROUND)
         o1, o2 = _rotated_at(qkv + (tq * QKV + head * D)[:, None], ok_q[:, None], c1, s1, c2,
                              s2, HALF, ROUND, ".cg")
         store_halves_at(qrot + (tq * (HQ * D) + head * D)[:, None], o1, o2, ok_q[:, None],
@@ -86,7 +86,7 @@ if triton is not None:
         slot = tl.load(slot_ptr + tk, mask=ok_t, other=-1).to(tl.int64)
         pos = tl.load(pos_ptr + tk, mask=ok_t, other=0)
         ok_k = ((slot >= 0) & (pos >= k_lo) & (pos < k_hi))[:, None]
-        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos[:, None], HALF, ROUND)
+        c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos[:, None], HALF, HALF, ROUND)
         src = qkv + (tk * QKV + HQ * D + h * D)[:, None]
         o1, o2 = _rotated_at(src, ok_k, c1, s1, c2, s2, HALF, ROUND, ".cg")
         row = (slot * HKV * D + h * D)[:, None]

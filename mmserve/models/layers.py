@@ -22,6 +22,7 @@ from mmserve.kernels.fused import (
     linear_residual,
     norm_gate_up_silu,
     norm_linear,
+    qkv_rope,
     rope_attention,
     rope_write_kv,
 )
@@ -56,9 +57,18 @@ class SelfAttention(nn.Module):
     def residual_forward(self, x: torch.Tensor, norm: torch.Tensor, eps: float,
                          positions: torch.Tensor, rope: RotaryTable, meta: AttentionMetadata,
                          kv: LayerKV, offset: float = 0.0) -> torch.Tensor:
-        """``x + forward(rms_norm(x, norm, eps, offset))``: the norm and the add fused."""
-        qkv = norm_linear(x, norm, eps, offset, self.qkv_weight, self.qkv_bias)
-        return linear_residual(self.attend(qkv, positions, rope, meta, kv), self.o_weight, x)
+        """``x + forward(rms_norm(x, norm, eps, offset))``: the norm and the add fused, and
+        rope with the cache write in the QKV product's epilogue where that applies."""
+        q = None
+        if self.q_norm is None:
+            q = qkv_rope(x, norm, eps, offset, self.qkv_weight, self.qkv_bias, self.heads,
+                         self.kv_heads, positions, rope, kv, meta.slot_mapping)
+        if q is None:
+            out = self.attend(norm_linear(x, norm, eps, offset, self.qkv_weight, self.qkv_bias),
+                              positions, rope, meta, kv)
+        else:
+            out = paged_attention(q, kv, meta, self.scale, self.window).reshape(-1, self.q_size)
+        return linear_residual(out, self.o_weight, x)
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
                meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:

@@ -179,6 +179,83 @@ def test_rope_write_kv_matches_rotate_and_write_kv(hq, hkv, d):
     assert torch.equal(vc, vc_want)  # copied, untouched at padding slots
 
 
+def _qkv_rope_case(m, hq, hkv, d, k, with_bias, seed):
+    """Inputs of ``qkv_rope``: x, norm weight, weight, bias, positions, slots (three of
+    them padding), the rotary table and a sentinel cache."""
+    torch.manual_seed(seed)
+    n, blocks, bs = (hq + 2 * hkv) * d, 24, 16
+    x, nw, w = _inputs(m, n, k, seed)
+    b = _rand(n) if with_bias else None
+    pos = torch.randint(0, 4096, (m,), device=DEVICE)
+    slots = torch.randperm(blocks * bs, device=DEVICE)[:m]
+    slots[torch.arange(m, device=DEVICE) % 7 == 3] = -1  # padding tokens: nothing written
+    table = RotaryTable(d, 500000.0, 4096, device=DEVICE)
+    sentinel = torch.full((blocks, bs, hkv, d), 7.0, device=DEVICE).to(DTYPE)
+    return x, nw, w, b, pos, slots, table, sentinel
+
+
+@needs_triton
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (8, 2, 128)])
+@pytest.mark.parametrize("m", [1, 5, 17, 70])
+@pytest.mark.parametrize("norm,with_bias", [(True, False), (False, False), (False, True)])
+def test_qkv_rope_is_the_product_then_rope_write_kv(hq, hkv, d, m, norm, with_bias):
+    """The rope + cache-write epilogue against the product (``norm_linear`` with the norm,
+    else the invariant GEMM) followed by ``rope_write_kv``: on CUDA the same bits of q and
+    of both caches, padding slots left alone."""
+    from mmserve.kernels.triton_fused import norm_linear, qkv_rope, rope_write_kv
+    from mmserve.kernels.triton_matmul import invariant_linear
+
+    k = 576 if norm else 1000
+    x, nw, w, b, pos, slots, table, sentinel = _qkv_rope_case(m, hq, hkv, d, k, with_bias,
+                                                              m + d + norm)
+    if norm:
+        prod = norm_linear(x, nw, EPS, 0.0, w, b)
+    else:
+        prod = invariant_linear(x, w, b)
+    q, kk, v = prod.split([hq * d, hkv * d, hkv * d], dim=-1)
+    kc_want, vc_want = sentinel.clone(), sentinel.clone()
+    q_want = rope_write_kv(q.reshape(m, hq, d), kk.reshape(m, hkv, d), v.reshape(m, hkv, d),
+                           pos, table.cos, table.sin, kc_want, vc_want, slots)
+    kc, vc = sentinel.clone(), sentinel.clone()
+    got = qkv_rope(x, w, b, (nw, EPS, 0.0) if norm else None, hq, hkv, pos, table.cos,
+                   table.sin, kc, vc, slots)
+    assert got.shape == (m, hq, d)
+    if ON_CUDA:
+        assert torch.equal(got, q_want)
+        assert torch.equal(kc, kc_want) and torch.equal(vc, vc_want)
+    torch.testing.assert_close(got, q_want, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(kc, kc_want, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(vc, vc_want, atol=TOL, rtol=TOL)
+    untouched = torch.ones(sentinel.shape[:2], dtype=torch.bool, device=DEVICE).view(-1)
+    untouched[slots[slots >= 0]] = False
+    assert (kc.view(-1, hkv, d)[untouched] == 7.0).all()
+    assert (vc.view(-1, hkv, d)[untouched] == 7.0).all()
+
+
+@cuda_only
+@pytest.mark.parametrize("norm", [True, False])
+def test_qkv_rope_row_bits_independent_of_row_count_and_tile(norm):
+    """A row's q and cache bytes do not depend on how many rows share the step or on the
+    tile (widths 16 to 128: a rotated tile's pairs come from one head)."""
+    from mmserve.kernels.triton_fused import qkv_rope
+
+    hq, hkv, d = 8, 2, 128
+    x, nw, w, _, pos, slots, table, sentinel = _qkv_rope_case(300, hq, hkv, d, 2600, False, 9)
+    slots[0] = 5
+
+    def run(m, cfg=None):
+        kc, vc = sentinel.clone(), sentinel.clone()
+        q = qkv_rope(x[:m], w, None, (nw, EPS, 0.0) if norm else None, hq, hkv, pos[:m],
+                     table.cos, table.sin, kc, vc, slots[:m], config=cfg)
+        return q[0], kc.view(-1, hkv, d)[5], vc.view(-1, hkv, d)[5]
+
+    base = run(1)
+    for m in (2, 16, 17, 64, 65, 300):
+        assert all(torch.equal(a, c) for a, c in zip(run(m), base, strict=True)), m
+    for cfg in CONFIGS:
+        assert all(torch.equal(a, c) for a, c in zip(run(96, cfg), base, strict=True)), cfg
+
+
 @cuda_only
 @pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu"])
 def test_row_bits_independent_of_row_count_and_tile_shape(op):
@@ -243,6 +320,45 @@ def test_deep_residual_pipeline_is_the_same_bits(k):
         assert torch.equal(got, r[:m] + invariant_linear(x[:m], w)), m
 
 
+def test_thin_gated_config_takes_wide_gate_ups_of_thin_steps(monkeypatch):
+    from mmserve.kernels import triton_fused, triton_matmul
+
+    assert triton_fused.thin_gated_config(1, 28672) == triton_fused.GATED_THIN
+    assert triton_fused.thin_gated_config(16, 16384) == triton_fused.GATED_THIN
+    assert triton_fused.thin_gated_config(17, 28672) is None  # prefill: GEMM + silu_mul
+    assert triton_fused.thin_gated_config(1, 3072) is None  # SmolLM2-135M: fused norm anyway
+    assert triton_fused.thin_gated_config(1, 2 * 18944 + 2) is None  # above MLP_MAX_WIDTH
+    monkeypatch.setattr(triton_matmul, "_override", {16: TileConfig(16, 16, 256, 2, 4)})
+    assert triton_fused.thin_gated_config(1, 28672) is None  # a bench set the thin tile
+
+
+@cuda_only
+def test_wide_thin_steps_take_the_gated_epilogue_with_the_compositions_bits(monkeypatch):
+    """A wide model's MLP (no fused norm) at <= 16 rows runs silu * up in gate_up's
+    epilogue: the bits of the norm, the invariant GEMM and ``silu_mul``; 17 rows keep the
+    composition."""
+    from mmserve.kernels import triton_fused
+    from mmserve.kernels.norm import rms_norm
+    from mmserve.kernels.triton_matmul import invariant_linear
+
+    calls = {"gated": 0}
+    real = triton_fused.gate_up_silu
+
+    def counted(*a, **kw):
+        calls["gated"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(triton_fused, "gate_up_silu", counted)
+    k, inter = 4096, 8192
+    assert k > fused.FUSE_MAX_HIDDEN
+    x, nw, w = _inputs(17, 2 * inter, k, 11)
+    for m in (1, 5, 16, 17):
+        got = fused.norm_gate_up_silu(x[:m], nw, EPS, 0.0, w)
+        want = fused.silu_mul(invariant_linear(rms_norm(x[:m], nw, EPS, 0.0), w))
+        assert torch.equal(got, want), m
+    assert calls["gated"] == 3
+
+
 def test_unfused_path_is_the_plain_composition():
     """CPU (or fusion off): each op is exactly the calls the models made before fusion."""
     from mmserve.kernels.attention import write_kv
@@ -266,6 +382,9 @@ def test_unfused_path_is_the_plain_composition():
     write_kv(kv_want, table.rotate(k, pos), v, slots)
     assert torch.equal(got, table.rotate(q, pos))
     assert torch.equal(kv.k, kv_want.k) and torch.equal(kv.v, kv_want.v)
+    # the QKV product with rope in its epilogue is CUDA's only: the model composes the above
+    assert fused.qkv_rope(x, nw, EPS, 0.0, torch.randn(64, 64), None, 2, 1, pos, table, kv,
+                          slots) is None
 
 
 def _tiny_llama(h=256, inter=512, heads=4, kv_heads=2):
@@ -304,13 +423,16 @@ def _run(model, prompt, tokens):
 
 
 @cuda_only
-def test_whole_model_fused_matches_unfused(monkeypatch):
+@pytest.mark.parametrize("qkv_rope", [True, False])
+def test_whole_model_fused_matches_unfused(monkeypatch, qkv_rope):
     from mmserve.kernels import decode_stack, triton_fused
 
     monkeypatch.setitem(decode_stack._state, "enabled", False)  # the layered fused ops
+    monkeypatch.setitem(fused._state, "qkv_rope", qkv_rope)
 
     calls = {"n": 0}
-    for name in ("norm_linear", "linear_residual", "norm_gate_up_silu", "rope_write_kv"):
+    for name in ("norm_linear", "linear_residual", "norm_gate_up_silu", "rope_write_kv",
+                 "qkv_rope"):
         real = getattr(triton_fused, name)
 
         def counted(*a, _real=real, **kw):
@@ -331,7 +453,8 @@ def test_whole_model_fused_matches_unfused(monkeypatch):
         fused.set_fused_enabled(True)
     assert calls["n"] == 0
     got = _run(model, prompt, tokens[:-1])  # the same inputs, fused
-    assert calls["n"] == 8 * 2 * 5  # 8 steps x 2 layers x 5 fused ops
+    # 8 steps x 2 layers x 5 fused ops (4 with rope and the cache write in the QKV product)
+    assert calls["n"] == 8 * 2 * (4 if qkv_rope else 5)
     want = plain[:-1]
     # only rare 1-ulp flips can differ (the norm's sum order, silu's exp): logits ~ N(0, 1)
     torch.testing.assert_close(got, want, atol=0.05, rtol=0.02)
@@ -349,14 +472,17 @@ def test_whole_model_fused_matches_unfused(monkeypatch):
 
 
 @cuda_only
-def test_wide_model_fused_is_the_unfused_bits(monkeypatch):
+@pytest.mark.parametrize("qkv_rope", [True, False])
+def test_wide_model_fused_is_the_unfused_bits(monkeypatch, qkv_rope):
     """Above FUSE_MAX_HIDDEN no norm is fused, so the fused ops there (the residual
-    epilogues, rope + cache write, silu * up) have the unfused path's bits: the whole model's logits
-    are equal, prefill and decode."""
+    epilogues, rope + cache write on their own or in the QKV product's epilogue, silu *
+    up) have the unfused path's bits: the whole model's logits are equal, prefill and
+    decode."""
     from mmserve.kernels import triton_fused
 
+    monkeypatch.setitem(fused._state, "qkv_rope", qkv_rope)
     calls = {"n": 0}
-    for name in ("linear_residual", "rope_write_kv", "silu_mul"):
+    for name in ("linear_residual", "qkv_rope" if qkv_rope else "rope_write_kv", "silu_mul"):
         real = getattr(triton_fused, name)
 
         def counted(*a, _real=real, **kw):
