@@ -20,6 +20,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--decode-steps", type=int, default=d.decode_steps)
     p.add_argument("--prefill-len", type=int, default=d.prefill_len)
     p.add_argument("--eager-steps", type=int, default=d.eager_steps)
+    p.add_argument("--sync", dest="ahead", action="store_false",
+                   help="the host reads each step's tokens before launching the next (the "
+                   "default launches it first, as the engine's async scheduling does)")
     p.add_argument("--variants", nargs="+", default=list(d.variants),
                    help="invariant (fused, the engine path) | layered (no one-launch "
                    "decode stack) | nopdl (PDL off) | unfused | cublas | "

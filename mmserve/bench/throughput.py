@@ -49,6 +49,10 @@ class ThroughputConfig:
     # persistent launch of kernels.decode_stack
     variants: tuple[str, ...] = VARIANTS
     eager_steps: int = 32  # batch-1 decode without graphs (0: skip)
+    # graph decode as the engine's async scheduling runs it on CUDA: each step launched
+    # from the last one's argmax on the device before the host reads its tokens (False:
+    # the host reads every step's tokens before launching the next)
+    ahead: bool = True
     hf: bool = True
     hf_batch_sizes: tuple[int, ...] = (1, 32, 128)
     hf_new_tokens: int = 32
@@ -237,7 +241,7 @@ def measure_engine(cfg: ThroughputConfig, dec, vocab: int) -> dict:
         prompts = [row0] + torch.randint(0, vocab, (b - 1, cfg.prompt_len),
                                          generator=gen).tolist()
         first = dec.prefill(prompts)
-        r = dec.decode(first, cfg.prompt_len, cfg.decode_steps, graphs=True)
+        r = dec.decode(first, cfg.prompt_len, cfg.decode_steps, graphs=True, ahead=cfg.ahead)
         res["decode"][str(b)] = {**asdict(r), "tok_s": r.tok_s}
     if cfg.eager_steps:
         first = dec.prefill([row0])

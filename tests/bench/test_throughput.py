@@ -60,7 +60,7 @@ class _FakeDecoder:
     def prefill(self, prompts: list[list[int]]) -> list[int]:
         return [0] * len(prompts)
 
-    def decode(self, first, start_pos, steps, graphs, warmup=3) -> DecodeResult:
+    def decode(self, first, start_pos, steps, graphs, warmup=3, ahead=False) -> DecodeResult:
         row0 = [t if t < 3 or self.kv_dtype != FP8_DTYPE else -t for t in range(warmup + steps)]
         return DecodeResult(len(first), steps, 0.5, 1.0, 2.0, row0)
 
@@ -190,3 +190,25 @@ def test_fp8_cache_graph_decode_equals_eager(tiny_llama):
     g = graphed.decode(first, 21, 8, graphs=True, warmup=0)
     e = eager.decode(first, 21, 8, graphs=False, warmup=0)
     assert g.row0 == e.row0
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs need CUDA")
+def test_graph_decode_ahead_is_the_synchronous_decode(tiny_llama):
+    """Steps launched from the last step's argmax on the device (the engine's async
+    scheduling) give row 0 the tokens of the decode that reads every step first, at
+    batch 1 and 3."""
+    from mmserve.bench.engine_run import PagedDecoder
+
+    model = tiny_llama()
+    for b in (1, 3):
+        prompts = torch.randint(0, 1000, (b, 21)).tolist()
+        sync, ahead = PagedDecoder(model, 4, 96), PagedDecoder(model, 4, 96)
+        sync.capture((1, 2, 4))
+        ahead.capture((1, 2, 4))
+        first = sync.prefill(prompts)
+        assert ahead.prefill(prompts) == first
+        s = sync.decode(first, 21, 9, graphs=True, warmup=2)
+        a = ahead.decode(first, 21, 9, graphs=True, warmup=2, ahead=True)
+        assert a.row0 == s.row0 and len(a.row0) == 11
+        assert a.steps == 9 and a.seconds > 0
+        assert torch.equal(ahead.kv, sync.kv)  # every step's keys and values where they were
