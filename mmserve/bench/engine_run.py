@@ -82,6 +82,13 @@ def kv_nbytes(kv: KVLike) -> int:
     return kv.nbytes
 
 
+def _decoded(batch: int, times: list[float], row0: list[int]) -> DecodeResult:
+    """A decode's result from its timed steps' seconds (median and p99 in ms)."""
+    ms = sorted(t * 1e3 for t in times)
+    return DecodeResult(batch, len(times), sum(times), statistics.median(ms),
+                        ms[min(len(ms) - 1, int(0.99 * len(ms)))], row0)
+
+
 class PagedDecoder:
     """Fixed block tables: sequence ``i`` owns blocks ``1 + i * per_seq ..`` (block 0 spare).
 
@@ -153,9 +160,7 @@ class PagedDecoder:
             row0.append(ids[0])
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
-        ms = sorted(t * 1e3 for t in times)
-        return DecodeResult(b, steps, sum(times), statistics.median(ms),
-                            ms[min(len(ms) - 1, int(0.99 * len(ms)))], row0)
+        return _decoded(b, times, row0)
 
     def _decode_ahead(self, first: list[int], start_pos: int, steps: int,
                       warmup: int) -> DecodeResult:
@@ -185,9 +190,7 @@ class PagedDecoder:
             if i >= warmup:
                 times.append(t1 - t0)
             t0 = t1
-        ms = sorted(t * 1e3 for t in times)
-        return DecodeResult(b, steps, sum(times), statistics.median(ms),
-                            ms[min(len(ms) - 1, int(0.99 * len(ms)))], row0)
+        return _decoded(b, times, row0)
 
     def recaptured_step_ms(self, first: list[int], steps: int = 100) -> tuple[float, list[int]]:
         """Batch-1 graphs captured anew (kernel options set since are taken), then ``steps``

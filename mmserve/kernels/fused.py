@@ -171,15 +171,13 @@ def qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: flo
     bf16 cache, the head dim not a multiple of 16, or rope + attention in one launch on.
     The norm is the product's prologue where ``norm_linear`` fuses it, else its own
     launch before."""
-    d = kv.k.shape[-1]
-    if not (_state["enabled"] and _state["qkv_rope"] and not _state["rope_attention"]
-            and x.dtype == torch.bfloat16 and batch_invariant() and use_triton(x)
-            and kv.k.dtype == x.dtype and kv.k_scale is None and d % 16 == 0
-            and kv.k.is_contiguous() and kv.v.is_contiguous()):
+    if not (_state["qkv_rope"] and not _state["rope_attention"] and x.dtype == torch.bfloat16
+            and _fused_gemm(x, None) and kv.k.dtype == x.dtype and kv.k_scale is None
+            and kv.k.shape[-1] % 16 == 0 and kv.k.is_contiguous() and kv.v.is_contiguous()):
         return None
     from mmserve.kernels import triton_fused
 
-    if x.shape[-1] <= FUSE_MAX_HIDDEN:
+    if _fused_gemm(x, x.shape[-1]):  # as norm_linear: the norm in the product's prologue
         norm = (norm_weight, eps, offset)
     else:
         x, norm = rms_norm(x, norm_weight, eps, offset), None

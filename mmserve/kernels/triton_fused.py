@@ -300,10 +300,9 @@ if triton is not None:
         y = _round(acc, ROUND)  # the product's value, as linear stores it
         slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
         cached = (row_ok & (slot >= 0))[:, None]  # a negative slot: padding, nothing written
-        if roped:  # torch: x * cos + cat(-x2, x1) * sin, each op rounded (``_rotated_at``)
+        if roped:
             x1, x2 = tl.split(tl.permute(tl.reshape(y, [BM, 2, HB]), (0, 2, 1)))
-            o1 = _round(_round(x1 * c1, ROUND) + _round(-x2 * s1, ROUND), ROUND)
-            o2 = _round(_round(x2 * c2, ROUND) + _round(x1 * s2, ROUND), ROUND)
+            o1, o2 = _rotate_pair(x1, x2, c1, s1, c2, s2, ROUND)
             if c0 < Q:
                 dst = qo_ptr + rm.to(tl.int64)[:, None] * Q + head * D + i[None, :]
                 ok = row_ok[:, None]
@@ -326,7 +325,12 @@ if triton is not None:
         i = tl.arange(0, HALF)[None, :]
         f1 = tl.load(src + i, mask=ok, other=0.0, cache_modifier=X_CACHE).to(tl.float32)
         f2 = tl.load(src + HALF + i, mask=ok, other=0.0, cache_modifier=X_CACHE).to(tl.float32)
-        # torch: x * cos + cat(-x2, x1) * sin, each op rounded to the activation dtype
+        return _rotate_pair(f1, f2, c1, s1, c2, s2, ROUND)
+
+    @triton.jit
+    def _rotate_pair(f1, f2, c1, s1, c2, s2, ROUND: tl.constexpr):
+        """The halves (fp32 holding activation-dtype values) rotated as torch does:
+        ``x * cos + cat(-x2, x1) * sin``, each op rounded to the activation dtype."""
         o1 = _round(_round(f1 * c1, ROUND) + _round(-f2 * s1, ROUND), ROUND)
         o2 = _round(_round(f2 * c2, ROUND) + _round(f1 * s2, ROUND), ROUND)
         return o1, o2
@@ -551,16 +555,6 @@ def silu_mul(x: torch.Tensor, block: int = SILU_BLOCK) -> torch.Tensor:
     return out.view(*x.shape[:-1], inter)
 
 
-def qkv_tile_width(m: int, n: int, d: int, norm: bool) -> int:
-    """Columns a tile of ``qkv_rope``: the GEMM's (``fused_config`` / ``pick_config``),
-    halved until it divides the head dim (a rotated tile holds pairs of one head's dims);
-    0 where no tensor-core width (>= 16) does."""
-    bn = (fused_config(m, n, False) if norm else pick_config(m, n)).bn
-    while bn >= 16 and d % bn:
-        bn //= 2
-    return bn if bn >= 16 else 0
-
-
 def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
              norm: tuple[torch.Tensor, float, float] | None, heads: int, kv_heads: int,
              positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -570,7 +564,7 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     ``norm_linear`` with ``norm`` = (weight, eps, offset)) in one launch -> rotated q
     (M, heads, D); k rotated and v stored at their slots of the bf16 caches (blocks, bs,
     Hkv, D) (a negative slot: nothing written). The same bits as the product, then
-    ``rope_write_kv``. ``config``: the tile (tests; its width must divide D)."""
+    ``rope_write_kv``. ``config``: the tile (tests; the bits do not depend on it)."""
     k = x.shape[-1]
     a = x.reshape(-1, k)
     if a.stride(-1) != 1:
@@ -585,8 +579,10 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if not m:
         return out
     cfg = config or (fused_config(m, n, False) if norm is not None else pick_config(m, n))
-    bn = cfg.bn if config is not None else qkv_tile_width(m, n, d, norm is not None)
-    assert bn >= 16 and d % bn == 0, (bn, d)
+    bn = cfg.bn  # halved until it divides D: a rotated tile holds pairs of one head's dims
+    while bn > 16 and d % bn:
+        bn //= 2
+    assert d % bn == 0, (bn, d)
     nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
     tiles = triton.cdiv(m, cfg.bm) * (n // bn)
     _qkv_rope_kernel[(tiles,)](
