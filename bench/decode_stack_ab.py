@@ -36,7 +36,10 @@ def phase_times(model, dec) -> dict:
     meta = paged_metadata(AttentionMetadata.build([1], [300], [table], 16, dec.device), 16)
     x = model.embed(torch.tensor([7], device=dec.device))
     pos = torch.tensor([299], device=dec.device)
-    timing = torch.zeros(2 + 10 * n_layers, dtype=torch.int64, device=dec.device)
+    from mmserve.kernels.triton_decode_stack import default_programs
+
+    programs = default_programs(stacked_weights(model.layers), model.num_kv_heads, dec.device)
+    timing = torch.zeros(programs, 4 + 10 * n_layers, dtype=torch.int64, device=dec.device)
 
     def launch() -> None:
         decode_stack(x, stacked_weights(model.layers), dec.kv, model.rope.cos, model.rope.sin,
@@ -46,7 +49,7 @@ def phase_times(model, dec) -> dict:
                      timing=timing)
 
     launch_ms = cuda_time_ms(launch)
-    t = timing.cpu().tolist()
+    t = timing[0].cpu().tolist()  # program 0's row
     cycles = t[2 * 5 * n_layers + 1] - t[1]
     us_per_cycle = launch_ms * 1e3 / cycles  # the launch also copies x in and allocates
     out = {"launch_us": launch_ms * 1e3, "us_per_cycle": us_per_cycle}

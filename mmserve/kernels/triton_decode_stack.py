@@ -46,7 +46,7 @@ import torch
 from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
 from mmserve.kernels.triton_attention import BLOCK_N as BLOCK_N_ATT
 from mmserve.kernels.triton_attention import SPLIT, split_states
-from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode, norm_unroll
+from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode
 
 try:
     import triton
@@ -62,8 +62,13 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # PREFETCH mode, 1 (block ids a step ahead): keys and values a step ahead too (mode 2,
 # the layered kernel's) made the H200 replay 825 us against 813 (session 9); "spread": a
 # tile's 128-key splits over programs of their own (off: each tile in one program).
-TUNING = {"unroll": norm_unroll(16), "num_stages": 4, "bk": 256, "bk_gated": 256,
-          "prefetch": True, "att_prefetch": 1, "spread": True}
+# "unroll": norm chunks loaded a round (None: as many as take the row in one round, up to
+# 16): H200, SmolLM2-135M, batch 1, one round (9 chunks) against two of 8: 701.5 -> 654.2 us
+# a replay at 120 cached tokens, 749.8 -> 704.8 at 250 (bench/NOTES.md, session 20; session
+# 8 had read 16 chunks a round slower than 8: 7 of them masked). "gated_one_dot": gate and
+# up rows as one 32-row weight tile (``fused_tile``'s ONE_DOT).
+TUNING = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
+          "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": False}
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
 # sequences, a verify block of 16, a short prompt chunk) costs the GEMM phases what one
@@ -150,16 +155,25 @@ if triton is not None:
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr):
-        """Program 0 records its SM clock (cycles) at slot ``idx`` (phase timing)."""
+        """The program records its SM clock (cycles) at slot ``idx`` of its own row
+        (``timing_ptr`` already offset to it; phase timing)."""
         if TIMING:
-            if pid == 0:
-                t = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [pid],
-                                              dtype=tl.int64, is_pure=False, pack=1)
-                tl.store(timing_ptr + idx, t)
+            t = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [pid],
+                                          dtype=tl.int64, is_pure=False, pack=1)
+            tl.store(timing_ptr + idx, t)
+
+    @triton.jit
+    def _stamp_ns(timing_ptr, idx, pid, TIMING: tl.constexpr):
+        """The program records the global timer (ns) at slot ``idx`` of its row (the SM
+        clock's rate over a launch)."""
+        if TIMING:
+            t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid],
+                                          dtype=tl.int64, is_pure=False, pack=1)
+            tl.store(timing_ptr + idx, t)
 
     @triton.jit
     def _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING: tl.constexpr):
-        """End phase number ``phase`` (0, 1, ...): the grid barrier after it, program 0's
+        """End phase number ``phase`` (0, 1, ...): the grid barrier after it, the program's
         clock stamped before (its work done) and after (every program arrived) -> the
         next phase's number."""
         _stamp(timing_ptr, 2 * phase, pid, TIMING)
@@ -185,10 +199,13 @@ if triton is not None:
         WORKERS: tl.constexpr,
         LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
         LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
-        ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr,
+        ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
     ):
         pid = tl.program_id(0)
+        if TIMING:  # each program its own row of 4 + 10 L stamps
+            timing_ptr += pid * (4 + 10 * L)
         _stamp(timing_ptr, 1, pid, TIMING)
+        _stamp_ns(timing_ptr, 2 + 10 * L, pid, TIMING)
         Q: tl.constexpr = HQ * D
         QKV: tl.constexpr = (HQ + 2 * HKV) * D
         phase = 0
@@ -248,7 +265,8 @@ if triton is not None:
             for t in range(pid, (INTER + BN - 1) // BN, P):
                 fused_tile(t, mid, wgu_ptr + lw * 2 * INTER * H, act, act, act,
                            n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
-                           True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg")
+                           True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg",
+                           ONE_DOT)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # E: x_next = mid + act @ Wd.T
             for t in range(pid, (H + BN - 1) // BN, P):
@@ -256,6 +274,17 @@ if triton is not None:
                            H, INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
                            ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
+        _stamp_ns(timing_ptr, 3 + 10 * L, pid, TIMING)
+
+
+def norm_rounds(hidden: int) -> int:
+    """Norm chunks a program loads a round (``TUNING["unroll"]``, or the fewest rounds of
+    at most 16 chunks, split evenly)."""
+    if TUNING["unroll"] is not None:
+        return int(TUNING["unroll"])
+    chunks = -(-hidden // NORM_CHUNK)
+    rounds = -(-chunks // 16)
+    return -(-chunks // rounds)
 
 
 def attention_items(rows: int, kv_heads: int, group: int) -> int:
@@ -273,6 +302,15 @@ def widest_phase(hidden: int, qkv: int, inter: int, kv_heads: int) -> int:
 def stack_programs(hidden: int, qkv: int, inter: int, kv_heads: int, sms: int) -> int:
     """Grid size: enough programs for the widest phase, at most one per SM."""
     return max(1, min(sms, widest_phase(hidden, qkv, inter, kv_heads)))
+
+
+def default_programs(weights: dict[str, torch.Tensor], kv_heads: int,
+                     device: torch.device) -> int:
+    """The stack's grid for stacked ``weights`` on ``device`` (``stack_programs``)."""
+    _, qkv_n, hidden = weights["qkv"].shape
+    sms = torch.cuda.get_device_properties(device).multi_processor_count \
+        if device.type == "cuda" else 1
+    return stack_programs(hidden, qkv_n, weights["down"].shape[-1], kv_heads, sms)
 
 
 def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Tensor,
@@ -293,8 +331,10 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     prompt chunk; padding rows and sequences as the CUDA graphs lay them out), and
     ``max_query_len`` the most rows a sequence has.
     ``programs``: the grid (tests; default one per SM up to the widest phase).
-    ``timing``: int64 (2 + 10 L,) for program 0's clock at the start, after each phase's
-    work (even slots) and after each barrier (odd slots), in SM cycles (benchmarks).
+    ``timing``: int64 (programs, 4 + 10 L): each program's clock at the start (slot 1),
+    after phase i's work (slot 2 i) and after the barrier after it (slot 2 i + 3), in its
+    SM's cycles (SMs' clocks run at one rate but from different origins), and the global
+    timer (ns) at its start and end (the last two slots); for benchmarks.
     """
     n_layers, _, hidden = weights["qkv"].shape
     d = kv.shape[-1]
@@ -313,8 +353,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     attn = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)
     act = torch.empty(n_layers, n, inter, dtype=dt, device=dev)
     if programs is None:
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count if x.is_cuda else 1
-        programs = stack_programs(hidden, qkv_n, inter, kv_heads, sms)
+        programs = default_programs(weights, kv_heads, dev)
     group = heads // kv_heads
     # the prefetching programs: those past every step's phase-B items (one compiled
     # kernel for every step shape)
@@ -342,7 +381,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
         block_tables.stride(0),
         H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
-        BN=BN, BK=TUNING["bk"], BKG=TUNING["bk_gated"], CH=NORM_CHUNK, UNROLL=TUNING["unroll"],
+        BN=BN, BK=TUNING["bk"], BKG=TUNING["bk_gated"], CH=NORM_CHUNK, UNROLL=norm_rounds(hidden),
         ROUND=_round_mode(dt), TK=MAX_ROWS,
         ATT_BM=BLOCK_M_ATT, ATT_BN=BLOCK_N_ATT, SPLIT=SPLIT, TIMING=timing is not None,
         WORKERS=workers, LINE=line, LQKV=lines(qkv_n * hidden),
@@ -350,5 +389,5 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         LN=lines(hidden),
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
         ATT_PREFETCH=TUNING["att_prefetch"], SPREAD=TUNING["spread"],
-        num_warps=4, num_stages=TUNING["num_stages"])
+        ONE_DOT=TUNING["gated_one_dot"], num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers]

@@ -201,7 +201,8 @@ if triton is not None:
         """The K loop of a tile: (BM, BN) fp32 products of the rows at ``a_rows`` (normed
         by ``rstd`` and the norm weight with NORM) with the weight rows at ``w_rows`` (and
         ``u_rows`` when GATED), one chain of k16 steps in ascending order; the normed tile is
-        rounded to the activations' dtype."""
+        rounded to the activations' dtype. ``rn`` (BN,): the weight rows' indices below
+        ``N`` (the rows the tile may read)."""
         rk = tl.arange(0, BK)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
@@ -228,10 +229,13 @@ if triton is not None:
                    NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
                    GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                    BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                   CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
+                   CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr,
+                   ONE_DOT: tl.constexpr = False):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
-        written by other programs of the launch, from L2)."""
+        written by other programs of the launch, from L2). ``ONE_DOT`` (GATED): the gate
+        and up rows as one (2 BN)-row weight tile in one product, split after the K loop
+        (the same chains, so the same bits; fewer loads and operand fetches a step)."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         row_ok = rm < M
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
@@ -241,8 +245,17 @@ if triton is not None:
             rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
         else:
             rstd = tl.full([BM], 1.0, tl.float32)
-        acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, rstd, nw_ptr,
-                                    offset, NORM, GATED, BM, BN, BK, ACT_CACHE)
+        if GATED and ONE_DOT:
+            _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
+            j = tl.arange(0, 2 * BN)
+            rn2 = pid_n * BN + j % BN  # the gate columns, then the same up columns
+            gu_rows = w_ptr + (rn2 + (j // BN) * UP).to(tl.int64)[:, None] * stride_wn
+            acc2, _ = _tile_products(a_rows, gu_rows, gu_rows, row_ok, rn2, N, K, rstd,
+                                     nw_ptr, offset, NORM, False, BM, 2 * BN, BK, ACT_CACHE)
+            acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
+        else:
+            acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, rstd,
+                                        nw_ptr, offset, NORM, GATED, BM, BN, BK, ACT_CACHE)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         out_ok = row_ok[:, None] & (rn[None, :] < N)
@@ -250,8 +263,10 @@ if triton is not None:
             r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
                         mask=out_ok, other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
             acc = _round(acc, ROUND) + r
-        if GATED:  # F.silu(gate) * up on the rounded gate and up, each op rounded
-            g = _round(acc, ROUND)
+        if GATED:  # F.silu(gate) * up on the rounded gate and up, each op rounded; rows
+            # past M (never stored) get a gate of 1: their 0 / 2 took the IEEE division's
+            # slow path (a called subroutine) in every warp of a thin tile
+            g = tl.where(row_ok[:, None], _round(acc, ROUND), 1.0)
             acc = _round(_silu(g), ROUND) * _round(acc_u, ROUND)
         tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=out_ok)
