@@ -67,8 +67,10 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # a replay at 120 cached tokens, 749.8 -> 704.8 at 250 (bench/NOTES.md, session 20; session
 # 8 had read 16 chunks a round slower than 8: 7 of them masked). "gated_one_dot": gate and
 # up rows as one 32-row weight tile (``fused_tile``'s ONE_DOT).
+# H200, batch 1, against two products: 656 -> 630 us a replay at 120 cached tokens, 709 ->
+# 686 at 250 (gate_up's critical path 6.05 -> 4.67 us; session 20).
 TUNING = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
-          "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": False}
+          "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True}
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
 # sequences, a verify block of 16, a short prompt chunk) costs the GEMM phases what one
