@@ -25,7 +25,7 @@ import statistics
 
 import torch
 
-from mmserve.bench.engine_run import PagedDecoder, random_cuda_model
+from mmserve.bench.engine_run import prompted_decoder
 from mmserve.bench.limits import cuda_time_ms
 from mmserve.engine.cuda_graphs import SERIAL_MAX_KEYS
 from mmserve.kernels.attention import AttentionMetadata
@@ -137,10 +137,8 @@ def main() -> None:
     ap.add_argument("--no-engine", action="store_true")
     ap.add_argument("--out", default="stack_profile.json")
     args = ap.parse_args()
-    model, cfg = random_cuda_model(args.model)
-    dec = PagedDecoder(model, 1, 1024)
-    prompt = torch.randint(0, cfg["vocab_size"], (128,), generator=torch.Generator().manual_seed(0))
-    first = dec.prefill([prompt.tolist()])
+    dec, first, _ = prompted_decoder(args.model, 1024)
+    model = dec.model
     programs = default_programs(stacked_weights(model.layers), model.num_kv_heads, dec.device)
     if args.launches_only:
         for ctx in args.ctx:

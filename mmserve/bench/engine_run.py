@@ -218,16 +218,23 @@ class PagedDecoder:
                 "ttft_ms_all": [t * 1e3 for t in times]}
 
 
+def prompted_decoder(name: str, max_len: int = 512) -> tuple[PagedDecoder, list[int], dict]:
+    """A model shape (random bf16 weights) at batch 1 after a fixed 128-token prompt ->
+    (decoder, first tokens, the shape's config)."""
+    model, cfg = random_cuda_model(name)
+    dec = PagedDecoder(model, 1, max_len)
+    first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
+                                       generator=torch.Generator().manual_seed(0)).tolist()])
+    return dec, first, cfg
+
+
 def batch1_step_baseline(name: str) -> tuple[PagedDecoder, list[int], dict]:
     """A model shape (random bf16 weights) at batch 1 after a 128-token prompt, for the
     launch-option sweeps: -> (decoder, first tokens, report with the copy roofline and the
     default step's median ms and row-0 tokens, printed)."""
     bw = max(copy_bandwidth()["gb_s"]) * 1e9
-    model, cfg = random_cuda_model(name)
-    roof_ms = weight_bytes(model) / bw * 1e3
-    dec = PagedDecoder(model, 1, 512)
-    first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
-                                       generator=torch.Generator().manual_seed(0)).tolist()])
+    dec, first, cfg = prompted_decoder(name)
+    roof_ms = weight_bytes(dec.model) / bw * 1e3
     base_ms, row0 = dec.recaptured_step_ms(first)
     print(f"[{name}] copy roofline {roof_ms * 1e3:.0f} us a step; default {base_ms * 1e3:.0f} us"
           f" ({roof_ms / base_ms * 100:.1f} %)", flush=True)
