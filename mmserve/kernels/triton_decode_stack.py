@@ -62,15 +62,16 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # PREFETCH mode, 1 (block ids a step ahead): keys and values a step ahead too (mode 2,
 # the layered kernel's) made the H200 replay 825 us against 813 (session 9); "spread": a
 # tile's 128-key splits over programs of their own (off: each tile in one program).
-# "unroll": norm chunks loaded a round (None: as many as take the row in one round, up to
-# 16): H200, SmolLM2-135M, batch 1, one round (9 chunks) against two of 8: 701.5 -> 654.2 us
-# a replay at 120 cached tokens, 749.8 -> 704.8 at 250 (bench/NOTES.md, session 20; session
-# 8 had read 16 chunks a round slower than 8: 7 of them masked). "gated_one_dot": gate and
-# up rows as one 32-row weight tile (``fused_tile``'s ONE_DOT).
-# H200, batch 1, against two products: 656 -> 630 us a replay at 120 cached tokens, 709 ->
-# 686 at 250 (gate_up's critical path 6.05 -> 4.67 us; session 20).
+# "unroll": norm chunks loaded a round (None: ``norm_rounds``, the row in as few rounds of
+# at most NORM_ROUND_MAX chunks as it takes). H200, SmolLM2-135M, batch 1, one round (9
+# chunks) against two of 8: 701.5 -> 654.2 us a replay at 120 cached tokens, 749.8 -> 704.8
+# at 250 (bench/NOTES.md, session 20; session 8 had read 16 chunks a round slower than 8:
+# 7 of them masked). "gated_one_dot": gate and up rows as one 32-row weight tile
+# (``fused_tile``'s ONE_DOT); against two products 656 -> 630 us at 120 cached tokens,
+# 709 -> 686 at 250 (gate_up's critical path 6.05 -> 4.67 us; session 20).
 TUNING = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True}
+NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
 # sequences, a verify block of 16, a short prompt chunk) costs the GEMM phases what one
@@ -156,21 +157,16 @@ if triton is not None:
                          SPLIT, TK, ROUND, ATT_PREFETCH, False)
 
     @triton.jit
-    def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr):
-        """The program records its SM clock (cycles) at slot ``idx`` of its own row
-        (``timing_ptr`` already offset to it; phase timing)."""
+    def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr, NS: tl.constexpr = False):
+        """The program records its SM clock (cycles; ``NS``: the global timer, ns) at slot
+        ``idx`` of its own row (``timing_ptr`` already offset to it; phase timing)."""
         if TIMING:
-            t = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [pid],
-                                          dtype=tl.int64, is_pure=False, pack=1)
-            tl.store(timing_ptr + idx, t)
-
-    @triton.jit
-    def _stamp_ns(timing_ptr, idx, pid, TIMING: tl.constexpr):
-        """The program records the global timer (ns) at slot ``idx`` of its row (the SM
-        clock's rate over a launch)."""
-        if TIMING:
-            t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid],
-                                          dtype=tl.int64, is_pure=False, pack=1)
+            if NS:
+                t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid],
+                                              dtype=tl.int64, is_pure=False, pack=1)
+            else:
+                t = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [pid],
+                                              dtype=tl.int64, is_pure=False, pack=1)
             tl.store(timing_ptr + idx, t)
 
     @triton.jit
@@ -207,7 +203,7 @@ if triton is not None:
         if TIMING:  # each program its own row of 4 + 10 L stamps
             timing_ptr += pid * (4 + 10 * L)
         _stamp(timing_ptr, 1, pid, TIMING)
-        _stamp_ns(timing_ptr, 2 + 10 * L, pid, TIMING)
+        _stamp(timing_ptr, 2 + 10 * L, pid, TIMING, True)
         Q: tl.constexpr = HQ * D
         QKV: tl.constexpr = (HQ + 2 * HKV) * D
         phase = 0
@@ -276,16 +272,16 @@ if triton is not None:
                            H, INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
                            ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
-        _stamp_ns(timing_ptr, 3 + 10 * L, pid, TIMING)
+        _stamp(timing_ptr, 3 + 10 * L, pid, TIMING, True)
 
 
 def norm_rounds(hidden: int) -> int:
     """Norm chunks a program loads a round (``TUNING["unroll"]``, or the fewest rounds of
-    at most 16 chunks, split evenly)."""
+    at most ``NORM_ROUND_MAX`` chunks, split evenly)."""
     if TUNING["unroll"] is not None:
         return int(TUNING["unroll"])
     chunks = -(-hidden // NORM_CHUNK)
-    rounds = -(-chunks // 16)
+    rounds = -(-chunks // NORM_ROUND_MAX)
     return -(-chunks // rounds)
 
 

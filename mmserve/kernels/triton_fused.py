@@ -239,8 +239,6 @@ if triton is not None:
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         row_ok = rm < M
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
-        w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-        u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: the up rows
         if NORM:
             rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
         else:
@@ -254,6 +252,8 @@ if triton is not None:
                                      nw_ptr, offset, NORM, False, BM, 2 * BN, BK, ACT_CACHE)
             acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
         else:
+            w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+            u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: up rows
             acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, rstd,
                                         nw_ptr, offset, NORM, GATED, BM, BN, BK, ACT_CACHE)
         if HAS_BIAS:
