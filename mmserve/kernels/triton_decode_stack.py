@@ -7,7 +7,8 @@ launches of a layer become five phases separated by grid barriers
 (:mod:`mmserve.kernels.triton_grid`, ~1.1 us each on the H200):
 
 A. RMSNorm + QKV product (``fused_tile``, tiles over the QKV columns);
-B. per (sequence, kv head, 16-row query tile): rope of the tile's query rows and of the
+B. per (sequence, kv head, 16-row query tile): rope of the tile's query rows (kept in
+   registers) and of the
    keys it reads, those keys and values written to the paged cache, then attention over
    the cache in 128-key splits (``attend_keys``), a long context's splits spread over
    programs of their own and merged in order by the last to finish — the program that
@@ -68,9 +69,13 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # at 250 (bench/NOTES.md, session 20; session 8 had read 16 chunks a round slower than 8:
 # 7 of them masked). "gated_one_dot": gate and up rows as one 32-row weight tile
 # (``fused_tile``'s ONE_DOT); against two products 656 -> 630 us at 120 cached tokens,
-# 709 -> 686 at 250 (gate_up's critical path 6.05 -> 4.67 us; session 20).
+# 709 -> 686 at 250 (gate_up's critical path 6.05 -> 4.67 us; session 20). "q_regs": the
+# attention phase keeps its rotated queries in registers (off: stored, then loaded back
+# from L2 after the program's barrier, a round trip): 624.6 -> 618.4 us at 120 cached
+# tokens, 679.5 -> 667.5 at 250, same bits (session 21).
 TUNING = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
-          "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True}
+          "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
+          "q_regs": True}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -130,7 +135,7 @@ if triton is not None:
                          D: tl.constexpr, PAGE: tl.constexpr, P_ATT: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                          TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
-                         SPREAD: tl.constexpr):
+                         SPREAD: tl.constexpr, Q_REGS: tl.constexpr):
         """Phase B on programs 0 .. P_ATT - 1. Each (sequence, kv head, query tile) group
         gets ``P_ATT // groups`` programs, each taking a run of the tile's ``SPLIT``-key
         splits: rope and cache write of what the run reads, then each split's own online
@@ -148,13 +153,13 @@ if triton is not None:
                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
                              part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                              stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False)
+                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, Q_REGS)
         elif pid < groups * per:  # the group's splits spread over its programs
             attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
                          sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
                          qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                          stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                         SPLIT, TK, ROUND, ATT_PREFETCH, False)
+                         SPLIT, TK, ROUND, ATT_PREFETCH, False, Q_REGS)
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr, NS: tl.constexpr = False):
@@ -198,6 +203,7 @@ if triton is not None:
         LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
         LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
         ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
+        Q_REGS: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -242,7 +248,7 @@ if triton is not None:
                                  part_ptr, count_ptr, B, att_tiles, SPLITS, scale_log2,
                                  stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE,
                                  P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND, ATT_PREFETCH,
-                                 SPREAD)
+                                 SPREAD, Q_REGS)
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
@@ -347,7 +353,9 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     xs[0].copy_(x)
     mids = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
     qkv = torch.empty(n_layers, n, qkv_n, dtype=dt, device=dev)
-    qrot = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)
+    # the rotated queries: kept in registers with q_regs (then the buffer is never touched)
+    qrot = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev) \
+        if not TUNING["q_regs"] else xs
     attn = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)
     act = torch.empty(n_layers, n, inter, dtype=dt, device=dev)
     if programs is None:
@@ -387,5 +395,6 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         LN=lines(hidden),
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
         ATT_PREFETCH=TUNING["att_prefetch"], SPREAD=TUNING["spread"],
-        ONE_DOT=TUNING["gated_one_dot"], num_warps=4, num_stages=TUNING["num_stages"])
+        ONE_DOT=TUNING["gated_one_dot"], Q_REGS=TUNING["q_regs"],
+        num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers]

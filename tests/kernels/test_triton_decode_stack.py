@@ -76,14 +76,15 @@ def _model(tiny_llama):
 # launch settings are speed only: the bits must not move with them
 TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
            {"bk": 64, "bk_gated": 64, "num_stages": 2, "unroll": 16}, {"prefetch": False},
-           {"att_prefetch": 2}, {"unroll": 8}, {"gated_one_dot": False}]
+           {"att_prefetch": 2}, {"unroll": 8}, {"gated_one_dot": False}, {"q_regs": False},
+           {"q_regs": False, "spread": False}]
 
 
 @needs_triton
 @torch.inference_mode()
 @pytest.mark.parametrize("programs,tuning", [(1, None), (3, None)]
                          + [(None, t) for t in TUNINGS] if ON_CUDA
-                         else [(1, None), (1, {"gated_one_dot": False})])
+                         else [(1, None), (1, {"gated_one_dot": False}), (1, {"q_regs": False})])
 def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatch):
     """Eight decode steps after a 37-token prompt, scattered cache blocks: each step's
     hidden state and cache bytes from the one launch equal the layered path's, whatever
@@ -142,11 +143,15 @@ def test_decode_stack_more_query_heads_than_one_attention_tile():
 @needs_triton
 @torch.inference_mode()
 @pytest.mark.parametrize("prompt", [41, 250])
-def test_decode_stack_verify_blocks(tiny_llama, prompt):
+@pytest.mark.parametrize("q_regs", [False, True])
+def test_decode_stack_verify_blocks(tiny_llama, prompt, q_regs, monkeypatch):
     """Verify-shaped steps of one sequence: 2, 5, 9 and 16 tokens (the last one two 16-row
     attention tiles of a kv head, causal inside the block), each equal to the layers; after
     250 cached tokens the blocks cross a split boundary (256) and their tiles' splits run
-    in programs of their own on CUDA."""
+    in programs of their own on CUDA. ``q_regs``: the rotated queries kept in registers."""
+    from mmserve.kernels import triton_decode_stack
+
+    monkeypatch.setitem(triton_decode_stack.TUNING, "q_regs", q_regs)
     model = _model(tiny_llama)
     runner = SequenceRunner(model, max_len=320)
     rng = np.random.default_rng(5)
@@ -162,10 +167,14 @@ def test_decode_stack_verify_blocks(tiny_llama, prompt):
 
 @needs_triton
 @torch.inference_mode()
-def test_decode_stack_long_context():
+@pytest.mark.parametrize("q_regs", [False, True])
+def test_decode_stack_long_context(q_regs, monkeypatch):
     """Decode steps at 700-703 cached tokens: six 128-key splits (on CUDA each in a
     program of its own, merged by the last to finish, more splits than one round of the
     merge's loads), equal to the layers."""
+    from mmserve.kernels import triton_decode_stack
+
+    monkeypatch.setitem(triton_decode_stack.TUNING, "q_regs", q_regs)
     model = _grouped_model(6, 2, 64, positions=1024)
     runner = SequenceRunner(model, max_len=768)
     rng = np.random.default_rng(11)
