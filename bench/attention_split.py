@@ -1,6 +1,8 @@
-"""The layered paged-attention kernel with 128-key splits against one split per tile.
+"""The layered paged-attention kernel with its splits against one split per tile.
 
-``SPLIT`` (keys per split, ``mmserve.kernels.triton_attention``) changes the arithmetic:
+The keys per split (``mmserve.kernels.triton_attention.split_keys``: 128 for 64-dim
+heads, 64 for 128-dim ones; the label ``split128`` below is the default either way) change
+the arithmetic:
 each split is an online softmax of its own, merged in order. This times the merges'
 cost where every split runs in the tile's own program (the layered kernel: decode,
 verify, prefill), against ``SPLIT`` larger than any context (no merge but the last),
@@ -44,20 +46,21 @@ def main() -> None:
     ap.add_argument("--out", default="attention_split.json")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    default = ta.SPLIT
+    default = ta.SPLIT, ta.SPLIT_WIDE_HEADS
     rows = {}
     for name, shape in CASES.items():
         q, kc, vc, meta, scale = case(*shape)
         times: dict[str, list[float]] = {"split128": [], "one_split": []}
         for rnd in range(args.rounds):
             for label in (("split128", "one_split") if rnd % 2 == 0 else ("one_split", "split128")):
-                ta.SPLIT = default if label == "split128" else 1 << 30
+                ta.SPLIT, ta.SPLIT_WIDE_HEADS = (default if label == "split128"
+                                                 else (1 << 30, 1 << 30))
                 def call(q=q, kc=kc, vc=vc, meta=meta, scale=scale) -> None:
                     ta.cuda_paged_attention(q, kc, vc, meta, scale)
 
                 call()  # compile outside the timing
                 times[label].append(1e3 * cuda_time_ms(call, repeats=20))
-        ta.SPLIT = default
+        ta.SPLIT, ta.SPLIT_WIDE_HEADS = default
         rows[name] = {"shape": shape, **times,
                       "ratio": min(times["split128"]) / min(times["one_split"])}
         print(f"{name:26s} split128 {min(times['split128']):9.1f} us  one split "

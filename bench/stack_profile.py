@@ -27,7 +27,7 @@ import torch
 
 from mmserve.bench.engine_run import prompted_decoder
 from mmserve.bench.limits import cuda_time_ms
-from mmserve.engine.cuda_graphs import SERIAL_MAX_KEYS
+from mmserve.engine.cuda_graphs import serial_max_keys
 from mmserve.kernels.attention import AttentionMetadata
 from mmserve.kernels.decode_stack import serial_splits, stacked_weights
 from mmserve.kernels.triton_attention import paged_metadata
@@ -97,8 +97,8 @@ def profile_row(model, dec, ctx: int, programs: int) -> dict:
     """One stack launch's phase table at ``ctx`` cached tokens (warm), its graph replay
     time and its output (for the bitwise check between settings)."""
     n_layers = model.num_layers
-    serial = serial_splits() if ctx <= SERIAL_MAX_KEYS else contextlib.nullcontext()
-    with serial:
+    serial = ctx <= serial_max_keys(model.head_dim)
+    with serial_splits() if serial else contextlib.nullcontext():
         timing = torch.zeros(programs, 4 + 10 * n_layers, dtype=torch.int64, device=dec.device)
         timed = stack_launcher(model, dec, ctx, timing)
         for _ in range(10):
@@ -110,7 +110,7 @@ def profile_row(model, dec, ctx: int, programs: int) -> dict:
         plain = stack_launcher(model, dec, ctx, None)
         row["stack_graph_us"] = graph_us(plain)
         row["out"] = plain().float().cpu()
-    row["serial"] = ctx <= SERIAL_MAX_KEYS
+    row["serial"] = serial
     return row
 
 
@@ -142,7 +142,8 @@ def main() -> None:
     programs = default_programs(stacked_weights(model.layers), model.num_kv_heads, dec.device)
     if args.launches_only:
         for ctx in args.ctx:
-            serial = serial_splits() if ctx <= SERIAL_MAX_KEYS else contextlib.nullcontext()
+            serial = serial_splits() if ctx <= serial_max_keys(model.head_dim) \
+                else contextlib.nullcontext()
             with serial:
                 launch = stack_launcher(model, dec, ctx, None)
                 for _ in range(6):

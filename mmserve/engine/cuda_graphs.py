@@ -33,7 +33,7 @@ import torch
 from mmserve.kernels import decode_stack
 from mmserve.kernels.argmax import argmax
 from mmserve.kernels.attention import KVLike, kv_layer
-from mmserve.kernels.triton_attention import SPLIT, PagedMetadata
+from mmserve.kernels.triton_attention import PagedMetadata, split_keys
 from mmserve.models.base import CausalLM
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
@@ -44,12 +44,17 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 PREFILL_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 # Shapes the one-launch decode stack runs get a second graph of its variant that keeps a
 # tile's key splits in one program (fewer registers: no spread path), replayed while no
-# sequence of the step has more than this many keys: one or two 128-key splits, where
-# spreading gains less than its registers cost. H200, SmolLM2-135M, batch 1
-# (bench/NOTES.md, sessions 10-12): 784 against 822 us at 128 cached tokens, 811 against
-# 830 at 200, every shape up to 16 rows 2-5 % faster; with three splits the spread kernel
-# is ahead (834 against 863 at 320).
-SERIAL_MAX_KEYS = 2 * SPLIT
+# sequence of the step has more than this many splits' keys (``serial_max_keys``): one or
+# two splits, where spreading gains less than its registers cost. H200, SmolLM2-135M
+# (128-key splits), batch 1 (bench/NOTES.md, sessions 10-12): 784 against 822 us at 128
+# cached tokens, 811 against 830 at 200, every shape up to 16 rows 2-5 % faster; with
+# three splits the spread kernel is ahead (834 against 863 at 320).
+SERIAL_MAX_SPLITS = 2
+
+
+def serial_max_keys(head_dim: int) -> int:
+    """The most keys a step's sequences may have to replay the serial-split graph."""
+    return SERIAL_MAX_SPLITS * split_keys(head_dim)
 
 
 class Replayed(NamedTuple):
@@ -113,8 +118,8 @@ class DecodeGraphs:
         # CUDA the two-pass Triton argmax, in the step's PDL chain
         self.argmax: dict[tuple[int, int], torch.Tensor] = {}
         # the serial-split variant of the shapes whose kernels spread splits: the decode
-        # stack and the layered attention (SERIAL_MAX_KEYS)
-        self.serial_max_keys = SERIAL_MAX_KEYS
+        # stack and the layered attention (SERIAL_MAX_SPLITS)
+        self.serial_max_keys = serial_max_keys(kv_layer(kv_cache, 0).k.shape[-1])
         self.serial: dict[tuple[int, int],
                           tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.serial_replays = 0

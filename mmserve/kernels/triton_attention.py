@@ -9,15 +9,16 @@ Layout. The query rows of one (sequence, kv head) are its query tokens times the
 sequence's keys in blocks of ``BLOCK_N`` absolute positions, gathering them through
 the block table.
 
-Splits. The keys are cut into ``SPLIT``-key runs aligned to absolute positions; each is
-an online softmax of its own (max, denominator, weighted values), and a row's output is
-the merge of its splits' states in ascending order (``merge_split``, explicit FMAs),
-divided out. Here one program walks every split of its tile, the block loop running on
-across split ends; the decode stack gives a long context's splits programs of their own
-and merges their stored states in the same order: the same bits either way. The split
-ends also cut the online softmax's chain of dependent steps: H200, one split against
-128-key splits in this kernel (bench/NOTES.md, session 10), Llama-3-8B heads at batch 1
-and 1,000 cached tokens 90.7 -> 61.1 us, a 2k-token prefill 384.8 -> 388.6 us.
+Splits. The keys are cut into runs of ``split_keys(head_dim)`` keys aligned to absolute
+positions; each is an online softmax of its own (max, denominator, weighted values), and
+a row's output is the merge of its splits' states in ascending order (``merge_split``,
+explicit FMAs), divided out. Here one program walks every split of its tile, the block
+loop running on across split ends; the decode stack gives a long context's splits
+programs of their own and merges their stored states in the same order: the same bits
+either way. The split ends also cut the online softmax's chain of dependent steps: H200,
+one split against 128-key splits in this kernel (bench/NOTES.md, session 10), Llama-3-8B
+heads at batch 1 and 1,000 cached tokens 90.7 -> 61.1 us, a 2k-token prefill 384.8 ->
+388.6 us.
 
 Batch invariance. A row's result depends only on its own query, its sequence's
 keys and its position: every tile has the same shape whatever the step holds, the
@@ -59,8 +60,20 @@ BLOCK_N = 64  # keys per inner step, aligned to absolute positions
 # Keys per split, aligned to absolute positions: a row's attention is the ordered merge of
 # its splits' own online softmaxes, so a split can run in a program of its own (the decode
 # stack spreads a long context's splits over its grid) with the same bits as here. Part of
-# the arithmetic: changing it changes every attention output (consistently on all paths).
+# the arithmetic: changing it changes every attention output (consistently on all paths),
+# so it is one value per head size (``split_keys``), the same on every path of a model.
+# Heads of up to 64 dims: 128 keys; of 128 and more: 64 keys, which spread a small grid's
+# contexts over twice the programs. H200 (bench/NOTES.md, session 19), 64-key splits
+# against 128: Llama-3-8B (128-dim heads) batch 1 +1.0 %, batch 64 +0.8 %, a 2k prefill
+# the same; SmolLM2-135M (64-dim heads) batch 1 -3.3 % and its 2k prefill slower.
 SPLIT = 128
+SPLIT_WIDE_HEADS = 64
+
+
+def split_keys(head_dim: int) -> int:
+    """Keys per split for heads of ``head_dim`` dimensions."""
+    return SPLIT_WIDE_HEADS if head_dim >= 128 else SPLIT
+
 # Launch options (speed only: the arithmetic and its order do not depend on them).
 LAUNCH = {"num_warps": 4, "num_stages": 2}
 # Grids of fewer programs than this prefetch the next key step's block ids, so a step waits
@@ -496,7 +509,8 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
                k_scale.stride(0), k_scale.stride(1))
-    consts = dict(G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N, SPLIT=SPLIT,
+    consts = dict(G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N,
+                  SPLIT=split_keys(d),
                   FP8=fp8, PREFETCH=prefetch, **pdl_args(q), **LAUNCH)
     per = spread_programs(groups, q.device)
     counts = _spread_counts(q.device) if per > 1 else None
@@ -519,7 +533,7 @@ def split_states(groups: int, block_tables: torch.Tensor, page: int, d: int,
     """The most splits a tile can have (what the block tables hold) and a scratch for every
     group's split states at that many (``split_state``'s layout, float32; one element
     for no groups, a pointer a kernel that never stores a state may still be given)."""
-    splits = -(-block_tables.shape[1] * page // SPLIT)
+    splits = -(-block_tables.shape[1] * page // split_keys(d))
     return splits, torch.empty(max(1, groups * splits * (2 * BLOCK_M + BLOCK_M * d)),
                                dtype=torch.float32, device=device)
 

@@ -8,11 +8,11 @@ launches of a layer become five phases separated by grid barriers
 
 A. RMSNorm + QKV product (``fused_tile``, tiles over the QKV columns);
 B. per (sequence, kv head, 16-row query tile): rope of the tile's query rows (kept in
-   registers) and of the
-   keys it reads, those keys and values written to the paged cache, then attention over
-   the cache in 128-key splits (``attend_keys``), a long context's splits spread over
-   programs of their own and merged in order by the last to finish — the program that
-   writes a key reads it, so the write and the read need only a barrier of its threads;
+   registers) and of the keys it reads, those keys and values written to the paged
+   cache, then attention over the cache in splits of ``split_keys`` keys
+   (``attend_keys``), a long context's splits spread over programs of their own and
+   merged in order by the last to finish — the program that writes a key reads it, so
+   the write and the read need only a barrier of its threads;
 C. o product + residual; D. RMSNorm + gate/up product + silu * up; E. down product +
    residual (``fused_tile``).
 
@@ -46,7 +46,7 @@ import torch
 
 from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
 from mmserve.kernels.triton_attention import BLOCK_N as BLOCK_N_ATT
-from mmserve.kernels.triton_attention import SPLIT, split_states
+from mmserve.kernels.triton_attention import split_keys, split_states
 from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode
 
 try:
@@ -62,7 +62,7 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # "prefetch": the next layer into L2 during phase B; "att_prefetch": attention_rows'
 # PREFETCH mode, 1 (block ids a step ahead): keys and values a step ahead too (mode 2,
 # the layered kernel's) made the H200 replay 825 us against 813 (session 9); "spread": a
-# tile's 128-key splits over programs of their own (off: each tile in one program).
+# tile's key splits over programs of their own (off: each tile in one program).
 # "unroll": norm chunks loaded a round (None: ``norm_rounds``, the row in as few rounds of
 # at most NORM_ROUND_MAX chunks as it takes). H200, SmolLM2-135M, batch 1, one round (9
 # chunks) against two of 8: 701.5 -> 654.2 us a replay at 120 cached tokens, 749.8 -> 704.8
@@ -389,7 +389,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
         BN=BN, BK=TUNING["bk"], BKG=TUNING["bk_gated"], CH=NORM_CHUNK, UNROLL=norm_rounds(hidden),
         ROUND=_round_mode(dt), TK=MAX_ROWS,
-        ATT_BM=BLOCK_M_ATT, ATT_BN=BLOCK_N_ATT, SPLIT=SPLIT, TIMING=timing is not None,
+        ATT_BM=BLOCK_M_ATT, ATT_BN=BLOCK_N_ATT, SPLIT=split_keys(d),
+        TIMING=timing is not None,
         WORKERS=workers, LINE=line, LQKV=lines(qkv_n * hidden),
         LO=lines(hidden * heads * d), LGU=lines(2 * inter * hidden), LD=lines(hidden * inter),
         LN=lines(hidden),

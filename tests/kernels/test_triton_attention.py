@@ -143,7 +143,7 @@ def test_block_prefetch_is_a_launch_option_only(monkeypatch, window):
 
 @pytest.mark.parametrize("window", [None, 40])
 def test_spread_splits_are_a_launch_option_only(monkeypatch, window):
-    """Small grids give a group's 128-key splits programs of their own, merged in order by
+    """Small grids give a group's key splits programs of their own, merged in order by
     the last to finish: the same bits as one program walking them all, at one split and
     many, decode and verify rows, a window; the groups' counters are left at 0."""
     from mmserve.kernels import triton_attention as ta
