@@ -105,29 +105,52 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
                     f"step {step}")
 
 
-def _grouped_model(heads: int, kv_heads: int, head_dim: int, positions: int = 512):
-    """A 1-layer random Llama whose kv heads each serve ``heads // kv_heads`` query heads."""
+def _grouped_model(heads: int, kv_heads: int, head_dim: int, positions: int = 512, *,
+                   hidden: int = 64, inter: int = 96, layers: int = 1):
+    """A random Llama whose kv heads each serve ``heads // kv_heads`` query heads (one
+    layer of width 64 unless said)."""
     from mmserve.models.registry import build_model
 
-    h, inter, vocab = 64, 96, 100
-    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=1, head_dim=head_dim,
+    h, vocab = hidden, 100
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=layers, head_dim=head_dim,
                num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter,
                vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=positions)
     q, kv = heads * head_dim, kv_heads * head_dim
-    shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
-              "model.layers.0.self_attn.q_proj.weight": (q, h),
-              "model.layers.0.self_attn.k_proj.weight": (kv, h),
-              "model.layers.0.self_attn.v_proj.weight": (kv, h),
-              "model.layers.0.self_attn.o_proj.weight": (h, q),
-              "model.layers.0.mlp.gate_proj.weight": (inter, h),
-              "model.layers.0.mlp.up_proj.weight": (inter, h),
-              "model.layers.0.mlp.down_proj.weight": (h, inter),
-              "model.layers.0.input_layernorm.weight": (h,),
-              "model.layers.0.post_attention_layernorm.weight": (h,)}
+    shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        shapes |= {f"{p}.self_attn.q_proj.weight": (q, h),
+                   f"{p}.self_attn.k_proj.weight": (kv, h),
+                   f"{p}.self_attn.v_proj.weight": (kv, h),
+                   f"{p}.self_attn.o_proj.weight": (h, q),
+                   f"{p}.mlp.gate_proj.weight": (inter, h),
+                   f"{p}.mlp.up_proj.weight": (inter, h),
+                   f"{p}.mlp.down_proj.weight": (h, inter),
+                   f"{p}.input_layernorm.weight": (h,),
+                   f"{p}.post_attention_layernorm.weight": (h,)}
     gen = torch.Generator().manual_seed(1)
     sd = {k: torch.randn(v, generator=gen) * (1.0 if len(v) == 1 else v[-1] ** -0.5)
           for k, v in shapes.items()}
     return build_model(cfg, sd, torch.bfloat16 if ON_CUDA else torch.float32, DEVICE)
+
+
+@needs_triton
+@torch.inference_mode()
+@pytest.mark.parametrize("prompt", [130, 254])
+def test_decode_stack_equals_the_layers_at_smollm2_widths(prompt):
+    """The default model's widths (hidden 576: a K loop of 256-wide steps ending in a
+    partial one; 1,536 gate/up rows; 9 query heads on 3 kv heads of 64 dims), two layers
+    of random weights: decode steps after ``prompt`` cached tokens (254: across the
+    second split's end at 256) equal the layered path, hidden state and cache bytes (on
+    CUDA bit for bit). The other tests' models are narrower than any real one."""
+    model = _grouped_model(9, 3, 64, positions=1024, hidden=576, inter=1536, layers=2)
+    runner = SequenceRunner(model, max_len=320)
+    rng = np.random.default_rng(13)
+    runner.table = rng.permutation(len(runner.table)).tolist()
+    runner.step(rng.integers(0, 100, prompt).tolist(), 0)
+    for step in range(4):
+        _check_step(model, runner, prompt + step, int(rng.integers(0, 100)),
+                    None if ON_CUDA else 1, f"step {step}")
 
 
 @needs_triton
