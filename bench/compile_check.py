@@ -35,7 +35,7 @@ NO_HINT = {"L", "M", "B", "att_tiles", "groups", "SPLITS", "PER", "eps", "scale_
 STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256, BKG=256,
              CH=64, UNROLL=9, ROUND=1, TK=16, ATT_BM=16, ATT_BN=64, SPLIT=128, TIMING=False,
              WORKERS=48, LINE=64, LQKV=256, LO=64, LGU=512, LD=256, LN=1, KV_ROWS=64,
-             KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, Q_REGS=True)
+             KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=64, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
@@ -92,9 +92,10 @@ def main() -> None:
     print("decode stack, serial, gate and up as two products:",
           report(kernel, {**STACK, "SPREAD": False, "ONE_DOT": False}, num_warps=4,
                  num_stages=4))
-    print("decode stack, serial, queries through L2 (q_regs off):",
-          report(kernel, {**STACK, "SPREAD": False, "Q_REGS": False}, num_warps=4,
-                 num_stages=4))
+    for spread in (True, False):
+        print(f"decode stack, rope in the attention phase (qkv_rope off), spread={spread}:",
+              report(kernel, {**STACK, "SPREAD": spread, "QKV_ROPE": False}, num_warps=4,
+                     num_stages=4))
     kernel = triton_attention._paged_attention_kernel
     for fp8, prefetch in ((False, 0), (False, 1), (False, 2), (True, 1)):
         print(f"paged attention, fp8={fp8}, prefetch={prefetch}:",

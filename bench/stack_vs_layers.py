@@ -34,10 +34,11 @@ import torch
 
 from mmserve.bench.shapes import shape
 from mmserve.engine.cuda_graphs import serial_max_keys
-from mmserve.kernels.attention import AttentionMetadata, kv_layer
+from mmserve.kernels.attention import AttentionMetadata, kv_layer, paged_attention
 from mmserve.kernels.decode_stack import serial_splits, stacked_weights
+from mmserve.kernels.fused import linear_residual, norm_gate_up_silu, norm_linear, qkv_rope
 from mmserve.kernels.triton_attention import paged_metadata
-from mmserve.kernels.triton_decode_stack import decode_stack
+from mmserve.kernels.triton_decode_stack import TUNING, decode_stack
 from mmserve.models.registry import build_model
 
 PAGE = 16
@@ -79,13 +80,62 @@ def layered(model, x, positions, meta, kv) -> torch.Tensor:
     return x
 
 
-def stacked(model, x, positions, meta, kv) -> torch.Tensor:
+def stacked(model, x, positions, meta, kv, scratch=None) -> torch.Tensor:
     pm = paged_metadata(meta, PAGE)
     return decode_stack(x, stacked_weights(model.layers), kv, model.rope.cos, model.rope.sin,
                         positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
                         pm.query_start, pm.query_lens, 1, heads=model.num_heads,
                         kv_heads=model.num_kv_heads, eps=model.eps,
-                        scale=model.head_dim**-0.5, programs=None if kv.is_cuda else 1)
+                        scale=model.head_dim**-0.5, programs=None if kv.is_cuda else 1,
+                        scratch=scratch)
+
+
+def probe(model, positions, meta, kv_pre, kv_stack, sc, serial: bool) -> list[dict]:
+    """Where a stack launch departs: each layer's phases redone by the layered kernels on
+    the stack's own inputs (``sc``: its intermediates, ``kv_stack``: its cache after the
+    launch, ``kv_pre``: the cache before it), compared bit for bit with what the stack
+    wrote. The layers with a phase that differs, first one first."""
+    found = []
+    for i, layer in enumerate(model.layers):
+        a, m, xi = layer.attn, layer.mlp, sc["xs"][i]
+        res: dict = {"layer": i}
+        qkv = norm_linear(xi, layer.input_norm, model.eps, 0.0, a.qkv_weight)
+        if "qkv" in sc:  # (with rope in the stack's QKV phase, its rotated q: below)
+            res["qkv"] = torch.equal(qkv, sc["qkv"][i])
+        attn = {}
+        for name, mode in (("attn_spread", contextlib.nullcontext()),
+                           ("attn_serial", serial_splits())):
+            kvc = kv_pre.clone()
+            with mode:
+                attn[name] = a.attend(qkv, positions, model.rope, meta, kv_layer(kvc, i))
+            res[name] = torch.equal(attn[name], sc["attn"][i])
+            res[name + "_kv"] = torch.equal(kvc[i], kv_stack[i])
+        # the reference layer's own route: rope in the QKV product's epilogue, then the
+        # paged attention kernel (from the stack's input of the layer)
+        kvc = kv_pre.clone()
+        with serial_splits() if serial else contextlib.nullcontext():
+            q = qkv_rope(xi, layer.input_norm, model.eps, 0.0, a.qkv_weight, a.qkv_bias,
+                         a.heads, a.kv_heads, positions, model.rope, kv_layer(kvc, i),
+                         meta.slot_mapping)
+            if q is not None and "qrot" in sc:
+                res["qrot"] = torch.equal(q.reshape(sc["qrot"][i].shape), sc["qrot"][i])
+            if q is not None:
+                attn["attn_qkv_rope"] = paged_attention(q, kv_layer(kvc, i), meta, a.scale,
+                                                        a.window).reshape(-1, a.q_size)
+                res["attn_qkv_rope"] = torch.equal(attn["attn_qkv_rope"], sc["attn"][i])
+                res["attn_qkv_rope_kv"] = torch.equal(kvc[i], kv_stack[i])
+        res["attn_max_abs_diff"] = {k: float((v.float() - sc["attn"][i].float()).abs().max())
+                                    for k, v in attn.items()}
+        res["o_residual"] = torch.equal(linear_residual(sc["attn"][i], a.o_weight, xi),
+                                        sc["mids"][i])
+        res["gate_up_silu"] = torch.equal(
+            norm_gate_up_silu(sc["mids"][i], layer.post_attn_norm, model.eps, 0.0,
+                              m.gate_up_weight), sc["act"][i])
+        res["down_residual"] = torch.equal(
+            linear_residual(sc["act"][i], m.down_weight, sc["mids"][i]), sc["xs"][i + 1])
+        if not all(v for k, v in res.items() if isinstance(v, bool)):
+            found.append(res)
+    return found
 
 
 def compare(name: str, got, kv_got, want, kv_want, logits_want, model, row=0) -> dict:
@@ -113,7 +163,6 @@ def interpreter_index_patch() -> None:
     interpreter._patch_lang_tensor = patched
 
 
-@torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
@@ -123,14 +172,33 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="rows of the batched step (0: none)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="stack_vs_layers.json")
+    ap.add_argument("--tuning", default="", help="TUNING overrides, e.g. qkv_rope=0,bk=128")
+    ap.add_argument("--probe", action="store_true",
+                    help="at a step the stack differs, name the layer and phase (probe())")
+    ap.add_argument("--serial-ref", action="store_true",
+                    help="also the layered one-row step with serial splits against the reference")
     args = ap.parse_args()
-    dev = torch.device(args.device)
-    if dev.type == "cpu":
+    for kv_pair in filter(None, args.tuning.split(",")):
+        k, v = kv_pair.split("=")
+        TUNING[k] = type(TUNING[k])(int(v)) if isinstance(TUNING[k], (bool, int)) else v
+    if args.device == "cpu":
         interpreter_index_patch()
+    result = check(args.model, args.layers, args.steps, args.repeat, args.batch, args.device,
+                   probe_steps=args.probe, serial_ref=args.serial_ref)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+@torch.inference_mode()
+def check(name: str, layers: int | None, steps: int, repeat: int, batch: int, device: str,
+          probe_steps: bool = False, serial_ref: bool = False, log=print) -> dict:
+    """The comparison of the module docstring -> a report: ``differing_steps`` (the steps
+    where any path differs from the reference) and a row a step."""
+    dev = torch.device(device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    model, cfg = random_model(args.model, args.layers, args.device, dtype)
-    seqs = max(1, args.batch)
-    per = -(-(PROMPT + args.steps) // PAGE)
+    model, cfg = random_model(name, layers, device, dtype)
+    seqs = max(1, batch)
+    per = -(-(PROMPT + steps) // PAGE)
     kv = torch.zeros(model.num_layers, 2, 1 + seqs * per, PAGE, model.num_kv_heads,
                      model.head_dim, dtype=dtype, device=dev)
     tables = 1 + torch.arange(seqs * per).view(seqs, per)
@@ -140,7 +208,7 @@ def main() -> None:
     meta = AttentionMetadata.build([PROMPT] * seqs, [PROMPT] * seqs, tables.tolist(), PAGE, dev)
     pos = torch.arange(PROMPT, device=dev).repeat(seqs)
     layered(model, model.embed(prompt.to(dev).repeat(seqs)), pos, meta, kv)
-    tokens = torch.randint(0, cfg["vocab_size"], (args.steps,), generator=gen).tolist()
+    tokens = torch.randint(0, cfg["vocab_size"], (steps,), generator=gen).tolist()
     rows, differing = [], []
     for s, tok in enumerate(tokens):
         ctx = PROMPT + s + 1
@@ -152,13 +220,25 @@ def main() -> None:
         logits = model.compute_logits(want)
         row = {"step": s, "ctx": ctx, "checks": []}
         serial = ctx <= serial_max_keys(model.head_dim)
-        for r in range(args.repeat):
+        for r in range(repeat):
             kv_s = kv.clone()
+            sc: dict = {}
             with serial_splits() if serial else contextlib.nullcontext():
-                got = stacked(model, x1, pos1, meta1, kv_s)
+                got = stacked(model, x1, pos1, meta1, kv_s, sc)
             row["checks"].append(compare(f"stack#{r}", got, kv_s[:, :, :1 + per], want,
                                          kv_ref[:, :, :1 + per], logits, model))
-        if args.batch > 0:
+            c = row["checks"][-1]
+            if probe_steps and r == 0 and not (c["hidden_equal"]
+                                              and c["first_kv_layer_differing"] is None):
+                row["probe"] = probe(model, pos1, meta1, kv, kv_s, sc, serial)
+                log(f"step {s} probe: {json.dumps(row['probe'][:2])}", flush=True)
+        if serial_ref:
+            kv_l = kv.clone()
+            with serial_splits():
+                got = layered(model, x1, pos1, meta1, kv_l)
+            row["checks"].append(compare("layers-serial", got, kv_l[:, :, :1 + per], want,
+                                         kv_ref[:, :, :1 + per], logits, model))
+        if batch > 0:
             kv_b = kv.clone()
             posb = pos1.repeat(seqs)
             got = layered(model, x1.repeat(seqs, 1), posb, step_meta([ctx] * seqs, tables, dev),
@@ -167,7 +247,7 @@ def main() -> None:
                                          kv_ref[:, :, :1 + per], logits, model))
         # every path goes on from the reference's bytes (the batch's other sequences, which
         # hold the same prompt and tokens, from their own step)
-        if args.batch > 0:
+        if batch > 0:
             kv_b[:, :, :1 + per] = kv_ref[:, :, :1 + per]
             kv_ref = kv_b
         kv = kv_ref
@@ -175,18 +255,16 @@ def main() -> None:
                                                 and c["first_kv_layer_differing"] is None)]
         if bad:
             differing.append(s)
-            print(f"step {s} (ctx {ctx}): " + "; ".join(
+            log(f"step {s} (ctx {ctx}): " + "; ".join(
                 f"{c['path']} hidden {'=' if c['hidden_equal'] else '!='} "
                 f"(max {c['max_abs_diff']:.3g}), first kv layer differing "
                 f"{c['first_kv_layer_differing']}, argmax "
                 f"{'same' if c['argmax_equal'] else 'DIFFERS'}" for c in bad), flush=True)
         rows.append(row)
-    print(f"{args.model} ({model.num_layers} layers): {len(differing)} of {args.steps} steps "
-          f"differ from the layered one-row step; first {differing[:10]}", flush=True)
-    with open(args.out, "w") as f:
-        json.dump({"model": args.model, "layers": model.num_layers, "steps": args.steps,
-                   "batch": args.batch, "repeat": args.repeat, "differing_steps": differing,
-                   "rows": rows}, f, indent=1)
+    log(f"{name} ({model.num_layers} layers): {len(differing)} of {steps} steps "
+        f"differ from the layered one-row step; first {differing[:10]}", flush=True)
+    return {"model": name, "layers": model.num_layers, "steps": steps, "tuning": dict(TUNING),
+            "batch": batch, "repeat": repeat, "differing_steps": differing, "rows": rows}
 
 
 if __name__ == "__main__":

@@ -401,10 +401,15 @@ if triton is not None:
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit
-    def load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D: tl.constexpr):
+    def load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D: tl.constexpr,
+                     L2: tl.constexpr = False):
+        """The tile's query rows (BM, D) (``L2``: written by other programs of a
+        persistent launch, read from L2)."""
         d = tl.arange(0, D)
-        return tl.load(q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh
-                       + d[None, :], mask=row_ok[:, None], other=0.0)
+        ptrs = q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + d[None, :]
+        if L2:
+            return tl.load(ptrs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
 
     @triton.jit
     def attention_rows(

@@ -6,13 +6,14 @@ critical path (bench/NOTES.md, session 5: SmolLM2-135M ~30 us a layer over six l
 launches of a layer become five phases separated by grid barriers
 (:mod:`mmserve.kernels.triton_grid`, ~1.1 us each on the H200):
 
-A. RMSNorm + QKV product (``fused_tile``, tiles over the QKV columns);
-B. per (sequence, kv head, 16-row query tile): rope of the tile's query rows (kept in
-   registers) and of the keys it reads, those keys and values written to the paged
-   cache, then attention over the cache in splits of ``split_keys`` keys
-   (``attend_keys``), a long context's splits spread over programs of their own and
-   merged in order by the last to finish — the program that writes a key reads it, so
-   the write and the read need only a barrier of its threads;
+A. RMSNorm + QKV product, tiles over the QKV columns, and in the epilogue the rope of q
+   (into ``qrot``) and k and the cache write of k and v (``qkv_rope_tile``, the layered
+   path's ``qkv_rope``; ``TUNING["qkv_rope"]`` off: the plain product, ``fused_tile``,
+   and phase B's programs rotate and write what they read, the write and the read then
+   needing only a barrier of their threads);
+B. per (sequence, kv head, 16-row query tile): attention over the cache in splits of
+   ``split_keys`` keys (``attend_keys``), a long context's splits spread over programs
+   of their own and merged in order by the last to finish;
 C. o product + residual; D. RMSNorm + gate/up product + silu * up; E. down product +
    residual (``fused_tile``).
 
@@ -69,13 +70,20 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # at 250 (bench/NOTES.md, session 20; session 8 had read 16 chunks a round slower than 8:
 # 7 of them masked). "gated_one_dot": gate and up rows as one 32-row weight tile
 # (``fused_tile``'s ONE_DOT); against two products 656 -> 630 us at 120 cached tokens,
-# 709 -> 686 at 250 (gate_up's critical path 6.05 -> 4.67 us; session 20). "q_regs": the
-# attention phase keeps its rotated queries in registers (off: stored, then loaded back
-# from L2 after the program's barrier, a round trip): 624.6 -> 618.4 us at 120 cached
-# tokens, 679.5 -> 667.5 at 250, same bits (session 21).
+# 709 -> 686 at 250 (gate_up's critical path 6.05 -> 4.67 us; session 20). "qkv_rope": the
+# rope of q and k and the cache write in the QKV phase's epilogue (``qkv_rope_tile``, the
+# layered path's ``qkv_rope``), so phase B only loads its queries and the cache (off: phase
+# B rotates its tile's queries into ``qrot``, writes the keys and values it reads, then
+# loads them back after its threads' barrier: two more dependent round trips). Against
+# off: 621.1 -> 597.0 us at 120 cached tokens, 671.4 -> 646.8 at 250, 758.3 -> 730.9 at
+# 600 (session 22). Session 21's "q_regs" (phase B's rotated queries kept in registers,
+# the halves joined with tl.join/permute/reshape) moved one attention output element by
+# an ulp in ~1 of 900 layer steps (that tile layout took another summation order in the
+# QK product), so a step's tokens could depend on the path; removed (bench/NOTES.md,
+# session 22).
 TUNING = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
-          "q_regs": True}
+          "qkv_rope": True}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -85,7 +93,7 @@ MAX_ROWS = 16
 
 
 if triton is not None:
-    from mmserve.kernels.triton_fused import fused_tile
+    from mmserve.kernels.triton_fused import fused_tile, qkv_rope_tile
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
     from mmserve.kernels.triton_rope_attention import attend_group
 
@@ -135,7 +143,7 @@ if triton is not None:
                          D: tl.constexpr, PAGE: tl.constexpr, P_ATT: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                          TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
-                         SPREAD: tl.constexpr, Q_REGS: tl.constexpr):
+                         SPREAD: tl.constexpr, ROPED: tl.constexpr):
         """Phase B on programs 0 .. P_ATT - 1. Each (sequence, kv head, query tile) group
         gets ``P_ATT // groups`` programs, each taking a run of the tile's ``SPLIT``-key
         splits: rope and cache write of what the run reads, then each split's own online
@@ -153,13 +161,13 @@ if triton is not None:
                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
                              part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                              stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, Q_REGS)
+                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED)
         elif pid < groups * per:  # the group's splits spread over its programs
             attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
                          sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
                          qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                          stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                         SPLIT, TK, ROUND, ATT_PREFETCH, False, Q_REGS)
+                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED)
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr, NS: tl.constexpr = False):
@@ -203,7 +211,7 @@ if triton is not None:
         LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
         LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
         ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
-        Q_REGS: tl.constexpr,
+        QKV_ROPE: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -230,25 +238,33 @@ if triton is not None:
             qrot = qrot_ptr + lw * M * Q
             attn = attn_ptr + lw * M * Q
             act = act_ptr + lw * M * INTER
-            # A: qkv = rms_norm(x) @ Wqkv.T
-            for t in range(pid, (QKV + BN - 1) // BN, P):
-                fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
-                           M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False, False,
-                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
-            # B: per (sequence, kv head, query tile): rope of the tile's queries, rope +
-            # cache write of the keys and values it reads (the write and the read then need
-            # only a barrier of the program's own threads), then attention over the cache,
-            # a long context's splits spread over the group's programs
             kc = kv_ptr + lw * stride_kvl
             vc = kc + stride_kv2
+            # A: qkv = rms_norm(x) @ Wqkv.T; QKV_ROPE: and in the epilogue, the rope of q
+            # (into qrot) and of k, and k and v written to the cache
+            for t in range(pid, (QKV + BN - 1) // BN, P):
+                if QKV_ROPE:
+                    qkv_rope_tile(t, x_in, wqkv_ptr + lw * QKV * H, x_in, n1_ptr + lw * H, qrot,
+                                  kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, H, H, H, eps,
+                                  0.0, HQ, HKV, D, True, False, ROUND, 16, BN, BK, 8, CH,
+                                  UNROLL, ".cg")
+                else:
+                    fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
+                               M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False,
+                               False, ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
+            # B: per (sequence, kv head, query tile): attention over the cache, a long
+            # context's splits spread over the group's programs; without QKV_ROPE first the
+            # rope of the tile's queries and the rope + cache write of the keys and values
+            # it reads (the write and the read then need only a barrier of the program's
+            # own threads)
             if pid < P - WORKERS:
                 _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
                                  pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
                                  part_ptr, count_ptr, B, att_tiles, SPLITS, scale_log2,
                                  stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE,
                                  P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND, ATT_PREFETCH,
-                                 SPREAD, Q_REGS)
+                                 SPREAD, QKV_ROPE)
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
@@ -323,7 +339,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
                  context_lens: torch.Tensor, query_start: torch.Tensor,
                  query_lens: torch.Tensor, max_query_len: int, *, heads: int, kv_heads: int,
                  eps: float, scale: float, programs: int | None = None,
-                 timing: torch.Tensor | None = None) -> torch.Tensor:
+                 timing: torch.Tensor | None = None,
+                 scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Every layer for a step of at most ``MAX_ROWS`` tokens: x (N, H) -> the residual
     stream after the last layer (N, H).
 
@@ -339,6 +356,9 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     after phase i's work (slot 2 i) and after the barrier after it (slot 2 i + 3), in its
     SM's cycles (SMs' clocks run at one rate but from different origins), and the global
     timer (ns) at its start and end (the last two slots); for benchmarks.
+    ``scratch``: a dict that receives every layer's intermediates (``xs`` (L + 1, N, H):
+    the residual stream before each layer and after the last; ``qkv``, ``attn``, ``mids``
+    (after the attention's residual), ``act`` (silu * up)); for debugging tools.
     """
     n_layers, _, hidden = weights["qkv"].shape
     d = kv.shape[-1]
@@ -353,11 +373,15 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     xs[0].copy_(x)
     mids = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
     qkv = torch.empty(n_layers, n, qkv_n, dtype=dt, device=dev)
-    # the rotated queries: kept in registers with q_regs (then the buffer is never touched)
-    qrot = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev) \
-        if not TUNING["q_regs"] else xs
+    # rope in phase A's epilogue (qkv_rope; a q or k tile holds pairs of a head's dims,
+    # so the tile's columns divide the head)
+    roped = bool(TUNING["qkv_rope"]) and d % BN == 0
+    qrot = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)  # the rotated queries
     attn = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)
     act = torch.empty(n_layers, n, inter, dtype=dt, device=dev)
+    if scratch is not None:
+        scratch.update(xs=xs, attn=attn, mids=mids, act=act)
+        scratch["qrot" if roped else "qkv"] = qrot if roped else qkv
     if programs is None:
         programs = default_programs(weights, kv_heads, dev)
     group = heads // kv_heads
@@ -396,6 +420,6 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         LN=lines(hidden),
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
         ATT_PREFETCH=TUNING["att_prefetch"], SPREAD=TUNING["spread"],
-        ONE_DOT=TUNING["gated_one_dot"], Q_REGS=TUNING["q_regs"],
+        ONE_DOT=TUNING["gated_one_dot"], QKV_ROPE=roped,
         num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers]

@@ -279,17 +279,33 @@ if triton is not None:
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
                          PDL: tl.constexpr):
-        """The QKV product (with the RMSNorm prologue when NORM) and, in its epilogue, the
-        rope of its q and k columns and the cache write of k and v: a q or k tile holds
-        dims ``i .. i + BN/2 - 1`` of one head's first half and the same of its second
-        (the rotation's pairs), a v tile ``BN`` columns in order."""
+        """A tile of ``qkv_rope_tile`` a program."""
+        wait_only(PDL)
+        launch_next(PDL)
+        qkv_rope_tile(tl.program_id(0), a_ptr, w_ptr, bias_ptr, nw_ptr, qo_ptr, kc_ptr, vc_ptr,
+                      cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, K, stride_am, stride_wn, eps,
+                      offset, HQ, HKV, D, NORM, HAS_BIAS, ROUND, BM, BN, BK, GROUP_M, CH,
+                      UNROLL, "")
+
+    @triton.jit
+    def qkv_rope_tile(pid, a_ptr, w_ptr, bias_ptr, nw_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr,
+                      sin_ptr, pos_ptr, slot_ptr, M, K, stride_am, stride_wn, eps, offset,
+                      HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                      NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
+                      ACT_CACHE: tl.constexpr):
+        """Tile ``pid`` of the QKV product (with the RMSNorm prologue when NORM) and, in its
+        epilogue, the rope of its q and k columns and the cache write of k and v: a q or k
+        tile holds dims ``i .. i + BN/2 - 1`` of one head's first half and the same of its
+        second (the rotation's pairs), a v tile ``BN`` columns in order. The kernel above,
+        or one phase of a persistent kernel (``ACT_CACHE=".cg"``: the activations, written
+        by other programs of the launch, read from L2)."""
         Q: tl.constexpr = HQ * D
         KV: tl.constexpr = HKV * D
         HB: tl.constexpr = BN // 2
         HALF: tl.constexpr = D // 2
-        wait_only(PDL)
-        launch_next(PDL)
-        pid_m, pid_n = tile_ids(tl.program_id(0), M, Q + 2 * KV, BM, BN, GROUP_M)
+        pid_m, pid_n = tile_ids(pid, M, Q + 2 * KV, BM, BN, GROUP_M)
         rm = pid_m * BM + tl.arange(0, BM)
         row_ok = rm < M
         c0 = pid_n * BN  # the tile's first column of the product: q, k, v heads in order
@@ -305,11 +321,11 @@ if triton is not None:
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
         if NORM:
-            rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, "")
+            rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
         else:
             rstd = tl.full([BM], 1.0, tl.float32)
         acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, rstd,
-                                nw_ptr, offset, NORM, False, BM, BN, BK, "")
+                                nw_ptr, offset, NORM, False, BM, BN, BK, ACT_CACHE)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
         y = _round(acc, ROUND)  # the product's value, as linear stores it

@@ -58,7 +58,7 @@ if triton is not None:
     def rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qstart, qlen,
                          tile, h, k_lo, k_hi, HQ: tl.constexpr, HKV: tl.constexpr,
                          D: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, TK: tl.constexpr,
-                         ROUND: tl.constexpr, STORE_Q: tl.constexpr = True):
+                         ROUND: tl.constexpr):
         """What attention tile ``tile`` of kv head ``h`` reads of keys ``k_lo .. k_hi - 1``,
         for the sequence of ``qlen`` tokens from flat row ``qstart``: its ``BM`` query rows
         (``attention_rows``' layout, row = token * G + head) rotated into ``qrot``; the keys
@@ -67,8 +67,7 @@ if triton is not None:
         one token does; another tile's
         program writes the same bytes for the tokens they share. ``_rope_write_kv_kernel``'s
         elementwise math, so the bits do not depend on the tiling; a negative slot writes
-        no key or value. Returns the rotated query tile (BM, D) in the activations'
-        dtype, the values stored in ``qrot`` (``STORE_Q``; else ``qrot`` is not touched)."""
+        no key or value."""
         HALF: tl.constexpr = D // 2
         QKV: tl.constexpr = (HQ + 2 * HKV) * D
         rows = tile * BM + tl.arange(0, BM)
@@ -79,12 +78,8 @@ if triton is not None:
         c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos, HALF, HALF, ROUND)
         o1, o2 = _rotated_at(qkv + (tq * QKV + head * D)[:, None], ok_q[:, None], c1, s1, c2,
                              s2, HALF, ROUND, ".cg")
-        if STORE_Q:
-            store_halves_at(qrot + (tq * (HQ * D) + head * D)[:, None], o1, o2, ok_q[:, None],
-                            HALF)
-        # the halves side by side: (BM, HALF, 2) -> (BM, 2, HALF) -> (BM, D)
-        q = tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), [BM, D]).to(
-            qkv.dtype.element_ty)
+        store_halves_at(qrot + (tq * (HQ * D) + head * D)[:, None], o1, o2, ok_q[:, None],
+                        HALF)
         t = tl.arange(0, TK)
         ok_t = t <= tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
         tk = qstart + t
@@ -99,7 +94,6 @@ if triton is not None:
         d = tl.arange(0, D)[None, :]
         tl.store(vc + row + d, tl.load(src + HKV * D + d, mask=ok_k, cache_modifier=".cg"),
                  mask=ok_k)
-        return q
 
     @triton.jit
     def attend_group(g, sub, per, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
@@ -109,14 +103,16 @@ if triton is not None:
                       PAGE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       SPLIT: tl.constexpr, TK: tl.constexpr, ROUND: tl.constexpr,
                       ATT_PREFETCH: tl.constexpr, RESET: tl.constexpr,
-                      Q_REGS: tl.constexpr = False):
+                      ROPED: tl.constexpr = False):
         """Program ``sub`` of ``per`` on group ``g``: with one program or one split, the
         whole tile in order; else a run of consecutive splits (the block loop goes on
         across them, each split's state to ``part_ptr``), and the program that finishes
         the group's last run merges them all in order (``RESET``: and zeroes the group's
-        counter, for a launch that does not zero them first). ``Q_REGS``: the rotated
-        queries stay in registers (else stored to ``qrot`` and loaded back: an L2 round
-        trip; the same values either way)."""
+        counter, for a launch that does not zero them first). ``ROPED``: an earlier phase
+        of the launch rotated the queries into ``qrot`` and wrote the keys and values to
+        the cache (``triton_fused.qkv_rope_tile``): only the attention here (its queries
+        and cache read from L2); else the program first rotates the tile's queries into
+        ``qrot`` and writes what it reads of the cache (``rope_write_tile``)."""
         G: tl.constexpr = HQ // HKV
         Q: tl.constexpr = HQ * D
         seq = g // (HKV * att_tiles)
@@ -131,12 +127,12 @@ if triton is not None:
         if tile * BM < qlen * G:
             if (per == 1) | (n == 1):  # every split here, merged in order
                 if sub == 0:
-                    q = rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr,
-                                        slot_ptr, qstart, qlen, tile, h, lo, hi, HQ, HKV, D,
-                                        G, BM, TK, ROUND, not Q_REGS)
-                    tl.debug_barrier()  # the program's own writes, read back below
-                    if not Q_REGS:
-                        q = load_queries(qrot, row_ok, tok, head, Q, D, D)
+                    if not ROPED:
+                        rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+                                        qstart, qlen, tile, h, lo, hi, HQ, HKV, D, G, BM, TK,
+                                        ROUND)
+                        tl.debug_barrier()  # the program's own writes, read back below
+                    q = load_queries(qrot, row_ok, tok, head, Q, D, D, ROPED)
                     _, den, acc = attend_keys(q, qpos, table, kc, vc, kc, vc, h, lo, hi,
                                               scale_log2, stride_kb, stride_ks, 0, 0, D, PAGE,
                                               0, BM, BN, SPLIT, False, ATT_PREFETCH, stride_kh,
@@ -149,12 +145,12 @@ if triton is not None:
                 if j0 < j1:
                     k_lo = tl.maximum(lo, j0 * SPLIT)
                     k_hi = tl.minimum(hi, j1 * SPLIT)
-                    q = rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr,
-                                        slot_ptr, qstart, qlen, tile, h, k_lo, k_hi, HQ, HKV,
-                                        D, G, BM, TK, ROUND, not Q_REGS)
-                    tl.debug_barrier()
-                    if not Q_REGS:
-                        q = load_queries(qrot, row_ok, tok, head, Q, D, D)
+                    if not ROPED:
+                        rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+                                        qstart, qlen, tile, h, k_lo, k_hi, HQ, HKV, D, G, BM,
+                                        TK, ROUND)
+                        tl.debug_barrier()
+                    q = load_queries(qrot, row_ok, tok, head, Q, D, D, ROPED)
                     part = part_ptr + g.to(tl.int64) * SPLITS * (2 * BM + BM * D)
                     attend_keys(q, qpos, table, kc, vc, kc, vc, h, k_lo, k_hi, scale_log2,
                                 stride_kb, stride_ks, 0, 0, D, PAGE, 0, BM, BN, SPLIT, False,
