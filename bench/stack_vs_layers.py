@@ -39,6 +39,7 @@ from mmserve.kernels.decode_stack import serial_splits, stacked_weights
 from mmserve.kernels.fused import linear_residual, norm_gate_up_silu, norm_linear, qkv_rope
 from mmserve.kernels.triton_attention import paged_metadata
 from mmserve.kernels.triton_decode_stack import TUNING, decode_stack
+from mmserve.models.llama import hf_tensor_shapes
 from mmserve.models.registry import build_model
 
 PAGE = 16
@@ -51,18 +52,7 @@ def random_model(name: str, layers: int | None, device: str, dtype: torch.dtype)
     cfg = shape(name)
     if layers:
         cfg["num_hidden_layers"] = layers
-    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,)}
-    if not cfg["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (cfg["vocab_size"], h)
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        shapes |= {f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.k_proj.weight": (kv, h),
-                   f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.o_proj.weight": (h, q),
-                   f"{p}.mlp.gate_proj.weight": (inter, h), f"{p}.mlp.up_proj.weight": (inter, h),
-                   f"{p}.mlp.down_proj.weight": (h, inter), f"{p}.input_layernorm.weight": (h,),
-                   f"{p}.post_attention_layernorm.weight": (h,)}
+    shapes = hf_tensor_shapes(cfg)
     gen = torch.Generator(device=device).manual_seed(0)
     sd = {k: (torch.ones(v, device=device) if len(v) == 1 else
               torch.randn(v, generator=gen, device=device) * 0.02) for k, v in shapes.items()}

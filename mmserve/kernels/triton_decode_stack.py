@@ -372,11 +372,12 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     xs = torch.empty(n_layers + 1, n, hidden, dtype=dt, device=dev)
     xs[0].copy_(x)
     mids = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
-    qkv = torch.empty(n_layers, n, qkv_n, dtype=dt, device=dev)
     # rope in phase A's epilogue (qkv_rope; a q or k tile holds pairs of a head's dims,
     # so the tile's columns divide the head)
     roped = bool(TUNING["qkv_rope"]) and d % BN == 0
     qrot = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)  # the rotated queries
+    # the plain product's output: only without qkv_rope (else never touched)
+    qkv = qrot if roped else torch.empty(n_layers, n, qkv_n, dtype=dt, device=dev)
     attn = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)
     act = torch.empty(n_layers, n, inter, dtype=dt, device=dev)
     if scratch is not None:

@@ -23,6 +23,28 @@ from mmserve.models.layers import GatedMLP, SelfAttention, fuse_attention, fuse_
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def hf_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """The tensors of an HF Llama checkpoint of config ``cfg`` and their shapes (what
+    ``load_hf_state_dict`` reads), in a fixed order: the embedding, the final norm, the
+    head when untied, then each layer's. For building random-weight models."""
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q = cfg["num_attention_heads"] * d
+    kv = (cfg.get("num_key_value_heads") or cfg["num_attention_heads"]) * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg["vocab_size"], h),
+                                          "model.norm.weight": (h,)}
+    if not cfg.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (cfg["vocab_size"], h)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        shapes |= {f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.k_proj.weight": (kv, h),
+                   f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.o_proj.weight": (h, q),
+                   f"{p}.mlp.gate_proj.weight": (inter, h), f"{p}.mlp.up_proj.weight": (inter, h),
+                   f"{p}.mlp.down_proj.weight": (h, inter), f"{p}.input_layernorm.weight": (h,),
+                   f"{p}.post_attention_layernorm.weight": (h,)}
+    return shapes
+
+
 def rope_settings(cfg: dict) -> tuple[float, dict | None]:
     """(theta, scaling) from either the classic keys or transformers 5's ``rope_parameters``."""
     params = cfg.get("rope_parameters") or {}

@@ -68,6 +68,14 @@ def _check_step(model, runner, pos: int, token: int, programs, what: str = "") -
     _check_seqs(model, runner.kv, [(runner.table, pos, [token])], programs, what)
 
 
+def _tune(monkeypatch, settings: dict | None) -> None:
+    """The stack's launch settings (``TUNING``) for one test."""
+    from mmserve.kernels import triton_decode_stack
+
+    for key, value in (settings or {}).items():
+        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
+
+
 def _model(tiny_llama):
     model = tiny_llama(str(DEVICE))
     return model if ON_CUDA else model.float()
@@ -92,10 +100,7 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
     """Eight decode steps after a 37-token prompt, scattered cache blocks: each step's
     hidden state and cache bytes from the one launch equal the layered path's, whatever
     the grid and the launch settings."""
-    from mmserve.kernels import triton_decode_stack
-
-    for key, value in (tuning or {}).items():
-        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
+    _tune(monkeypatch, tuning)
 
     model = _model(tiny_llama)
     runner = SequenceRunner(model, max_len=256)
@@ -112,25 +117,14 @@ def _grouped_model(heads: int, kv_heads: int, head_dim: int, positions: int = 51
                    hidden: int = 64, inter: int = 96, layers: int = 1):
     """A random Llama whose kv heads each serve ``heads // kv_heads`` query heads (one
     layer of width 64 unless said)."""
+    from mmserve.models.llama import hf_tensor_shapes
     from mmserve.models.registry import build_model
 
     h, vocab = hidden, 100
     cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=layers, head_dim=head_dim,
                num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter,
                vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=positions)
-    q, kv = heads * head_dim, kv_heads * head_dim
-    shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
-    for i in range(layers):
-        p = f"model.layers.{i}"
-        shapes |= {f"{p}.self_attn.q_proj.weight": (q, h),
-                   f"{p}.self_attn.k_proj.weight": (kv, h),
-                   f"{p}.self_attn.v_proj.weight": (kv, h),
-                   f"{p}.self_attn.o_proj.weight": (h, q),
-                   f"{p}.mlp.gate_proj.weight": (inter, h),
-                   f"{p}.mlp.up_proj.weight": (inter, h),
-                   f"{p}.mlp.down_proj.weight": (h, inter),
-                   f"{p}.input_layernorm.weight": (h,),
-                   f"{p}.post_attention_layernorm.weight": (h,)}
+    shapes = hf_tensor_shapes(cfg)
     gen = torch.Generator().manual_seed(1)
     sd = {k: torch.randn(v, generator=gen) * (1.0 if len(v) == 1 else v[-1] ** -0.5)
           for k, v in shapes.items()}
@@ -147,10 +141,7 @@ def test_decode_stack_equals_the_layers_at_smollm2_widths(prompt, rope, monkeypa
     of random weights: decode steps after ``prompt`` cached tokens (254: across the
     second split's end at 256) equal the layered path, hidden state and cache bytes (on
     CUDA bit for bit). The other tests' models are narrower than any real one."""
-    from mmserve.kernels import triton_decode_stack
-
-    for key, value in rope.items():
-        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
+    _tune(monkeypatch, rope)
     model = _grouped_model(9, 3, 64, positions=1024, hidden=576, inter=1536, layers=2)
     runner = SequenceRunner(model, max_len=320)
     rng = np.random.default_rng(13)
@@ -174,10 +165,7 @@ def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, monkeypat
     import sys
     from pathlib import Path
 
-    from mmserve.kernels import triton_decode_stack
-
-    for key, value in rope.items():
-        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
+    _tune(monkeypatch, rope)
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
     import stack_vs_layers
 
@@ -206,10 +194,7 @@ def test_decode_stack_verify_blocks(tiny_llama, prompt, rope, monkeypatch):
     attention tiles of a kv head, causal inside the block), each equal to the layers; after
     250 cached tokens the blocks cross a split boundary (256) and their tiles' splits run
     in programs of their own on CUDA. ``rope``: where the queries are rotated."""
-    from mmserve.kernels import triton_decode_stack
-
-    for key, value in rope.items():
-        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
+    _tune(monkeypatch, rope)
     model = _model(tiny_llama)
     runner = SequenceRunner(model, max_len=320)
     rng = np.random.default_rng(5)
@@ -230,10 +215,7 @@ def test_decode_stack_long_context(rope, monkeypatch):
     """Decode steps at 700-703 cached tokens: six 128-key splits (on CUDA each in a
     program of its own, merged by the last to finish, more splits than one round of the
     merge's loads), equal to the layers."""
-    from mmserve.kernels import triton_decode_stack
-
-    for key, value in rope.items():
-        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
+    _tune(monkeypatch, rope)
     model = _grouped_model(6, 2, 64, positions=1024)
     runner = SequenceRunner(model, max_len=768)
     rng = np.random.default_rng(11)
@@ -250,10 +232,7 @@ def test_decode_stack_long_context(rope, monkeypatch):
 def test_decode_stack_several_sequences(tiny_llama, rope, monkeypatch):
     """Three sequences with their own scattered blocks and lengths: a decode step of
     each, then a mixed step (1, 4 and 2 tokens), equal to the layers."""
-    from mmserve.kernels import triton_decode_stack
-
-    for key, value in rope.items():
-        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
+    _tune(monkeypatch, rope)
     model = _model(tiny_llama)
     runner = SequenceRunner(model, max_len=3 * 128)
     rng = np.random.default_rng(7)
@@ -279,10 +258,7 @@ def test_decode_stack_graph_padding_layout(tiny_llama, rope, monkeypatch):
     """The CUDA graphs' verify layout: sequence i owns rows i*q .., rows past its tokens
     and whole padding sequences write nothing (slot -1); the real rows and the cache equal
     the layers'."""
-    from mmserve.kernels import triton_decode_stack
-
-    for key, value in rope.items():
-        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
+    _tune(monkeypatch, rope)
     from mmserve.kernels.triton_attention import PagedMetadata
 
     model = tiny_llama("cuda")
