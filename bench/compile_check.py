@@ -32,10 +32,11 @@ from mmserve.kernels import (
 TARGET = GPUTarget("cuda", 90, 32)
 NO_HINT = {"L", "M", "B", "att_tiles", "groups", "SPLITS", "PER", "eps", "scale_log2", "stride_sb",
            "stride_ss"}
-STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256, BKG=256,
+STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256, BKG=64,
              CH=64, UNROLL=9, ROUND=1, TK=16, ATT_BM=16, ATT_BN=64, SPLIT=128, TIMING=False,
              WORKERS=48, LINE=64, LQKV=256, LO=64, LGU=512, LD=256, LN=1, KV_ROWS=64,
-             KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True)
+             KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True,
+             EARLY=True, BKH=64, BKQ=64)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=64, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
@@ -89,6 +90,11 @@ def main() -> None:
     for spread in (True, False):
         print(f"decode stack, spread={spread}:",
               report(kernel, {**STACK, "SPREAD": spread}, num_warps=4, num_stages=4))
+    print("decode stack, serial, loads after the products (early off):",
+          report(kernel, {**STACK, "SPREAD": False, "EARLY": False}, num_warps=4, num_stages=4))
+    print("decode stack, serial, K steps of 256 where K = 576 (bk_exact off):",
+          report(kernel, {**STACK, "SPREAD": False, "BKH": 256, "BKQ": 256, "BKG": 256},
+                 num_warps=4, num_stages=4))
     print("decode stack, serial, gate and up as two products:",
           report(kernel, {**STACK, "SPREAD": False, "ONE_DOT": False}, num_warps=4,
                  num_stages=4))

@@ -80,10 +80,17 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # the halves joined with tl.join/permute/reshape) moved one attention output element by
 # an ulp in ~1 of 900 layer steps (that tile layout took another summation order in the
 # QK product), so a step's tokens could depend on the path; removed (bench/NOTES.md,
-# session 22).
-TUNING = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
+# session 22). "early": the o and down phases ask for their residual, and the QKV phase
+# for its cache slots, before the product instead of after it (a round trip off the
+# critical path; the phase stamps read -0.5 us a layer on three machines, the replay
+# alone 601.5 -> 585.4 us at 120 cached tokens on one and +7 to +10 us on two).
+# "bk_exact": K steps that divide K (``k_step``): SmolLM2-135M's K = 576 in steps of 64,
+# not 256 (whose last step runs 12 of its 16 k16 products on zeros). Both against
+# neither: 612.3 -> 596.3 us at 120 cached tokens, 671.3 -> 650.1 at 250 (session 23,
+# which also measured whole tiles loaded at once, norm from their registers: 2.2x slower).
+TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
-          "qkv_rope": True}
+          "qkv_rope": True, "early": True, "bk_exact": True}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -211,7 +218,7 @@ if triton is not None:
         LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
         LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
         ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
-        QKV_ROPE: tl.constexpr,
+        QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -246,12 +253,12 @@ if triton is not None:
                 if QKV_ROPE:
                     qkv_rope_tile(t, x_in, wqkv_ptr + lw * QKV * H, x_in, n1_ptr + lw * H, qrot,
                                   kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, H, H, H, eps,
-                                  0.0, HQ, HKV, D, True, False, ROUND, 16, BN, BK, 8, CH,
-                                  UNROLL, ".cg")
+                                  0.0, HQ, HKV, D, True, False, ROUND, 16, BN, BKH, 8, CH,
+                                  UNROLL, ".cg", EARLY)
                 else:
                     fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
                                M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False,
-                               False, ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
+                               False, ROUND, 16, BN, BKH, 8, CH, UNROLL, ".cg")
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # B: per (sequence, kv head, query tile): attention over the cache, a long
             # context's splits spread over the group's programs; without QKV_ROPE first the
@@ -278,8 +285,8 @@ if triton is not None:
             # C: mid = x + attn @ Wo.T
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H, Q, Q,
-                           H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BK, 8,
-                           CH, UNROLL, ".cg")
+                           H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BKQ, 8,
+                           CH, UNROLL, ".cg", False, EARLY)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
             for t in range(pid, (INTER + BN - 1) // BN, P):
@@ -292,7 +299,7 @@ if triton is not None:
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + M * H, x_in, mid, x_in, M,
                            H, INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
-                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg")
+                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg", False, EARLY)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
         _stamp(timing_ptr, 3 + 10 * L, pid, TIMING, True)
 
@@ -305,6 +312,18 @@ def norm_rounds(hidden: int) -> int:
     chunks = -(-hidden // NORM_CHUNK)
     rounds = -(-chunks // NORM_ROUND_MAX)
     return -(-chunks // rounds)
+
+
+def k_step(k: int, bk: int) -> int:
+    """A product's K step: ``bk``, or with ``TUNING["bk_exact"]`` the widest power of two
+    up to ``bk`` that divides ``k`` (no masked tail: K = 576 in steps of 256 runs 48 k16
+    products, 12 of them on zeros; in steps of 64, 36)."""
+    if not TUNING["bk_exact"]:
+        return bk
+    step = bk
+    while step > 16 and k % step:
+        step //= 2
+    return step
 
 
 def attention_items(rows: int, kv_heads: int, group: int) -> int:
@@ -412,7 +431,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
         block_tables.stride(0),
         H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
-        BN=BN, BK=TUNING["bk"], BKG=TUNING["bk_gated"], CH=NORM_CHUNK, UNROLL=norm_rounds(hidden),
+        BN=BN, BK=k_step(inter, TUNING["bk"]), BKG=k_step(hidden, TUNING["bk_gated"]),
+        CH=NORM_CHUNK, UNROLL=norm_rounds(hidden),
         ROUND=_round_mode(dt), TK=MAX_ROWS,
         ATT_BM=BLOCK_M_ATT, ATT_BN=BLOCK_N_ATT, SPLIT=split_keys(d),
         TIMING=timing is not None,
@@ -421,6 +441,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         LN=lines(hidden),
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
         ATT_PREFETCH=TUNING["att_prefetch"], SPREAD=TUNING["spread"],
-        ONE_DOT=TUNING["gated_one_dot"], QKV_ROPE=roped,
+        ONE_DOT=TUNING["gated_one_dot"], QKV_ROPE=roped, EARLY=TUNING["early"],
+        BKH=k_step(hidden, TUNING["bk"]), BKQ=k_step(heads * d, TUNING["bk"]),
         num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers]

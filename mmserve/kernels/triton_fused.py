@@ -230,15 +230,21 @@ if triton is not None:
                    GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                    BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                    CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr,
-                   ONE_DOT: tl.constexpr = False):
+                   ONE_DOT: tl.constexpr = False, EARLY: tl.constexpr = False):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
         written by other programs of the launch, from L2). ``ONE_DOT`` (GATED): the gate
         and up rows as one (2 BN)-row weight tile in one product, split after the K loop
-        (the same chains, so the same bits; fewer loads and operand fetches a step)."""
+        (the same chains, so the same bits; fewer loads and operand fetches a step).
+        ``EARLY`` (RESIDUAL): the residual asked for before the product, not after it (its
+        round trip off the tile's critical path; its registers held across the K loop)."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         row_ok = rm < M
+        out_ok = row_ok[:, None] & (rn[None, :] < N)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
+        if RESIDUAL and EARLY:
+            r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
+                        mask=out_ok, other=0.0, cache_modifier=ACT_CACHE)
         if NORM:
             rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
         else:
@@ -258,11 +264,11 @@ if triton is not None:
                                         nw_ptr, offset, NORM, GATED, BM, BN, BK, ACT_CACHE)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        out_ok = row_ok[:, None] & (rn[None, :] < N)
         if RESIDUAL:  # round as linear's output, then torch's half add: fp32 add, round
-            r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
-                        mask=out_ok, other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
-            acc = _round(acc, ROUND) + r
+            if not EARLY:
+                r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
+                            mask=out_ok, other=0.0, cache_modifier=ACT_CACHE)
+            acc = _round(acc, ROUND) + r.to(tl.float32)
         if GATED:  # F.silu(gate) * up on the rounded gate and up, each op rounded; rows
             # past M (never stored) get a gate of 1: their 0 / 2 took the IEEE division's
             # slow path (a called subroutine) in every warp of a thin tile
@@ -294,13 +300,14 @@ if triton is not None:
                       NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                       GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
-                      ACT_CACHE: tl.constexpr):
+                      ACT_CACHE: tl.constexpr, EARLY: tl.constexpr = False):
         """Tile ``pid`` of the QKV product (with the RMSNorm prologue when NORM) and, in its
         epilogue, the rope of its q and k columns and the cache write of k and v: a q or k
         tile holds dims ``i .. i + BN/2 - 1`` of one head's first half and the same of its
         second (the rotation's pairs), a v tile ``BN`` columns in order. The kernel above,
         or one phase of a persistent kernel (``ACT_CACHE=".cg"``: the activations, written
-        by other programs of the launch, read from L2)."""
+        by other programs of the launch, read from L2). ``EARLY``: the cache slots asked
+        for before the product, not after it."""
         Q: tl.constexpr = HQ * D
         KV: tl.constexpr = HKV * D
         HB: tl.constexpr = BN // 2
@@ -320,16 +327,19 @@ if triton is not None:
         c1, s1, c2, s2 = rope_rows(cos_ptr + i0, sin_ptr + i0, pos[:, None], HALF, HB, ROUND)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+        if EARLY:
+            slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
         if NORM:
             rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
         else:
             rstd = tl.full([BM], 1.0, tl.float32)
         acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, rstd,
                                 nw_ptr, offset, NORM, False, BM, BN, BK, ACT_CACHE)
+        if not EARLY:
+            slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]
         y = _round(acc, ROUND)  # the product's value, as linear stores it
-        slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
         cached = (row_ok & (slot >= 0))[:, None]  # a negative slot: padding, nothing written
         if roped:
             x1, x2 = tl.split(tl.permute(tl.reshape(y, [BM, 2, HB]), (0, 2, 1)))
