@@ -224,6 +224,12 @@ if triton is not None:
         return acc, acc_u
 
     @triton.jit
+    def _load_tile(ptr, rm, rn, stride_m, ok, CACHE: tl.constexpr):
+        """Rows ``rm`` and columns ``rn`` of a row-major matrix (zeros where not ``ok``)."""
+        return tl.load(ptr + rm.to(tl.int64)[:, None] * stride_m + rn[None, :], mask=ok,
+                       other=0.0, cache_modifier=CACHE)
+
+    @triton.jit
     def fused_tile(pid, a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
                    stride_am, stride_wn, stride_om, stride_rm, eps, offset,
                    NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
@@ -243,8 +249,7 @@ if triton is not None:
         out_ok = row_ok[:, None] & (rn[None, :] < N)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         if RESIDUAL and EARLY:
-            r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
-                        mask=out_ok, other=0.0, cache_modifier=ACT_CACHE)
+            r = _load_tile(res_ptr, rm, rn, stride_rm, out_ok, ACT_CACHE)
         if NORM:
             rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
         else:
@@ -266,8 +271,7 @@ if triton is not None:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         if RESIDUAL:  # round as linear's output, then torch's half add: fp32 add, round
             if not EARLY:
-                r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * stride_rm + rn[None, :],
-                            mask=out_ok, other=0.0, cache_modifier=ACT_CACHE)
+                r = _load_tile(res_ptr, rm, rn, stride_rm, out_ok, ACT_CACHE)
             acc = _round(acc, ROUND) + r.to(tl.float32)
         if GATED:  # F.silu(gate) * up on the rounded gate and up, each op rounded; rows
             # past M (never stored) get a gate of 1: their 0 / 2 took the IEEE division's
