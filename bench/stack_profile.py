@@ -12,7 +12,8 @@ head and argmax on top).
 
 Usage (GPU): ``PYTHONPATH=$PWD python bench/stack_profile.py --ctx 120 250 --out $OUT/p.json
 [--variant 'static={"static": true}' ...]`` (each variant's ``TUNING`` overrides alternated
-with the default in rounds, outputs compared bit for bit); ``--launches-only`` just
+with the default in rounds, outputs compared bit for bit, the largest difference
+reported where they differ); ``--launches-only`` just
 launches the stack (for ``ncu -k regex:decode_stack``).
 """
 
@@ -166,11 +167,14 @@ def main() -> None:
                 out = row.pop("out")
                 ref.setdefault(ctx, out)
                 row["same_bits_as_default"] = bool(torch.equal(out, ref[ctx]))
+                row["max_abs_diff"] = float((out - ref[ctx]).abs().max())
                 row.update(setting=name, ctx=ctx, round=rnd)
                 report["rows"].append(row)
                 show(name, ctx, row)
                 if not row["same_bits_as_default"]:
-                    print(f"  !! {name} ctx {ctx}: output differs from the default's", flush=True)
+                    print(f"  !! {name} ctx {ctx}: output differs from the default's (max abs "
+                          f"{row['max_abs_diff']:.3g}, scale {float(ref[ctx].abs().max()):.3g})",
+                          flush=True)
     TUNING.clear()
     TUNING.update(base)
     print("summary (stack graph us, median over rounds):")
