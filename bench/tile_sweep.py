@@ -13,7 +13,7 @@ program is bound by the weight bytes it has in flight (stages x tile), which K d
 change but the kernel's length (ramp and tail against the stream) does.
 
 Usage (GPU): PYTHONPATH=$PWD python bench/tile_sweep.py OUT.json [shape] [--pairs N]
-[--only widths|residual|combos]
+[--only widths|residual|combos] [--width N (one width of CANDIDATES)]
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ CANDIDATES = {
     28672: [T(16, 64, 256, 4, 3), T(16, 32, 256, 4, 4), T(16, 32, 512, 4, 3),
             T(16, 16, 256, 2, 4)],
     128256: [T(16, 32, 256, 4, 4), T(16, 64, 256, 4, 3), T(16, 128, 128, 4, 4)],
+    # SmolLM2-135M's lm_head (K = 576: steps of 256 run 12 of 48 k16 products on zeros;
+    # the only thin GEMM of its batch-1 step, the layers being the decode stack's)
+    49152: [T(16, 32, 256, 4, 4), T(16, 32, 64, 4, 9), T(16, 64, 64, 4, 9),
+            T(16, 32, 64, 2, 9), T(16, 64, 64, 4, 5), T(16, 128, 64, 4, 5),
+            T(16, 64, 128, 4, 5), T(16, 32, 128, 4, 5)],
 }
 # K of a residual GEMM (o: the attention width, down: the MLP's) -> candidates, the first
 # what ``triton_fused.residual_config`` gives on sm_90 (4 stages before session 18, which
@@ -92,9 +97,13 @@ def main() -> None:
     dec, first, report = batch1_step_baseline(name)
     ref_row0 = report["default_row0"]
 
+    width = int(sys.argv[sys.argv.index("--width") + 1]) if "--width" in sys.argv else None
+
     def sweep(table: dict, chosen: dict, label: str, key: str) -> None:
         report[key] = {}
         for size, cands in table.items():
+            if width is not None and size != width:
+                continue
             rows = []
             for cand in cands[1:]:
                 ratios, same = [], True

@@ -26,6 +26,7 @@ from mmserve.engine.kv_cache import KVCache
 from mmserve.kernels.attention import KVLike
 from mmserve.kernels.fp8 import is_fp8
 from mmserve.kernels.triton_attention import PagedMetadata
+from mmserve.kernels.triton_copy import copy_flat
 from mmserve.models.base import CausalLM
 
 BLOCK_SIZE = 16
@@ -165,10 +166,11 @@ class PagedDecoder:
     def _decode_ahead(self, first: list[int], start_pos: int, steps: int,
                       warmup: int) -> DecodeResult:
         """``decode`` with each step launched before the host reads the last one's tokens:
-        its argmax is copied out of the graph on the device (the next replay rewrites the
-        graph's), sent to pinned memory behind an event, and the next step replayed from
-        the device copy; then the host waits for the event. A step's time is from one
-        step's tokens on the host to the next's."""
+        its argmax, read in place (the next replay rewrites it only after the reads
+        queued before it), is written into pinned memory by a kernel behind an event and
+        is the next step's input ids; then the host waits for the event (the engine's
+        ``_launched``). A step's time is from one step's tokens on the host to the
+        next's."""
         b = len(first)
         host = torch.empty(b, dtype=torch.long, pin_memory=True)
         ready = torch.cuda.Event()
@@ -177,8 +179,8 @@ class PagedDecoder:
         times, row0 = [], []
         t0 = time.perf_counter()
         for i in range(warmup + steps):
-            picked = step.argmax[:b].clone()
-            host.copy_(picked, non_blocking=True)
+            picked = step.argmax[:b]
+            copy_flat(host, picked)
             ready.record()
             pos = [p + 1 for p in pos]
             if i + 1 < warmup + steps:

@@ -50,6 +50,7 @@ from mmserve.engine.speculation import Speculator
 from mmserve.engine.stop import StopChecker
 from mmserve.engine.token_output import TokenAppender
 from mmserve.errors import InvalidRequestError
+from mmserve.kernels.triton_copy import copy_flat
 from mmserve.models.base import CausalLM
 from mmserve.sampling_params import SamplingParams
 
@@ -63,7 +64,8 @@ class _Launched:
 
     seqs: list[ScheduledSeq]
     result: StepLogits
-    tokens: torch.Tensor  # (n,) the step's tokens on the device (argmax or drawn; its own)
+    tokens: torch.Tensor  # (n,) the step's tokens on the device (argmax or drawn; valid
+    # until the next replay, which every read of them is queued before)
     host: torch.Tensor | None  # CUDA: pinned (n,), the copy's target
     ready: torch.cuda.Event | None  # CUDA: recorded after the copy
     quiet: bool  # the speculator's quiet flag as it proposed this step (False: none)
@@ -351,8 +353,9 @@ class LLMEngine:
 
     def _launched(self, seqs: list[ScheduledSeq], result: StepLogits,
                   quiet: bool) -> _Launched:
-        """The step's tokens picked on the device and copied out of the graph's buffers
-        (the next replay reuses them), on CUDA also on their way to the host. Sampled
+        """The step's tokens picked on the device (a graph's argmax buffer is read in
+        place: the next replay overwrites it only after every read queued here), on CUDA
+        also on their way to the host (a kernel writes them into pinned memory). Sampled
         rows are drawn now, before any later step's draw from the same generators. (The
         host's counts may lack the last step's token here, for a step launched ahead;
         nothing a draw reads depends on them: a request overlaps only with no penalty
@@ -360,14 +363,16 @@ class LLMEngine:
         n = len(seqs)
         assert result.rows[-1] == [n - 1] and len(result.rows) == n, "one row a sequence"
         # the sampler's own pick: the graph's argmax when all are greedy (a view of its
-        # buffer, hence the copy), else a draw, device work that waits for nothing
+        # buffer: every read of it, the copy to the host and the next step's input ids,
+        # is queued before the next replay overwrites it), else a draw, device work that
+        # waits for nothing
         argmax = result.argmax[:n] if result.argmax is not None else None
         tokens = self.sampler.sample_tokens(result.logits[:n], [s.req.sampling for s in seqs],
-                                            argmax=argmax).clone()
+                                            argmax=argmax)
         if tokens.device.type != "cuda":
             return _Launched(seqs, result, tokens, None, None, quiet)
         host = torch.empty(n, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+        copy_flat(host, tokens.contiguous())  # a kernel writes the pinned buffer
         ready = torch.cuda.Event()
         ready.record()
         return _Launched(seqs, result, tokens, host, ready, quiet)

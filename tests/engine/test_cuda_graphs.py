@@ -88,3 +88,45 @@ def test_serial_split_graphs_replay_short_contexts_with_the_same_bits(tiny_llama
         assert torch.equal(top, got.argmax(-1))
     assert 0 < both[0].serial_replays < len(steps)  # short steps serial, the rest spread
     assert torch.equal(kvs[0], kvs[1])
+
+
+@torch.inference_mode()
+def test_steps_fed_from_the_last_argmax_on_the_device_equal_steps_fed_from_the_host(tiny_llama):
+    """Async scheduling's decode: each step's input ids are the last step's argmax still
+    on the device (read in place from the graph's buffer by the step's copy kernel, the
+    tokens sent to pinned memory by another), against steps whose ids come from the host:
+    the same tokens, logits and KV bytes, at batch 1 and 3 (a padded graph)."""
+    from mmserve.kernels import triton_copy
+
+    model = tiny_llama()
+    blocks = 64
+    for n in (1, 3):
+        kvs = [make_kv(model, blocks, torch.bfloat16) for _ in range(2)]
+        graphs = [DecodeGraphs(model, kv, 20, (1, 4)) for kv in kvs]
+        for g in graphs:
+            g.capture()
+        tables = np.arange(1, 1 + 20 * n).reshape(n, 20).astype(np.int64)
+        first = [7 + 31 * i for i in range(n)]
+        launches = triton_copy.launches()
+        # from the host: the synchronous engine's steps
+        toks, want_logits = [first], []
+        for i in range(40):
+            logits, top, _ = graphs[0].run_verify([[t] for t in toks[-1]], [i] * n, tables, PAGE)
+            want_logits.append(logits.clone())
+            toks.append(top[:n].tolist())
+        # ahead: the argmax view is the next step's input, copied out by a kernel
+        host = torch.empty(n, dtype=torch.long).pin_memory()
+        logits, top, _ = graphs[1].run_verify([[t] for t in first], [0] * n, tables, PAGE)
+        got = [first]
+        for i in range(1, 41):
+            assert torch.equal(logits, want_logits[i - 1]), (n, i)
+            picked = top[:n]
+            triton_copy.copy_flat(host, picked)
+            if i < 40:
+                logits, top, _ = graphs[1].run_verify([[0]] * n, [i] * n, tables, PAGE,
+                                                      input_ids=picked)
+            torch.cuda.synchronize()
+            got.append(host.tolist())
+        assert got == toks
+        assert torch.equal(kvs[0], kvs[1])
+        assert triton_copy.launches() >= launches + 40 + 80  # inputs and tokens by kernel

@@ -1,0 +1,81 @@
+"""A decode step's small copies between pinned host memory and the device, as one short
+Triton kernel each instead of DMA copies.
+
+Around each batch-1 graph replay the engine moved a few hundred bytes with four copies:
+the step's inputs from the pinned host buffer, the last step's tokens into the input ids,
+the argmax out of the graph's buffer (a clone) and the tokens to the host. On the H200
+each DMA copy ran ~1 us but the stream stood idle ~2-7 us around each (the copy engine's
+hand-offs with the SMs): ~27 us of a ~690 us SmolLM2-135M step (bench/NOTES.md, session
+23's ``bench/step_trace.py``). A kernel reads and writes pinned host memory directly
+(it is mapped into the device's address space), so the same bytes move on the SMs, in
+the stream's order, with no hand-off.
+
+``copy_flat(dst, src, head)``: ``dst[:] = src`` with its first ``len(head)`` elements
+taken from ``head`` instead (the input ids of a step whose tokens are still on the
+device); either side may be pinned host memory. Without Triton (CPU, or Triton switched
+off) the same copies run as ``Tensor.copy_``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mmserve.kernels.triton_dispatch import use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+BLOCK = 1024  # elements a program
+# off: DMA copies (``Tensor.copy_``), for comparisons (``MMSERVE_COPY_KERNEL=0``)
+_state = {"enabled": os.environ.get("MMSERVE_COPY_KERNEL", "1") != "0", "launches": 0}
+
+
+def set_copy_kernel(enabled: bool) -> None:
+    _state["enabled"] = enabled
+
+
+def launches() -> int:
+    """Kernel launches so far (the DMA fallback counts none)."""
+    return int(_state["launches"])
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["n", "n_head"])
+    def _copy_kernel(dst_ptr, src_ptr, head_ptr, n, n_head, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < n
+        head = offs < n_head
+        v = tl.where(head, tl.load(head_ptr + offs, mask=head & inside),
+                     tl.load(src_ptr + offs, mask=inside & ~head))
+        tl.store(dst_ptr + offs, v, mask=inside)
+
+
+def copy_flat(dst: torch.Tensor, src: torch.Tensor, head: torch.Tensor | None = None) -> None:
+    """``dst[:] = src``, then ``dst[:len(head)] = head``, in the current stream's order
+    (1-D, contiguous, one dtype; a host side must be pinned)."""
+    n = dst.numel()
+    assert src.numel() == n and dst.dim() == src.dim() == 1 and dst.dtype == src.dtype
+    assert dst.is_contiguous() and src.is_contiguous()
+    if head is not None:
+        assert head.dim() == 1 and head.dtype == dst.dtype and head.numel() <= n
+        assert head.is_contiguous()
+    device_side = dst if dst.is_cuda else src
+    kernel = _state["enabled"] and triton is not None and use_triton(device_side) and all(
+        t.is_cuda or t.is_pinned() for t in (dst, src, *([head] if head is not None else [])))
+    if not kernel:
+        dst.copy_(src, non_blocking=True)
+        if head is not None:
+            dst[: head.numel()].copy_(head, non_blocking=True)
+        return
+    if n == 0:
+        return
+    h = head if head is not None else src
+    _state["launches"] += 1
+    with torch.cuda.device(device_side.device):
+        _copy_kernel[(triton.cdiv(n, BLOCK),)](dst, src, h, n, h.numel() if head is not None
+                                               else 0, BLOCK=BLOCK, num_warps=4)
