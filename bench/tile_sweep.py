@@ -35,10 +35,11 @@ CANDIDATES = {
     28672: [T(16, 64, 256, 4, 3), T(16, 32, 256, 4, 4), T(16, 32, 512, 4, 3),
             T(16, 16, 256, 2, 4)],
     128256: [T(16, 32, 256, 4, 4), T(16, 64, 256, 4, 3), T(16, 128, 128, 4, 4)],
-    # SmolLM2-135M's lm_head (K = 576: steps of 256 run 12 of 48 k16 products on zeros;
-    # the only thin GEMM of its batch-1 step, the layers being the decode stack's)
-    49152: [T(16, 32, 256, 4, 4), T(16, 32, 64, 4, 9), T(16, 64, 64, 4, 9),
-            T(16, 32, 64, 2, 9), T(16, 64, 64, 4, 5), T(16, 128, 64, 4, 5),
+    # SmolLM2-135M's lm_head (K = 576; the only thin GEMM of its batch-1 step, the layers
+    # being the decode stack's): the first pick_config's (NARROW_K), 16x32x256 before (its
+    # third K step of 256 ran 12 of 16 k16 products on zeros)
+    49152: [T(16, 128, 64, 4, 5), T(16, 32, 256, 4, 4), T(16, 32, 64, 4, 9), T(16, 64, 64, 4, 9),
+            T(16, 32, 64, 2, 9), T(16, 64, 64, 4, 5), T(16, 256, 64, 8, 5),
             T(16, 64, 128, 4, 5), T(16, 32, 128, 4, 5)],
 }
 # K of a residual GEMM (o: the attention width, down: the MLP's) -> candidates, the first
@@ -79,10 +80,10 @@ def residual_patched(x, weight, residual, config=None, late=False):
     return _residual(x, weight, residual, config, late)
 
 
-def patched(m: int, n: int) -> TileConfig:
+def patched(m: int, n: int, k: int | None = None) -> TileConfig:
     if m <= 16 and n in _chosen:
         return _chosen[n]
-    return _default(m, n)
+    return _default(m, n, k)
 
 
 def main() -> None:

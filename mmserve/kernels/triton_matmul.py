@@ -62,8 +62,17 @@ def overridden(m: int) -> bool:
     return next(b for b in BUCKETS if m <= b) in _override
 
 
-def pick_config(m: int, n: int) -> TileConfig:
-    """Tile shape by row count and width (speed only: every shape computes the same bits).
+# A vocabulary-wide GEMM over a narrow hidden size (K below this: SmolLM2-135M's lm_head,
+# K = 576, N = 49,152) takes 128 columns a program in K steps of 64, which divide K: H200,
+# its batch-1 step 1.013x faster than 16x32x256 (the wide default, whose third K step runs
+# 12 of its 16 k16 products on zeros) in two alternated pairs, 16x64x128 1.008x, 16x32x64
+# 1.006x (bench/NOTES.md, session 25, tile_sweep.py --width 49152)
+NARROW_K = 1024
+
+
+def pick_config(m: int, n: int, k: int | None = None) -> TileConfig:
+    """Tile shape by row count, width and (when given) K (speed only: every shape computes
+    the same bits).
 
     The H200 sweep of bench/invariance.py (bench/NOTES.md, run 3) chose these.
     """
@@ -74,6 +83,8 @@ def pick_config(m: int, n: int) -> TileConfig:
     if m <= 16:  # weight streaming: many thin programs keep every SM loading
         if wide and n <= MLP_MAX_WIDTH:
             return TileConfig(16, 64, 256, 4, 3)
+        if wide and k is not None and k < NARROW_K:
+            return TileConfig(16, 128, 64, 4, 5)
         return TileConfig(16, 32, 256, 4, 4) if wide else TileConfig(16, 16, 256, 2, 4)
     if m <= 64:
         return TileConfig(64, 64, 128, 4, 3) if wide else TileConfig(64, 32, 128, 4, 4)
@@ -154,7 +165,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     m = a.shape[0]
     out = torch.empty(m, n, dtype=torch.float32 if float_out else x.dtype, device=x.device)
     if m:
-        cfg = config or pick_config(m, n)
+        cfg = config or pick_config(m, n, k)
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
         _gemm_kernel[(tiles,)](
             a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),

@@ -57,3 +57,25 @@ def test_row_bits_independent_of_row_count_and_tile_shape():
     for cfg in (TileConfig(16, 16, 512, 4, 3), TileConfig(64, 32, 64, 4, 2),
                 TileConfig(128, 64, 128, 8, 4), TileConfig(128, 256, 64, 8, 3)):
         assert torch.equal(invariant_linear(x[:96], w, b, config=cfg)[0], base), cfg
+
+
+def test_a_vocabulary_over_a_narrow_hidden_takes_its_own_thin_tile():
+    from mmserve.kernels.triton_matmul import TileConfig, pick_config
+
+    assert pick_config(1, 49152, 576) == TileConfig(16, 128, 64, 4, 5)  # SmolLM2-135M
+    assert pick_config(1, 128256, 4096) == pick_config(1, 128256)  # the 8B's lm_head
+    assert pick_config(64, 49152, 576) == pick_config(64, 49152)  # only thin steps
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="bits: the interpreter's numpy matmul varies by shape")
+def test_narrow_hidden_lm_head_rows_keep_their_bits():
+    from mmserve.kernels.triton_matmul import TileConfig, invariant_linear
+
+    torch.manual_seed(1)
+    k, n = 576, 49152
+    w, x = _rand(n, k) / k**0.5, _rand(64, k)
+    base = invariant_linear(x[:1], w, float_out=True)[0]
+    for m in (2, 16, 17, 64):
+        assert torch.equal(invariant_linear(x[:m], w, float_out=True)[0], base), m
+    old = TileConfig(16, 32, 256, 4, 4)  # the tile it took before (session 25)
+    assert torch.equal(invariant_linear(x[:1], w, config=old, float_out=True)[0], base)
