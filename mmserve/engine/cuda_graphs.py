@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from mmserve.kernels import decode_stack
-from mmserve.kernels.argmax import argmax
 from mmserve.kernels.attention import KVLike, kv_layer
 from mmserve.kernels.triton_attention import PagedMetadata, split_keys
 from mmserve.kernels.triton_copy import copy_flat
@@ -116,7 +115,8 @@ class DecodeGraphs:
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         # each graph's logits rows' argmax, computed in the graph: a greedy step's tokens
         # without an argmax launch from the host (~29 us of the H200 host a step); on
-        # CUDA the two-pass Triton argmax, in the step's PDL chain
+        # CUDA the two-pass Triton argmax, in the step's PDL chain, its first pass in the
+        # lm_head GEMM's epilogue (``CausalLM.compute_logits_argmax``)
         self.argmax: dict[tuple[int, int], torch.Tensor] = {}
         # the serial-split variant of the shapes whose kernels spread splits: the decode
         # stack and the layered attention (SERIAL_MAX_SPLITS)
@@ -129,12 +129,14 @@ class DecodeGraphs:
         return PagedMetadata(self.slots[: bs * q], self.tables[:bs], self.context_lens[:bs],
                              self.query_start[q][:bs], self.query_lens[:bs], q)
 
-    def _forward(self, bs: int, q: int) -> torch.Tensor:
+    def _forward(self, bs: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's logits and their rows' argmax (row-wise: a row's argmax is the one
+        outside the graph)."""
         n = bs * q
         hidden = self.model(self.ids[:n], self.positions[:n], self._meta(bs, q), self.kv)
         if self.last_row_only:  # row i*q + len_i - 1, read from the buffers at replay
             hidden = hidden[self.query_start[q][:bs] + self.query_lens[:bs] - 1]
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits_argmax(hidden)
 
     @torch.inference_mode()
     def capture(self) -> CaptureReport:
@@ -169,12 +171,11 @@ class DecodeGraphs:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
-            argmax(self._forward(bs, q))
+            self._forward(bs, q)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            logits = self._forward(bs, q)
-            rows = argmax(logits)  # row-wise: a row's argmax is the one outside
+            logits, rows = self._forward(bs, q)
         return graph, logits, rows
 
     def fits(self, n: int, q: int = 1) -> bool:
