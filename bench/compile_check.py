@@ -52,9 +52,7 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
             types[name] = "*i64"
         elif name in ("tables_ptr", "counter_ptr", "count_ptr"):
             types[name] = "*i32"
-        elif name in ("idx_ptr", "nan_ptr"):
-            types[name] = "*i32"
-        elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr", "val_ptr"):
+        elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr"):
             types[name] = "*fp32"
         elif name.endswith("_ptr"):
             types[name] = "*fp8e4nv" if fp8 and name in ("k_ptr", "v_ptr") else "*bf16"
@@ -116,8 +114,7 @@ def main() -> None:
                               "G": 4 if d == 128 else 3}, fp8=fp8, num_warps=4, num_stages=2))
     for late in (False, True):  # the PDL trigger at the start or after the K loop
         print(f"GEMM, late={late}:", report(triton_matmul._gemm_kernel,
-                                            {**GEMM, "UPCAST": False, "LATE": late,
-                                             "ARGMAX": False},
+                                            {**GEMM, "UPCAST": False, "LATE": late},
                                             num_warps=2, num_stages=4))
         for epilogue in ("RESIDUAL", "GATED"):
             print(f"fused GEMM, {epilogue.lower()}, late={late}:",
@@ -131,12 +128,8 @@ def main() -> None:
                      num_warps=2, num_stages=stages))
     # the thin tile of a wide model's gate_up (triton_matmul.MLP_MAX_WIDTH)
     print("GEMM, 16x64x256, 4 warps, 3 stages:",
-          report(triton_matmul._gemm_kernel, {**GEMM, "UPCAST": False, "BN": 64,
-                                              "ARGMAX": False}, num_warps=4, num_stages=3))
-    # the 135M's lm_head (NARROW_K) with the argmax's first pass in its epilogue
-    print("GEMM, 16x128x64, 4 warps, 5 stages, float out + argmax:",
-          report(triton_matmul._gemm_kernel, {**GEMM, "UPCAST": True, "BN": 128, "BK": 64,
-                                              "ARGMAX": True}, num_warps=4, num_stages=5))
+          report(triton_matmul._gemm_kernel, {**GEMM, "UPCAST": False, "BN": 64},
+                 num_warps=4, num_stages=3))
     # the QKV product with rope and the cache write in its epilogue: the 8B thin tile (no
     # norm) and SmolLM2-135M's (the norm prologue)
     for hq, hkv, d, norm in ((32, 8, 128, False), (9, 3, 64, True)):

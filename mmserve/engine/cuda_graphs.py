@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from mmserve.kernels import decode_stack
+from mmserve.kernels.argmax import argmax
 from mmserve.kernels.attention import KVLike, kv_layer
 from mmserve.kernels.triton_attention import PagedMetadata, split_keys
 from mmserve.kernels.triton_copy import copy_flat
@@ -115,8 +116,7 @@ class DecodeGraphs:
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         # each graph's logits rows' argmax, computed in the graph: a greedy step's tokens
         # without an argmax launch from the host (~29 us of the H200 host a step); on
-        # CUDA the two-pass Triton argmax, in the step's PDL chain, its first pass in the
-        # lm_head GEMM's epilogue (``CausalLM.compute_logits_argmax``)
+        # CUDA the two-pass Triton argmax, in the step's PDL chain
         self.argmax: dict[tuple[int, int], torch.Tensor] = {}
         # the serial-split variant of the shapes whose kernels spread splits: the decode
         # stack and the layered attention (SERIAL_MAX_SPLITS)
@@ -129,14 +129,12 @@ class DecodeGraphs:
         return PagedMetadata(self.slots[: bs * q], self.tables[:bs], self.context_lens[:bs],
                              self.query_start[q][:bs], self.query_lens[:bs], q)
 
-    def _forward(self, bs: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's logits and their rows' argmax (row-wise: a row's argmax is the one
-        outside the graph)."""
+    def _forward(self, bs: int, q: int) -> torch.Tensor:
         n = bs * q
         hidden = self.model(self.ids[:n], self.positions[:n], self._meta(bs, q), self.kv)
         if self.last_row_only:  # row i*q + len_i - 1, read from the buffers at replay
             hidden = hidden[self.query_start[q][:bs] + self.query_lens[:bs] - 1]
-        return self.model.compute_logits_argmax(hidden)
+        return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def capture(self) -> CaptureReport:
@@ -171,11 +169,12 @@ class DecodeGraphs:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
-            self._forward(bs, q)
+            argmax(self._forward(bs, q))
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            logits, rows = self._forward(bs, q)
+            logits = self._forward(bs, q)
+            rows = argmax(logits)  # row-wise: a row's argmax is the one outside
         return graph, logits, rows
 
     def fits(self, n: int, q: int = 1) -> bool:

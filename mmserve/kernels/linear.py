@@ -11,8 +11,6 @@ same whether it is alone, in a decode batch of 64, or one of k+1 verify rows.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -20,8 +18,7 @@ from mmserve.kernels.triton_dispatch import use_triton
 
 ROW_TILE = 8  # rows per fixed-shape product; a verify step of k+1 <= 8 rows costs one tile
 
-_state = {"invariant": True,
-          "fused_argmax": os.environ.get("MMSERVE_FUSED_ARGMAX", "1") != "0"}
+_state = {"invariant": True}
 
 
 def set_batch_invariant(enabled: bool) -> None:
@@ -67,25 +64,6 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
         return invariant_linear(x, weight, float_out=True)
     return linear(x, weight).float()
-
-
-def logits_argmax(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits_linear(x, weight)`` and its rows' argmax (``kernels.argmax``'s indices). On
-    CUDA's invariant path the argmax's first pass runs in the GEMM's epilogue (one launch
-    fewer; ``MMSERVE_FUSED_ARGMAX=0`` or ``set_fused_argmax(False)``: the two apart)."""
-    if (_state["fused_argmax"] and x.device.type == "cuda" and _state["invariant"]
-            and x.dtype in (torch.bfloat16, torch.float16) and use_triton(x)):
-        from mmserve.kernels import triton_matmul
-
-        return triton_matmul.logits_argmax(x, weight)
-    from mmserve.kernels.argmax import argmax
-
-    logits = logits_linear(x, weight)
-    return logits, argmax(logits)
-
-
-def set_fused_argmax(enabled: bool) -> None:
-    _state["fused_argmax"] = enabled
 
 
 def tiled_linear(

@@ -84,16 +84,6 @@ def cuda_argmax(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
         nan = torch.empty(rows, s, dtype=torch.int32, device=x.device)
         _chunk_kernel[(rows, s)](x2, val, idx, nan, v, x2.stride(0), s, BLOCK=block,
                                  num_warps=4, **pdl_args(x2))
-        reduce_partials(val, idx, nan, out)
-    return out.view(x.shape[:-1])
-
-
-def reduce_partials(val: torch.Tensor, idx: torch.Tensor, nan: torch.Tensor,
-                    out: torch.Tensor) -> None:
-    """The second pass: (rows, S) chunk maxima, their first indices and NaN flags (the
-    first pass's, or a GEMM epilogue's: ``triton_matmul.logits_argmax``) -> ``out`` (rows,)
-    int64, each row's argmax."""
-    rows, s = val.shape
-    if rows:
         _rows_kernel[(rows,)](val, idx, nan, out, s, BLOCK_S=triton.next_power_of_2(s),
-                              num_warps=1 if s <= 128 else 4, **pdl_args(val))
+                              num_warps=1, **pdl_args(x2))
+    return out.view(x.shape[:-1])

@@ -116,29 +116,10 @@ if triton is not None:
         return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
 
     @triton.jit
-    def _tile_argmax(v, rm, rn, M, N, val_ptr, idx_ptr, nan_ptr, S, pid_n):
-        """The first pass of ``triton_argmax`` over an output tile's columns: for each row,
-        the largest value, its lowest column (the first NaN's if the tile's row holds one)
-        and whether it holds a NaN, stored at (row, ``pid_n``) of the (M, S) partials."""
-        col_ok = (rn < N)[None, :]
-        big = 2147483647
-        nan = (v != v) & col_ok
-        first_nan = tl.min(tl.where(nan, rn[None, :], big), 1)
-        x = tl.where(nan | ~col_ok, float("-inf"), v)
-        top = tl.max(x, 1)
-        first_top = tl.min(tl.where((x == top[:, None]) & col_ok, rn[None, :], big), 1)
-        out = rm.to(tl.int64) * S + pid_n
-        row_ok = rm < M
-        tl.store(val_ptr + out, top, mask=row_ok)
-        tl.store(idx_ptr + out, tl.where(first_nan < big, first_nan, first_top), mask=row_ok)
-        tl.store(nan_ptr + out, (first_nan < big).to(tl.int32), mask=row_ok)
-
-    @triton.jit
     def _gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, M, N, K, stride_am, stride_wn, stride_om,
-                     val_ptr, idx_ptr, nan_ptr, S,
                      HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
-                     ARGMAX: tl.constexpr, PDL: tl.constexpr, LATE: tl.constexpr):
+                     PDL: tl.constexpr, LATE: tl.constexpr):
         rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
@@ -160,35 +141,13 @@ if triton is not None:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         if UPCAST:  # rounded to the input's dtype, stored wider: ``linear(...).float()``
             acc = acc.to(a_ptr.dtype.element_ty)
-        out = acc.to(o_ptr.dtype.element_ty)
-        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :], out,
-                 mask=(rm[:, None] < M) & (rn[None, :] < N))
-        if ARGMAX:  # of the values as stored
-            _, pid_n = tile_ids(tl.program_id(0), M, N, BM, BN, GROUP_M)
-            _tile_argmax(out.to(tl.float32), rm, rn, M, N, val_ptr, idx_ptr, nan_ptr, S, pid_n)
+        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
+                 acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      config: TileConfig | None = None, float_out: bool = False,
                      late: bool = False) -> torch.Tensor:
-    out, _ = _invariant_linear(x, weight, bias, config, float_out, late, argmax=False)
-    return out
-
-
-def logits_argmax(x: torch.Tensor, weight: torch.Tensor,
-                  config: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``invariant_linear(x, weight, float_out=True)`` and its rows' argmax (torch's: the
-    first index of the maximum, NaN above all), the argmax's first pass in the GEMM's
-    epilogue (each column tile's maximum and first index), its second pass
-    ``triton_argmax``'s: one launch fewer than the logits and then their argmax."""
-    out, idx = _invariant_linear(x, weight, None, config, True, False, argmax=True)
-    assert idx is not None
-    return out, idx
-
-
-def _invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                      config: TileConfig | None, float_out: bool, late: bool, argmax: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x: (..., K), weight: (N, K) -> (..., N); a row's bits do not depend on the row count.
 
     ``config`` overrides the tile shape (tests and benchmarks: the bits must not move).
@@ -205,22 +164,12 @@ def _invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     assert weight.stride(-1) == 1 and weight.shape[1] == k
     m = a.shape[0]
     out = torch.empty(m, n, dtype=torch.float32 if float_out else x.dtype, device=x.device)
-    top = torch.empty(m, dtype=torch.int64, device=x.device) if argmax else None
     if m:
         cfg = config or pick_config(m, n, k)
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
-        s = triton.cdiv(n, cfg.bn) if argmax else 1
-        val = torch.empty(m, s, dtype=torch.float32, device=x.device) if argmax else out
-        idx = torch.empty(m, s, dtype=torch.int32, device=x.device) if argmax else out
-        nan = torch.empty(m, s, dtype=torch.int32, device=x.device) if argmax else out
         _gemm_kernel[(tiles,)](
             a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),
-            weight.stride(0), out.stride(0), val, idx, nan, s, HAS_BIAS=bias is not None,
-            BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
-            UPCAST=float_out and x.dtype != torch.float32, ARGMAX=argmax,
+            weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BM=cfg.bm, BN=cfg.bn,
+            BK=cfg.bk, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
             num_warps=cfg.warps, num_stages=cfg.stages, **gemm_pdl_args(a, late))
-        if top is not None:
-            from mmserve.kernels.triton_argmax import reduce_partials
-
-            reduce_partials(val, idx, nan, top)
-    return out.view(*x.shape[:-1], n), top if top is None else top.view(x.shape[:-1])
+    return out.view(*x.shape[:-1], n)

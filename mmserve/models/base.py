@@ -11,9 +11,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
-from mmserve.kernels.argmax import argmax
 from mmserve.kernels.attention import AttentionMetadata, KVLike
-from mmserve.kernels.linear import logits_argmax, logits_linear
+from mmserve.kernels.linear import logits_linear
 
 
 class CausalLM(nn.Module, ABC):
@@ -53,16 +52,6 @@ class CausalLM(nn.Module, ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(M, H) -> (M, V) float32 logits."""
         return logits_linear(hidden, self.lm_head_weight())
-
-    def compute_logits_argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(M, H) -> (M, V) float32 logits and their (M,) int64 argmax (a CUDA graph's step
-        takes both). A family that keeps this class's ``compute_logits`` gets the argmax's
-        first pass in the lm_head GEMM's epilogue (``linear.logits_argmax``); one that
-        changes the logits after the product, the argmax of its own logits."""
-        if type(self).compute_logits is CausalLM.compute_logits:
-            return logits_argmax(hidden, self.lm_head_weight())
-        logits = self.compute_logits(hidden)
-        return logits, argmax(logits)
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight

@@ -94,34 +94,3 @@ def test_dispatch_on_cpu_is_torch():
     x = torch.randn(3, 100)
     x[1, 5] = float("nan")
     assert torch.equal(argmax(x), x.argmax(-1))
-
-
-@needs_triton
-@pytest.mark.parametrize("m,n,k", [(1, 5000, 64), (5, 3001, 64), (20, 700, 32)]
-                         + ([(1, 49152, 576), (64, 49152, 576)] if ON_CUDA else []))
-@pytest.mark.parametrize("plant", [None, "ties", "nan"])
-def test_argmax_in_the_lm_head_epilogue_is_torchs(m, n, k, plant):
-    """``triton_matmul.logits_argmax``: the logits of ``invariant_linear(float_out=True)``
-    and torch's argmax of them, the first pass in the GEMM's epilogue (per column tile),
-    with equal maxima in several tiles and in one (the lowest index wins) and a NaN column
-    (it wins)."""
-    from mmserve.kernels.triton_matmul import invariant_linear, logits_argmax
-
-    g = torch.Generator().manual_seed(m * n + k)
-    dtype = torch.bfloat16 if ON_CUDA else torch.float32
-    x = torch.rand(m, k, generator=g).to(dtype).to(DEVICE)
-    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
-    if plant is not None:
-        for j in (n // 3, n // 3 + 1, n - 1, 5):  # across tiles and inside one
-            w[j] = 4.0  # x >= 0: the largest logit of every row, equal bits in each
-        if plant == "nan":
-            w[n // 2, 0] = float("nan")
-    w = w.to(DEVICE)
-    logits, top = logits_argmax(x, w)
-    assert torch.allclose(logits, invariant_linear(x, w, float_out=True), rtol=0, atol=0,
-                          equal_nan=True)
-    assert top.dtype == torch.int64 and top.shape == (m,)
-    assert torch.equal(top.cpu(), logits.argmax(-1).cpu())
-    if plant == "nan" or (plant == "ties" and ON_CUDA):  # the interpreter's numpy
-        # products of equal rows may differ by position (other bits: no exact tie)
-        assert set(top.tolist()) == {n // 2 if plant == "nan" else 5}
