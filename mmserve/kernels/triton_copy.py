@@ -43,6 +43,7 @@ def launches() -> int:
     """Kernel launches so far (the DMA fallback counts none)."""
     return int(_state["launches"])
 
+
 if triton is not None:
 
     @triton.jit(do_not_specialize=["n", "n_head"])
