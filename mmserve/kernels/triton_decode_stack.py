@@ -88,9 +88,12 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # not 256 (whose last step runs 12 of its 16 k16 products on zeros). Both against
 # neither: 612.3 -> 596.3 us at 120 cached tokens, 671.3 -> 650.1 at 250 (session 23,
 # which also measured whole tiles loaded at once, norm from their registers: 2.2x slower).
+# "twice": a timing probe, never a speed setting (``fused_tile``'s TWICE): 1 the normed
+# phases' norm prologue, 2 every GEMM phase's K loop run twice in a row, the same values;
+# the phase's time minus the default's is what that stage costs on its critical path.
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
-          "qkv_rope": True, "early": True, "bk_exact": True}
+          "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -219,6 +222,7 @@ if triton is not None:
         LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
         ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
         QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
+        TWICE: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -254,11 +258,12 @@ if triton is not None:
                     qkv_rope_tile(t, x_in, wqkv_ptr + lw * QKV * H, x_in, n1_ptr + lw * H, qrot,
                                   kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, H, H, H, eps,
                                   0.0, HQ, HKV, D, True, False, ROUND, 16, BN, BKH, 8, CH,
-                                  UNROLL, ".cg", EARLY)
+                                  UNROLL, ".cg", EARLY, TWICE)
                 else:
                     fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
                                M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False,
-                               False, ROUND, 16, BN, BKH, 8, CH, UNROLL, ".cg")
+                               False, ROUND, 16, BN, BKH, 8, CH, UNROLL, ".cg", False, False,
+                               TWICE)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # B: per (sequence, kv head, query tile): attention over the cache, a long
             # context's splits spread over the group's programs; without QKV_ROPE first the
@@ -286,20 +291,20 @@ if triton is not None:
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H, Q, Q,
                            H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BKQ, 8,
-                           CH, UNROLL, ".cg", False, EARLY)
+                           CH, UNROLL, ".cg", False, EARLY, TWICE)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
             for t in range(pid, (INTER + BN - 1) // BN, P):
                 fused_tile(t, mid, wgu_ptr + lw * 2 * INTER * H, act, act, act,
                            n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
                            True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg",
-                           ONE_DOT)
+                           ONE_DOT, False, TWICE)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # E: x_next = mid + act @ Wd.T
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + M * H, x_in, mid, x_in, M,
                            H, INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
-                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg", False, EARLY)
+                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg", False, EARLY, TWICE)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
         _stamp(timing_ptr, 3 + 10 * L, pid, TIMING, True)
 
@@ -443,5 +448,5 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         ATT_PREFETCH=TUNING["att_prefetch"], SPREAD=TUNING["spread"],
         ONE_DOT=TUNING["gated_one_dot"], QKV_ROPE=roped, EARLY=TUNING["early"],
         BKH=k_step(hidden, TUNING["bk"]), BKQ=k_step(heads * d, TUNING["bk"]),
-        num_warps=4, num_stages=TUNING["num_stages"])
+        TWICE=TUNING["twice"], num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers]

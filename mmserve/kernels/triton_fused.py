@@ -224,6 +224,14 @@ if triton is not None:
         return acc, acc_u
 
     @triton.jit
+    def twice_rows(a_rows, dep):
+        """``a_rows`` as a function of ``dep`` (BM,) (finite values: the same pointers), so
+        the loads through them wait for ``dep``: a timing probe runs a stage a second time
+        after the first, and the difference is the stage's time on the critical path."""
+        off = tl.where(tl.abs(dep) > 3.0e38, 64, 0).to(tl.int64)  # 64: the loads stay vectors
+        return a_rows + tl.multiple_of(off, 64)[:, None]
+
+    @triton.jit
     def _load_tile(ptr, rm, rn, stride_m, ok, CACHE: tl.constexpr):
         """Rows ``rm`` and columns ``rn`` of a row-major matrix (zeros where not ``ok``)."""
         return tl.load(ptr + rm.to(tl.int64)[:, None] * stride_m + rn[None, :], mask=ok,
@@ -236,14 +244,17 @@ if triton is not None:
                    GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                    BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                    CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr,
-                   ONE_DOT: tl.constexpr = False, EARLY: tl.constexpr = False):
+                   ONE_DOT: tl.constexpr = False, EARLY: tl.constexpr = False,
+                   TWICE: tl.constexpr = 0):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
         written by other programs of the launch, from L2). ``ONE_DOT`` (GATED): the gate
         and up rows as one (2 BN)-row weight tile in one product, split after the K loop
         (the same chains, so the same bits; fewer loads and operand fetches a step).
         ``EARLY`` (RESIDUAL): the residual asked for before the product, not after it (its
-        round trip off the tile's critical path; its registers held across the K loop)."""
+        round trip off the tile's critical path; its registers held across the K loop).
+        ``TWICE`` (a timing probe, ``twice_rows``): 1 the norm prologue, 2 the K loop run a
+        second time after the first, the same values."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         row_ok = rm < M
         out_ok = row_ok[:, None] & (rn[None, :] < N)
@@ -252,8 +263,25 @@ if triton is not None:
             r = _load_tile(res_ptr, rm, rn, stride_rm, out_ok, ACT_CACHE)
         if NORM:
             rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
+            if TWICE == 1:
+                rstd = _row_rstd(twice_rows(a_rows, rstd), row_ok, K, eps, BM, CH, UNROLL,
+                                 ACT_CACHE)
         else:
             rstd = tl.full([BM], 1.0, tl.float32)
+        if TWICE == 2:
+            if GATED and ONE_DOT:
+                _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
+                j = tl.arange(0, 2 * BN)
+                rn2 = pid_n * BN + j % BN
+                gu_rows = w_ptr + (rn2 + (j // BN) * UP).to(tl.int64)[:, None] * stride_wn
+                first, _ = _tile_products(a_rows, gu_rows, gu_rows, row_ok, rn2, N, K, rstd,
+                                          nw_ptr, offset, NORM, False, BM, 2 * BN, BK,
+                                          ACT_CACHE)
+            else:
+                w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+                first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, N, K, rstd,
+                                          nw_ptr, offset, NORM, False, BM, BN, BK, ACT_CACHE)
+            a_rows = twice_rows(a_rows, tl.max(first, 1))
         if GATED and ONE_DOT:
             _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
             j = tl.arange(0, 2 * BN)
@@ -304,14 +332,15 @@ if triton is not None:
                       NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                       GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
-                      ACT_CACHE: tl.constexpr, EARLY: tl.constexpr = False):
+                      ACT_CACHE: tl.constexpr, EARLY: tl.constexpr = False,
+                      TWICE: tl.constexpr = 0):
         """Tile ``pid`` of the QKV product (with the RMSNorm prologue when NORM) and, in its
         epilogue, the rope of its q and k columns and the cache write of k and v: a q or k
         tile holds dims ``i .. i + BN/2 - 1`` of one head's first half and the same of its
         second (the rotation's pairs), a v tile ``BN`` columns in order. The kernel above,
         or one phase of a persistent kernel (``ACT_CACHE=".cg"``: the activations, written
         by other programs of the launch, read from L2). ``EARLY``: the cache slots asked
-        for before the product, not after it."""
+        for before the product, not after it. ``TWICE``: ``fused_tile``'s timing probe."""
         Q: tl.constexpr = HQ * D
         KV: tl.constexpr = HKV * D
         HB: tl.constexpr = BN // 2
@@ -335,8 +364,15 @@ if triton is not None:
             slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
         if NORM:
             rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
+            if TWICE == 1:
+                rstd = _row_rstd(twice_rows(a_rows, rstd), row_ok, K, eps, BM, CH, UNROLL,
+                                 ACT_CACHE)
         else:
             rstd = tl.full([BM], 1.0, tl.float32)
+        if TWICE == 2:
+            first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, rstd,
+                                      nw_ptr, offset, NORM, False, BM, BN, BK, ACT_CACHE)
+            a_rows = twice_rows(a_rows, tl.max(first, 1))
         acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, rstd,
                                 nw_ptr, offset, NORM, False, BM, BN, BK, ACT_CACHE)
         if not EARLY:
