@@ -9,11 +9,12 @@ tag in the low half), the consumer's load of the row is the wait: it reloads unt
 word carries this round's tag. No fence and no counter; a word is written once a round and
 a 32-bit store is seen whole, so a word with the right tag holds the right value.
 
-Both kernels run R rounds on P programs: the first NPROD programs each store a tile of 16
-words of the round's row (its own buffer a round, as the stack's buffers are a layer's),
+Both ways (one kernel, ``TAGGED`` or not) run R rounds on P programs: the first NPROD
+programs each store a tile of 16 words of the round's row (its own buffer a round, as the
+stack's buffers are a layer's),
 then every program reads the whole row and sums its values; the sum goes into the next
 round's stores, so the rounds are a chain and a stale read changes every later value. The
-two kernels compute the same recurrence, so their last rows must be equal (checked).
+two ways compute the same recurrence, so their last rows must be equal (checked).
 
 Usage (GPU): ``PYTHONPATH=$PWD python bench/handoff.py --out $OUT/handoff.json``
 """
@@ -40,8 +41,10 @@ def _row_sum(w, ok):
 
 
 @triton.jit(do_not_specialize=["R", "base"])
-def _barrier_rounds(buf_ptr, counter_ptr, R, base, NPROD: tl.constexpr, P: tl.constexpr,
-                    ROWP2: tl.constexpr):
+def _rounds(buf_ptr, counter_ptr, R, base, NPROD: tl.constexpr, P: tl.constexpr,
+            ROWP2: tl.constexpr, TAGGED: tl.constexpr):
+    """R rounds: the producers' tiles stored, then the row read after a grid barrier
+    (TAGGED False) or reloaded until every word carries the round's tag (True)."""
     pid = tl.program_id(0)
     ROW: tl.constexpr = NPROD * TILE
     idx = tl.arange(0, ROWP2)
@@ -53,30 +56,15 @@ def _barrier_rounds(buf_ptr, counter_ptr, R, base, NPROD: tl.constexpr, P: tl.co
         tag = (base + r) & 0xFFFF
         if pid < NPROD:
             tl.store(row + cols, (((val + cols) & 0xFFFF) << 16) | tag)
-        grid_sync(counter_ptr, r + 1, P)
-        w = tl.load(row + idx, mask=ok, other=0, cache_modifier=".cg")
-        val = _row_sum(w, ok) & 0x7FFF
-
-
-@triton.jit(do_not_specialize=["R", "base"])
-def _tagged_rounds(buf_ptr, counter_ptr, R, base, NPROD: tl.constexpr, P: tl.constexpr,
-                   ROWP2: tl.constexpr):
-    pid = tl.program_id(0)
-    ROW: tl.constexpr = NPROD * TILE
-    idx = tl.arange(0, ROWP2)
-    ok = idx < ROW
-    cols = pid * TILE + tl.arange(0, TILE)
-    val = pid * 0
-    for r in range(R):
-        row = buf_ptr + r.to(tl.int64) * ROW
-        tag = (base + r) & 0xFFFF
-        if pid < NPROD:
-            tl.store(row + cols, (((val + cols) & 0xFFFF) << 16) | tag)
-        w = tl.load(row + idx, mask=ok, other=0, volatile=True)
-        stale = tl.sum(tl.where(ok & ((w & 0xFFFF) != tag), 1, 0), 0)
-        while stale > 0:
+        if TAGGED:
             w = tl.load(row + idx, mask=ok, other=0, volatile=True)
             stale = tl.sum(tl.where(ok & ((w & 0xFFFF) != tag), 1, 0), 0)
+            while stale > 0:
+                w = tl.load(row + idx, mask=ok, other=0, volatile=True)
+                stale = tl.sum(tl.where(ok & ((w & 0xFFFF) != tag), 1, 0), 0)
+        else:
+            grid_sync(counter_ptr, r + 1, P)
+            w = tl.load(row + idx, mask=ok, other=0, cache_modifier=".cg")
         val = _row_sum(w, ok) & 0x7FFF
 
 
@@ -84,13 +72,13 @@ def run(kind: str, programs: int, producers: int, rounds: int, repeats: int) -> 
     row = producers * TILE.value
     buf = torch.zeros(rounds * row, dtype=torch.int32, device="cuda")
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    kernel = _barrier_rounds if kind == "barrier" else _tagged_rounds
     base = [1]
 
     def launch() -> None:
         counter.zero_()
-        kernel[(programs,)](buf, counter, rounds, base[0], NPROD=producers, P=programs,
-                            ROWP2=triton.next_power_of_2(row), num_warps=4)
+        _rounds[(programs,)](buf, counter, rounds, base[0], NPROD=producers, P=programs,
+                             ROWP2=triton.next_power_of_2(row), TAGGED=kind == "tagged",
+                             num_warps=4)
         base[0] = (base[0] + rounds) % 65536 or 1  # every word's tag changes each launch
 
     ms = cuda_time_ms(launch, repeats=repeats)

@@ -268,31 +268,26 @@ if triton is not None:
                                  ACT_CACHE)
         else:
             rstd = tl.full([BM], 1.0, tl.float32)
-        if TWICE == 2:
-            if GATED and ONE_DOT:
-                _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
-                j = tl.arange(0, 2 * BN)
-                rn2 = pid_n * BN + j % BN
-                gu_rows = w_ptr + (rn2 + (j // BN) * UP).to(tl.int64)[:, None] * stride_wn
-                first, _ = _tile_products(a_rows, gu_rows, gu_rows, row_ok, rn2, N, K, rstd,
-                                          nw_ptr, offset, NORM, False, BM, 2 * BN, BK,
-                                          ACT_CACHE)
-            else:
-                w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-                first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, N, K, rstd,
-                                          nw_ptr, offset, NORM, False, BM, BN, BK, ACT_CACHE)
-            a_rows = twice_rows(a_rows, tl.max(first, 1))
         if GATED and ONE_DOT:
             _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
             j = tl.arange(0, 2 * BN)
-            rn2 = pid_n * BN + j % BN  # the gate columns, then the same up columns
-            gu_rows = w_ptr + (rn2 + (j // BN) * UP).to(tl.int64)[:, None] * stride_wn
-            acc2, _ = _tile_products(a_rows, gu_rows, gu_rows, row_ok, rn2, N, K, rstd,
-                                     nw_ptr, offset, NORM, False, BM, 2 * BN, BK, ACT_CACHE)
-            acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
+            rn_w = pid_n * BN + j % BN  # the gate columns, then the same up columns
+            w_rows = w_ptr + (rn_w + (j // BN) * UP).to(tl.int64)[:, None] * stride_wn
+            u_rows = w_rows
         else:
+            rn_w = rn
             w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
             u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: up rows
+        WN: tl.constexpr = 2 * BN if GATED and ONE_DOT else BN  # the weight tile's rows
+        if TWICE == 2:
+            first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, rstd, nw_ptr,
+                                      offset, NORM, False, BM, WN, BK, ACT_CACHE)
+            a_rows = twice_rows(a_rows, tl.max(first, 1))
+        if GATED and ONE_DOT:
+            acc2, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, rstd,
+                                     nw_ptr, offset, NORM, False, BM, WN, BK, ACT_CACHE)
+            acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
+        else:
             acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, rstd,
                                         nw_ptr, offset, NORM, GATED, BM, BN, BK, ACT_CACHE)
         if HAS_BIAS:
