@@ -36,7 +36,7 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
              CH=64, UNROLL=9, ROUND=1, TK=16, ATT_BM=16, ATT_BN=64, SPLIT=128, TIMING=False,
              WORKERS=48, LINE=64, LQKV=256, LO=64, LGU=512, LD=256, LN=1, KV_ROWS=64,
              KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True,
-             EARLY=True, BKH=64, BKQ=64, TWICE=0)
+             EARLY=True, BKH=64, BKQ=64, TWICE=0, DEFER=True, G=36, GP=64)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=64, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
@@ -52,7 +52,8 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
             types[name] = "*i64"
         elif name in ("tables_ptr", "counter_ptr", "count_ptr"):
             types[name] = "*i32"
-        elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr"):
+        elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr", "ps_ptr", "psi_ptr",
+                      "psm_ptr"):
             types[name] = "*fp32"
         elif name.endswith("_ptr"):
             types[name] = "*fp8e4nv" if fp8 and name in ("k_ptr", "v_ptr") else "*bf16"
@@ -90,6 +91,10 @@ def main() -> None:
     for spread in (True, False):
         print(f"decode stack, spread={spread}:",
               report(kernel, {**STACK, "SPREAD": spread}, num_warps=4, num_stages=4))
+    print("decode stack, the norm from the rows (defer off):",
+          report(kernel, {**STACK, "DEFER": False}, num_warps=4, num_stages=4))
+    print("decode stack's input kernel:",
+          report(triton_decode_stack._stack_input_kernel, {"GP": 64}, num_warps=4))
     print("decode stack, serial, loads after the products (early off):",
           report(kernel, {**STACK, "SPREAD": False, "EARLY": False}, num_warps=4, num_stages=4))
     print("decode stack, serial, K steps of 256 where K = 576 (bk_exact off):",
@@ -116,7 +121,7 @@ def main() -> None:
         print(f"GEMM, late={late}:", report(triton_matmul._gemm_kernel,
                                             {**GEMM, "UPCAST": False, "LATE": late},
                                             num_warps=2, num_stages=4))
-        for epilogue in ("RESIDUAL", "GATED"):
+        for epilogue in ("RESIDUAL", "GATED", "NORM"):
             print(f"fused GEMM, {epilogue.lower()}, late={late}:",
                   report(triton_fused._fused_gemm_kernel, {**FUSED, epilogue: True,
                                                            "LATE": late},
@@ -126,6 +131,13 @@ def main() -> None:
         print(f"fused GEMM, residual, {stages} stages:",
               report(triton_fused._fused_gemm_kernel, {**FUSED, "RESIDUAL": True},
                      num_warps=2, num_stages=stages))
+    # the normed prefill tiles (fused_config: 64 and 128 rows)
+    for bm, bn, bk, warps, gated in ((64, 64, 64, 4, False), (128, 64, 64, 8, False),
+                                     (64, 32, 32, 4, True)):
+        print(f"fused GEMM, norm, {bm}x{bn}x{bk}, {warps} warps, gated={gated}:",
+              report(triton_fused._fused_gemm_kernel,
+                     {**FUSED, "NORM": True, "GATED": gated, "BM": bm, "BN": bn, "BK": bk,
+                      "UNROLL": 1}, num_warps=warps, num_stages=3))
     # the thin tile of a wide model's gate_up (triton_matmul.MLP_MAX_WIDTH)
     print("GEMM, 16x64x256, 4 warps, 3 stages:",
           report(triton_matmul._gemm_kernel, {**GEMM, "UPCAST": False, "BN": 64},

@@ -91,9 +91,16 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # "twice": a timing probe, never a speed setting (``fused_tile``'s TWICE): 1 the normed
 # phases' norm prologue, 2 every GEMM phase's K loop run twice in a row, the same values;
 # the phase's time minus the default's is what that stage costs on its critical path.
+# "defer": the normed phases' operand and sums of squares handed over by the phases that
+# write their rows (``fused_tile``'s DEFER: phase C for D, phase E for the next layer's A,
+# ``_stack_input_kernel`` for layer 0's), so their K loops are the plain loop and their
+# prologue a load of G subtree sums (off: each normed program norms from the row itself;
+# the same bits, by the fused norm's tree). H200, SmolLM2-135M, batch 1: 553.1 -> 504.4
+# us a replay at 120 cached tokens (session 27; session 26's code, the old arithmetic
+# with the row norm, ~582 us).
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
-          "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0}
+          "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -103,7 +110,7 @@ MAX_ROWS = 16
 
 
 if triton is not None:
-    from mmserve.kernels.triton_fused import fused_tile, qkv_rope_tile
+    from mmserve.kernels.triton_fused import fused_tile, pair_sum, qkv_rope_tile
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
     from mmserve.kernels.triton_rope_attention import attend_group
 
@@ -202,6 +209,24 @@ if triton is not None:
         _stamp(timing_ptr, 2 * phase + 3, pid, TIMING)
         return phase + 1
 
+    @triton.jit
+    def _stack_input_kernel(x_ptr, xs_ptr, y_ptr, ps_ptr, nw_ptr, H, G, stride_x,
+                            GP: tl.constexpr):
+        """Row ``program_id`` of the stack's input x: copied into the residual stream, and
+        handed to layer 0's phase A as phase E hands a layer's output to the next
+        (``norm_partials``' arithmetic): times the first input norm's weight, rounded, and
+        its 16-column subtree sums of squares."""
+        row = tl.program_id(0).to(tl.int64)
+        col = tl.arange(0, GP)[:, None] * 16 + tl.arange(0, 16)[None, :]
+        ok = col < H
+        x = tl.load(x_ptr + row * stride_x + col, mask=ok, other=0.0)
+        tl.store(xs_ptr + row * H + col, x, mask=ok)
+        xf = x.to(tl.float32)
+        g = tl.load(nw_ptr + col, mask=ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * H + col, (xf * g).to(y_ptr.dtype.element_ty), mask=ok)
+        gi = tl.arange(0, GP)
+        tl.store(ps_ptr + row * G + gi, pair_sum(xf * xf, 16), mask=gi < G)
+
     # one compiled kernel for every step shape: Triton would otherwise compile a variant
     # for each of these equal to 1 or divisible by 16
     @triton.jit(do_not_specialize=["L", "M", "B", "att_tiles", "SPLITS"])
@@ -209,8 +234,8 @@ if triton is not None:
         xs_ptr, mids_ptr, qkv_ptr, qrot_ptr, attn_ptr, act_ptr,
         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr,
         kv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
-        qlen_ptr, counter_ptr, timing_ptr, part_ptr, count_ptr, L, M, B, att_tiles, SPLITS,
-        eps, scale_log2,
+        qlen_ptr, counter_ptr, timing_ptr, part_ptr, count_ptr, ysi_ptr, ysm_ptr, psi_ptr,
+        psm_ptr, L, M, B, att_tiles, SPLITS, eps, scale_log2,
         stride_kvl, stride_kv2, stride_kb, stride_ks, stride_kh, stride_bt,
         H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
         INTER: tl.constexpr, PAGE: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
@@ -222,7 +247,7 @@ if triton is not None:
         LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
         ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
         QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
-        TWICE: tl.constexpr,
+        TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -253,17 +278,22 @@ if triton is not None:
             vc = kc + stride_kv2
             # A: qkv = rms_norm(x) @ Wqkv.T; QKV_ROPE: and in the epilogue, the rope of q
             # (into qrot) and of k, and k and v written to the cache
+            # (DEFER: from the rows and subtree sums the previous phase E, or the input
+            # kernel, handed over; else the norm from the rows themselves: the same bits)
+            a_qkv = ysi_ptr + lw * M * H if DEFER else x_in
             for t in range(pid, (QKV + BN - 1) // BN, P):
                 if QKV_ROPE:
-                    qkv_rope_tile(t, x_in, wqkv_ptr + lw * QKV * H, x_in, n1_ptr + lw * H, qrot,
-                                  kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, H, H, H, eps,
-                                  0.0, HQ, HKV, D, True, False, ROUND, 16, BN, BKH, 8, CH,
-                                  UNROLL, ".cg", EARLY, TWICE)
+                    qkv_rope_tile(t, a_qkv, wqkv_ptr + lw * QKV * H, x_in, n1_ptr + lw * H,
+                                  qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, H, H, H,
+                                  eps, 0.0, HQ, HKV, D, not DEFER, False, ROUND, 16, BN, BKH, 8,
+                                  CH, UNROLL, ".cg", EARLY, TWICE, DEFER, psi_ptr + lw * M * G,
+                                  G, GP)
                 else:
-                    fused_tile(t, x_in, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv, n1_ptr + lw * H,
-                               M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0, True, False, False,
-                               False, ROUND, 16, BN, BKH, 8, CH, UNROLL, ".cg", False, False,
-                               TWICE)
+                    fused_tile(t, a_qkv, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv,
+                               n1_ptr + lw * H, M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0,
+                               not DEFER, False, False, False, ROUND, 16, BN, BKH, 8, CH, UNROLL,
+                               ".cg", False, False, TWICE, DEFER, qkv, qkv,
+                               psi_ptr + lw * M * G, G, GP)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # B: per (sequence, kv head, query tile): attention over the cache, a long
             # context's splits spread over the group's programs; without QKV_ROPE first the
@@ -287,24 +317,31 @@ if triton is not None:
                                      worker, WORKERS, stride_kb, stride_ks, stride_bt, HKV * D,
                                      PAGE, LINE, KV_ROWS, KV_LINES)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
-            # C: mid = x + attn @ Wo.T
+            # C: mid = x + attn @ Wo.T (DEFER: and phase D's operand and subtree sums)
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H, Q, Q,
                            H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BKQ, 8,
-                           CH, UNROLL, ".cg", False, EARLY, TWICE)
+                           CH, UNROLL, ".cg", False, EARLY, TWICE, 2 * DEFER,
+                           ysm_ptr + lw * M * H, n2_ptr + lw * H, psm_ptr + lw * M * G, G, GP)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
+            a_gu = ysm_ptr + lw * M * H if DEFER else mid
             for t in range(pid, (INTER + BN - 1) // BN, P):
-                fused_tile(t, mid, wgu_ptr + lw * 2 * INTER * H, act, act, act,
+                fused_tile(t, a_gu, wgu_ptr + lw * 2 * INTER * H, act, act, act,
                            n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
-                           True, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL, ".cg",
-                           ONE_DOT, False, TWICE)
+                           not DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL,
+                           ".cg", ONE_DOT, False, TWICE, DEFER, act, act, psm_ptr + lw * M * G,
+                           G, GP)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
-            # E: x_next = mid + act @ Wd.T
+            # E: x_next = mid + act @ Wd.T (DEFER: and the next phase A's operand and subtree
+            # sums; after the last layer unread, made with its own norm weight)
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + M * H, x_in, mid, x_in, M,
                            H, INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
-                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg", False, EARLY, TWICE)
+                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg", False, EARLY, TWICE,
+                           2 * DEFER, ysi_ptr + (lw + 1) * M * H,
+                           n1_ptr + tl.minimum(lw + 1, L - 1) * H, psi_ptr + (lw + 1) * M * G,
+                           G, GP)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
         _stamp(timing_ptr, 3 + 10 * L, pid, TIMING, True)
 
@@ -390,11 +427,24 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     qkv_n = (heads + 2 * kv_heads) * d
     n = x.shape[0]
     assert 0 < n <= MAX_ROWS and x.shape[1] == hidden and max_query_len <= n
+    assert x.stride(1) == 1
     assert kv.is_contiguous() and kv.dtype == x.dtype
     assert all(w.is_contiguous() for w in weights.values())
     dev, dt = x.device, x.dtype
     xs = torch.empty(n_layers + 1, n, hidden, dtype=dt, device=dev)
-    xs[0].copy_(x)
+    # the norm handed over between phases (TUNING["defer"]): 16-column subtrees
+    defer = bool(TUNING["defer"]) and hidden % BN == 0
+    groups_h = hidden // BN
+    if defer:  # per layer: phase A's and D's operands and their rows' subtree sums
+        ysi = torch.empty(n_layers + 1, n, hidden, dtype=dt, device=dev)
+        ysm = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
+        psi = torch.empty(n_layers + 1, n, groups_h, dtype=torch.float32, device=dev)
+        psm = torch.empty(n_layers, n, groups_h, dtype=torch.float32, device=dev)
+        _stack_input_kernel[(n,)](x, xs, ysi, psi, weights["input_norm"], hidden, groups_h,
+                                  x.stride(0), GP=triton.next_power_of_2(groups_h))
+    else:
+        xs[0].copy_(x)
+        ysi = ysm = psi = psm = xs  # never read
     mids = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
     # rope in phase A's epilogue (qkv_rope; a q or k tile holds pairs of a head's dims,
     # so the tile's columns divide the head)
@@ -431,7 +481,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         xs, mids, qkv, qrot, attn, act, weights["qkv"], weights["o"], weights["gate_up"],
         weights["down"], weights["input_norm"], weights["post_norm"], kv, cos, sin,
         positions, slot_mapping, block_tables, context_lens, query_start, query_lens, counter,
-        timing if timing is not None else counter, part, counts[1:],
+        timing if timing is not None else counter, part, counts[1:], ysi, ysm, psi, psm,
         n_layers, n, context_lens.shape[0], att_tiles, splits, eps, scale * 1.4426950408889634,
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
         block_tables.stride(0),
@@ -448,5 +498,6 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         ATT_PREFETCH=TUNING["att_prefetch"], SPREAD=TUNING["spread"],
         ONE_DOT=TUNING["gated_one_dot"], QKV_ROPE=roped, EARLY=TUNING["early"],
         BKH=k_step(hidden, TUNING["bk"]), BKQ=k_step(heads * d, TUNING["bk"]),
-        TWICE=TUNING["twice"], num_warps=4, num_stages=TUNING["num_stages"])
+        TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
+        GP=triton.next_power_of_2(max(groups_h, 2)), num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers]

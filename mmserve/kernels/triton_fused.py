@@ -8,12 +8,17 @@ of tensor-core k16 steps over K in ascending order, accumulated in fp32, no spli
 tile shape by row count (``pick_config``), so an element's arithmetic never depends on
 M or the tile shape. The fusions keep that true:
 
-- RMSNorm prologue: a program first sums its rows' squares elementwise over K in chunks
-  of ``NORM_CHUNK`` (ascending), then adds the chunk's columns in index order (an FMA
-  dot, not ``tl.sum``, whose order follows the register layout and so the tile shape
-  and the warp count). In the K loop each x tile is scaled by
-  ``rstd * (offset + w)`` in fp32 and rounded to the activation dtype before the dot,
-  as the unfused path rounds the norm's output.
+- RMSNorm (hidden <= ``fused.FUSE_MAX_HIDDEN``, so every GPU path of such a model runs
+  this arithmetic; bench/NOTES.md, session 27): ``out = rstd * (round(x * (offset + w)) @
+  W.T)``, the scale applied to the fp32 accumulator before the bias and every rounding.
+  The K loop rounds ``x * (offset + w)`` (fp32) to the activation dtype with no per-row
+  factor, so the phase that writes x can hand that operand over ready (the decode
+  stack). ``rstd = rsqrt(T / K + eps)``, T the perfect pairwise tree of adjacent ``x * x``
+  over K padded with zeros to a power of two: ``pair_sum`` of each ``NORM_CHUNK`` chunk,
+  the chunks' sums by a binary counter (``_tree_level``). That order is fixed by
+  construction (a level adds pairs), whatever the tile, and it is the same sum as
+  16-column subtrees added by a tree, which is how the decode stack's producers hand it
+  over (``norm_partials``).
 - Residual epilogue: the accumulator is rounded to the output dtype, then the residual
   is added in fp32 and rounded once more: the bits of torch's ``residual + linear(x, W)``
   (a half-precision add computes in fp32 and rounds).
@@ -44,7 +49,9 @@ try:
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
-NORM_CHUNK = 64  # columns per step of the sum of squares: fixed, so is a row's reduction order
+NORM_CHUNK = 64  # columns a chunk of the norm's sum of squares (speed only: the tree is fixed)
+NORM_LEVELS = 8  # the binary counter's levels in _row_rstd: at most 2**8 chunks pushed
+NORM_MAX_K = 8192  # the fused norm's widest row (K <= 2**7 chunks, so a round's padding fits)
 ROUND_NONE, ROUND_BF16, ROUND_FP16 = 0, 1, 2
 
 
@@ -134,17 +141,122 @@ if triton is not None:
             return tl.math.div_rn(g, 1.0 + libdevice.exp(-g))
 
     @triton.jit
-    def _rstd(sq, K, eps, BM: tl.constexpr, CH: tl.constexpr):
-        """(BM, CH) column sums of squares -> (BM,) 1 / rms, added in a fixed order.
+    def pair_sum(x, N: tl.constexpr):
+        """(R, N) -> (R,): each row's sum as a perfect pairwise tree of adjacent elements
+        (N a power of two, 2 to 128), so the order is fixed by construction (``tl.sum``
+        over N follows the register layout, so the tile shape and the warp count). A level
+        sums an axis of size 2: one add whichever thread holds which element (a warp
+        shuffle where they differ). ``tl.split`` of the reshape gave the same sums through
+        layout conversions in shared memory: 71 CTA barriers in the thin normed GEMM's PTX
+        against 8, and the stack's row-normed replay 1,104 us against 553 (H200, session
+        27)."""
+        tl.static_assert(N >= 2 and N <= 128)
+        R: tl.constexpr = x.shape[0]
+        W: tl.constexpr = N // 2
+        x = tl.sum(tl.reshape(x, [R, W, 2]), 2)  # a sum of two: the one add, in any order
+        if N >= 4:
+            x = tl.sum(tl.reshape(x, [R, W // 2, 2]), 2)
+        if N >= 8:
+            x = tl.sum(tl.reshape(x, [R, W // 4, 2]), 2)
+        if N >= 16:
+            x = tl.sum(tl.reshape(x, [R, W // 8, 2]), 2)
+        if N >= 32:
+            x = tl.sum(tl.reshape(x, [R, W // 16, 2]), 2)
+        if N >= 64:
+            x = tl.sum(tl.reshape(x, [R, W // 32, 2]), 2)
+        if N >= 128:
+            x = tl.sum(tl.reshape(x, [R, W // 64, 2]), 2)
+        return tl.reshape(x, [R])
 
-        An fp32 "ieee" dot runs on FMA units, one thread per output element, k in
-        ascending order: ``((sq0 + sq1) + sq2) + ...`` whatever the layout (``tl.sum``
-        follows the register layout, so the tile shape and the warp count). The 16 equal
-        columns (dots are >= 16 wide) are collapsed by ``max``, which is exact.
-        """
-        ones = tl.full([CH, 16], 1.0, tl.float32)
-        total = tl.max(tl.dot(sq, ones, input_precision="ieee"), 1)
+    @triton.jit
+    def _tree_level(s, carry, i, LEVEL: tl.constexpr):
+        """Level ``LEVEL`` of pushing subtree ``i`` (0, 1, ...; sum ``carry``) onto a binary
+        counter of perfect subtrees (``s``: the level's pending subtree of 2**LEVEL leaves,
+        held while bit LEVEL of the count is set) -> (carry, s). The carry reaches the level
+        when the bits below are all set in ``i``; there it merges with the pending subtree
+        (left + right) when the level's bit is set, else it becomes the pending one."""
+        reached = ((i + 1) & ((1 << LEVEL) - 1)) == 0
+        bit = (i >> LEVEL) & 1
+        return (tl.where(reached & (bit == 1), s + carry, carry),
+                tl.where(reached & (bit == 0), carry, s))
+
+    @triton.jit
+    def rstd_of(total, K, eps):
+        """(R,) sums of squares over K -> 1 / rms (one expression for every path)."""
         return tl.rsqrt(total / K + eps)
+
+    @triton.jit
+    def _row_rstd(a_rows, row_ok, K, eps, BM: tl.constexpr, CH: tl.constexpr,
+                  UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
+        """The RMSNorm prologue: (BM,) 1 / rms of the rows (``row_sumsq``)."""
+        return rstd_of(row_sumsq(a_rows, row_ok, K, BM, CH, UNROLL, ACT_CACHE), K, eps)
+
+    @triton.jit
+    def row_sumsq(a_rows, row_ok, K, BM: tl.constexpr, CH: tl.constexpr,
+                  UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
+        """(BM,) the rows' squares summed by the perfect pairwise tree over K padded to a
+        power of two: a chunk of CH columns (a power of two) by ``pair_sum``, the chunks by a
+        binary counter of ``NORM_LEVELS`` levels, folded smallest subtree first (the tree's
+        right spine; the padding's zeros add exactly)."""
+        ck = tl.arange(0, CH)
+        s0 = tl.zeros([BM], tl.float32)
+        s1 = s0
+        s2 = s0
+        s3 = s0
+        s4 = s0
+        s5 = s0
+        s6 = s0
+        s7 = s0
+        # UNROLL chunks a round: their loads are independent, so a round waits for
+        # memory once, not UNROLL times (K=4096 was 64 dependent L2 round trips a
+        # program); a round's masked chunks push zeros, which the tree adds exactly, so
+        # the bits do not depend on UNROLL
+        for k in range(0, K, CH * UNROLL):
+            for u in tl.static_range(UNROLL):
+                kk = k + u * CH + ck
+                x = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < K),
+                            other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
+                c = pair_sum(x * x, CH)
+                i = k // CH + u
+                c, s0 = _tree_level(s0, c, i, 0)
+                c, s1 = _tree_level(s1, c, i, 1)
+                c, s2 = _tree_level(s2, c, i, 2)
+                c, s3 = _tree_level(s3, c, i, 3)
+                c, s4 = _tree_level(s4, c, i, 4)
+                c, s5 = _tree_level(s5, c, i, 5)
+                c, s6 = _tree_level(s6, c, i, 6)
+                c, s7 = _tree_level(s7, c, i, 7)
+        n = tl.cdiv(K, CH * UNROLL) * UNROLL  # subtrees pushed
+        t = tl.where((n & 1) != 0, s0, 0.0)
+        t = tl.where((n & 2) != 0, s1 + t, t)
+        t = tl.where((n & 4) != 0, s2 + t, t)
+        t = tl.where((n & 8) != 0, s3 + t, t)
+        t = tl.where((n & 16) != 0, s4 + t, t)
+        t = tl.where((n & 32) != 0, s5 + t, t)
+        t = tl.where((n & 64) != 0, s6 + t, t)
+        return tl.where((n & 128) != 0, s7 + t, t)
+
+    @triton.jit
+    def partials_rstd(ps_ptr, rm, row_ok, G, K, eps, GP: tl.constexpr, CACHE: tl.constexpr):
+        """(BM,) 1 / rms of rows ``rm`` from their ``G`` 16-column subtree sums of squares
+        (``norm_partials``, row stride G), added by ``pair_sum`` over G padded to GP: the
+        same tree, so the same bits, as ``_row_rstd`` from the row."""
+        gi = tl.arange(0, GP)
+        ps = tl.load(ps_ptr + rm.to(tl.int64)[:, None] * G + gi[None, :],
+                     mask=row_ok[:, None] & (gi[None, :] < G), other=0.0, cache_modifier=CACHE)
+        return rstd_of(pair_sum(ps, GP), K, eps)
+
+    @triton.jit
+    def norm_partials(xo, y_ptr, gw, ps_ptr, rm, rn, row_ok, out_ok, group, G, stride_ym,
+                      offset):
+        """A producer's hand-over to the next normed product: its 16 stored columns ``xo``
+        (BM, 16) (fp32 holding the stored values) times the next norm's weight ``gw`` (16,),
+        rounded as the K loop rounds its operand, to ``y_ptr`` (row stride ``stride_ym``), and
+        the 16-column subtree of their squares to ``ps_ptr`` (row stride G) at ``group``."""
+        g = offset + gw.to(tl.float32)
+        tl.store(y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :],
+                 (xo * g[None, :]).to(y_ptr.dtype.element_ty), mask=out_ok)
+        tl.store(ps_ptr + rm.to(tl.int64) * G + group, pair_sum(xo * xo, 16), mask=row_ok)
 
     @triton.jit
     def _fused_gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
@@ -177,32 +289,14 @@ if triton is not None:
                  (_round(_silu(g), ROUND) * u).to(o_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _row_rstd(a_rows, row_ok, K, eps, BM: tl.constexpr, CH: tl.constexpr,
-                  UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
-        """The RMSNorm prologue: each row's squares, summed elementwise over K chunks in
-        ascending order -> (BM,) 1 / rms (``_rstd``)."""
-        ck = tl.arange(0, CH)
-        sq = tl.zeros([BM, CH], tl.float32)
-        # UNROLL chunks a round: their loads are independent, so a round waits for
-        # memory once, not UNROLL times (K=4096 was 64 dependent L2 round trips a
-        # program); the adds stay in chunk order, so the bits do not depend on UNROLL
-        for k in range(0, K, CH * UNROLL):
-            for u in tl.static_range(UNROLL):
-                kk = k + u * CH + ck
-                x = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < K),
-                            other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
-                sq += x * x
-        return _rstd(sq, K, eps, BM, CH)
-
-    @triton.jit
-    def _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, rstd, nw_ptr, offset,
+    def _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, nw_ptr, offset,
                        NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr, ACT_CACHE: tl.constexpr):
-        """The K loop of a tile: (BM, BN) fp32 products of the rows at ``a_rows`` (normed
-        by ``rstd`` and the norm weight with NORM) with the weight rows at ``w_rows`` (and
-        ``u_rows`` when GATED), one chain of k16 steps in ascending order; the normed tile is
-        rounded to the activations' dtype. ``rn`` (BN,): the weight rows' indices below
-        ``N`` (the rows the tile may read)."""
+        """The K loop of a tile: (BM, BN) fp32 products of the rows at ``a_rows`` (with
+        NORM times ``offset`` + the norm weight, rounded to the activations' dtype; the
+        row's 1 / rms is the caller's, on the accumulator) with the weight rows at
+        ``w_rows`` (and ``u_rows`` when GATED), one chain of k16 steps in ascending order.
+        ``rn`` (BN,): the weight rows' indices below ``N`` (the rows the tile may read)."""
         rk = tl.arange(0, BK)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
@@ -211,10 +305,9 @@ if triton is not None:
             k_ok = kk < K
             a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                         cache_modifier=ACT_CACHE)
-            if NORM:  # the unfused norm's float32 math, rounded as its output is
+            if NORM:  # the operand norm_partials hands over: round(x * (offset + w))
                 nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
-                a = (a.to(tl.float32) * rstd[:, None] * (offset + nw)[None, :]).to(
-                    a_rows.dtype.element_ty)
+                a = (a.to(tl.float32) * (offset + nw)[None, :]).to(a_rows.dtype.element_ty)
             w_ok = (rn[:, None] < N) & k_ok[None, :]
             w = tl.load(w_rows + kk[None, :], mask=w_ok, other=0.0)
             acc = tl.dot(a, tl.trans(w), acc)
@@ -238,6 +331,25 @@ if triton is not None:
                        other=0.0, cache_modifier=CACHE)
 
     @triton.jit
+    def _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM: tl.constexpr,
+                   DEFER: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
+                   UNROLL: tl.constexpr, GP: tl.constexpr, ACT_CACHE: tl.constexpr,
+                   TWICE: tl.constexpr):
+        """The rows' 1 / rms for the accumulator: NORM from the rows (``_row_rstd``; TWICE
+        1 runs it twice, a timing probe), DEFER 1 from their producers' subtree sums
+        (``partials_rstd``, the same bits), else ones."""
+        if NORM:
+            rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
+            if TWICE == 1:
+                rstd = _row_rstd(twice_rows(a_rows, rstd), row_ok, K, eps, BM, CH, UNROLL,
+                                 ACT_CACHE)
+        elif DEFER == 1:
+            rstd = partials_rstd(ps_ptr, rm, row_ok, G, K, eps, GP, ACT_CACHE)
+        else:
+            rstd = tl.full([BM], 1.0, tl.float32)
+        return rstd
+
+    @triton.jit
     def fused_tile(pid, a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
                    stride_am, stride_wn, stride_om, stride_rm, eps, offset,
                    NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
@@ -245,7 +357,8 @@ if triton is not None:
                    BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                    CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr,
                    ONE_DOT: tl.constexpr = False, EARLY: tl.constexpr = False,
-                   TWICE: tl.constexpr = 0):
+                   TWICE: tl.constexpr = 0, DEFER: tl.constexpr = 0, y_ptr=None, g_ptr=None,
+                   ps_ptr=None, G=1, GP: tl.constexpr = 64):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
         written by other programs of the launch, from L2). ``ONE_DOT`` (GATED): the gate
@@ -254,20 +367,23 @@ if triton is not None:
         ``EARLY`` (RESIDUAL): the residual asked for before the product, not after it (its
         round trip off the tile's critical path; its registers held across the K loop).
         ``TWICE`` (a timing probe, ``twice_rows``): 1 the norm prologue, 2 the K loop run a
-        second time after the first, the same values."""
+        second time after the first, the same values. ``DEFER`` (the decode stack's norm
+        hand-over, the same bits as NORM from the rows): 1 the rows at ``a_ptr`` are the
+        normed product's operand ``round(x * (offset + w))`` and ``ps_ptr`` their 16-column
+        subtree sums of squares (G a row, ``partials_rstd``); 2 (BN = 16, no NORM) the
+        stored tile also handed to the next normed product: times its norm weight at
+        ``g_ptr`` into ``y_ptr`` (row stride ``stride_om``), its subtree into ``ps_ptr``."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         row_ok = rm < M
         out_ok = row_ok[:, None] & (rn[None, :] < N)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         if RESIDUAL and EARLY:
             r = _load_tile(res_ptr, rm, rn, stride_rm, out_ok, ACT_CACHE)
-        if NORM:
-            rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
-            if TWICE == 1:
-                rstd = _row_rstd(twice_rows(a_rows, rstd), row_ok, K, eps, BM, CH, UNROLL,
-                                 ACT_CACHE)
-        else:
-            rstd = tl.full([BM], 1.0, tl.float32)
+        if DEFER == 2:  # the next norm's weight, asked for before the product
+            tl.static_assert(BN == 16 and not NORM)
+            gw = tl.load(g_ptr + rn, mask=rn < N, other=0.0)
+        rstd = _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH, UNROLL,
+                          GP, ACT_CACHE, TWICE)
         if GATED and ONE_DOT:
             _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
             j = tl.arange(0, 2 * BN)
@@ -280,16 +396,19 @@ if triton is not None:
             u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: up rows
         WN: tl.constexpr = 2 * BN if GATED and ONE_DOT else BN  # the weight tile's rows
         if TWICE == 2:
-            first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, rstd, nw_ptr,
+            first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, nw_ptr,
                                       offset, NORM, False, BM, WN, BK, ACT_CACHE)
             a_rows = twice_rows(a_rows, tl.max(first, 1))
         if GATED and ONE_DOT:
-            acc2, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, rstd,
-                                     nw_ptr, offset, NORM, False, BM, WN, BK, ACT_CACHE)
+            acc2, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, nw_ptr,
+                                     offset, NORM, False, BM, WN, BK, ACT_CACHE)
             acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
         else:
-            acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, rstd,
-                                        nw_ptr, offset, NORM, GATED, BM, BN, BK, ACT_CACHE)
+            acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, nw_ptr,
+                                        offset, NORM, GATED, BM, BN, BK, ACT_CACHE)
+        if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
+            acc = acc * rstd[:, None]
+            acc_u = acc_u * rstd[:, None]
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         if RESIDUAL:  # round as linear's output, then torch's half add: fp32 add, round
@@ -301,8 +420,12 @@ if triton is not None:
             # slow path (a called subroutine) in every warp of a thin tile
             g = tl.where(row_ok[:, None], _round(acc, ROUND), 1.0)
             acc = _round(_silu(g), ROUND) * _round(acc_u, ROUND)
-        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
-                 acc.to(o_ptr.dtype.element_ty), mask=out_ok)
+        out = acc.to(o_ptr.dtype.element_ty)
+        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :], out, mask=out_ok)
+        if DEFER == 2:
+            _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
+            norm_partials(out.to(tl.float32), y_ptr, gw, ps_ptr, rm, rn, row_ok, out_ok, pid_n,
+                          G, stride_om, offset)
 
     @triton.jit
     def _qkv_rope_kernel(a_ptr, w_ptr, bias_ptr, nw_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr,
@@ -328,14 +451,17 @@ if triton is not None:
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                       GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
                       ACT_CACHE: tl.constexpr, EARLY: tl.constexpr = False,
-                      TWICE: tl.constexpr = 0):
+                      TWICE: tl.constexpr = 0, DEFER: tl.constexpr = 0, ps_ptr=None, G=1,
+                      GP: tl.constexpr = 64):
         """Tile ``pid`` of the QKV product (with the RMSNorm prologue when NORM) and, in its
         epilogue, the rope of its q and k columns and the cache write of k and v: a q or k
         tile holds dims ``i .. i + BN/2 - 1`` of one head's first half and the same of its
         second (the rotation's pairs), a v tile ``BN`` columns in order. The kernel above,
         or one phase of a persistent kernel (``ACT_CACHE=".cg"``: the activations, written
         by other programs of the launch, read from L2). ``EARLY``: the cache slots asked
-        for before the product, not after it. ``TWICE``: ``fused_tile``'s timing probe."""
+        for before the product, not after it. ``TWICE``: ``fused_tile``'s timing probe.
+        ``DEFER`` 1: ``fused_tile``'s (rows handed over already multiplied by the norm
+        weight, 1 / rms from their subtree sums at ``ps_ptr``)."""
         Q: tl.constexpr = HQ * D
         KV: tl.constexpr = HKV * D
         HB: tl.constexpr = BN // 2
@@ -357,19 +483,16 @@ if triton is not None:
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
         if EARLY:
             slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
-        if NORM:
-            rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
-            if TWICE == 1:
-                rstd = _row_rstd(twice_rows(a_rows, rstd), row_ok, K, eps, BM, CH, UNROLL,
-                                 ACT_CACHE)
-        else:
-            rstd = tl.full([BM], 1.0, tl.float32)
+        rstd = _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH, UNROLL,
+                          GP, ACT_CACHE, TWICE)
         if TWICE == 2:
-            first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, rstd,
-                                      nw_ptr, offset, NORM, False, BM, BN, BK, ACT_CACHE)
+            first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, nw_ptr,
+                                      offset, NORM, False, BM, BN, BK, ACT_CACHE)
             a_rows = twice_rows(a_rows, tl.max(first, 1))
-        acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, rstd,
-                                nw_ptr, offset, NORM, False, BM, BN, BK, ACT_CACHE)
+        acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, nw_ptr,
+                                offset, NORM, False, BM, BN, BK, ACT_CACHE)
+        if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
+            acc = acc * rstd[:, None]
         if not EARLY:
             slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
         if HAS_BIAS:
@@ -532,6 +655,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
     if residual is not None:
         res = residual.reshape(m, n)
         assert res.stride(-1) == 1 and res.dtype == x.dtype
+    assert norm is None or k <= NORM_MAX_K, k  # the norm tree's counter levels
     nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
     tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
     _fused_gemm_kernel[(tiles,)](
@@ -659,6 +783,7 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     while bn > 16 and d % bn:
         bn //= 2
     assert d % bn == 0, (bn, d)
+    assert norm is None or k <= NORM_MAX_K, k  # the norm tree's counter levels
     nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
     tiles = triton.cdiv(m, cfg.bm) * (n // bn)
     _qkv_rope_kernel[(tiles,)](

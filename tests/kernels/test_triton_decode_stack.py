@@ -87,7 +87,10 @@ TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
            {"att_prefetch": 2}, {"unroll": 8}, {"gated_one_dot": False}, {"qkv_rope": False},
            {"qkv_rope": False, "spread": False}, {"spread": False},
            {"early": False}, {"bk_exact": False}, {"bk_exact": False, "qkv_rope": False},
-           {"twice": 1}, {"twice": 2}]  # the last two: the timing probes (same values)
+           {"defer": False}, {"defer": False, "qkv_rope": False}, {"defer": False, "unroll": 3},
+           {"twice": 1, "defer": False}, {"twice": 2}]  # the last two: the timing probes
+# ("defer" off: the normed phases norm from the rows, as the layered kernels do; "twice" 1
+# runs that row norm twice, so it is a probe of the rows' path only)
 # where the queries and keys are rotated and the keys and values cached: in the QKV phase's
 # epilogue (qkv_rope) or by the attention phase's programs
 ROPE_MODES = [{"qkv_rope": True}, {"qkv_rope": False}]
@@ -98,7 +101,8 @@ ROPE_MODES = [{"qkv_rope": True}, {"qkv_rope": False}]
 @pytest.mark.parametrize("programs,tuning", [(1, None), (3, None)]
                          + [(None, t) for t in TUNINGS] if ON_CUDA
                          else [(1, None), (1, {"gated_one_dot": False}), (1, {"qkv_rope": False}),
-                               (1, {"early": False, "bk_exact": False}), (1, {"twice": 2})])
+                               (1, {"early": False, "bk_exact": False}), (1, {"twice": 2}),
+                               (1, {"defer": False})])
 def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatch):
     """Eight decode steps after a 37-token prompt, scattered cache blocks: each step's
     hidden state and cache bytes from the one launch equal the layered path's, whatever

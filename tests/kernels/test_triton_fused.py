@@ -256,6 +256,78 @@ def test_qkv_rope_row_bits_independent_of_row_count_and_tile(norm):
         assert all(torch.equal(a, c) for a, c in zip(run(96, cfg), base, strict=True)), cfg
 
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the tests that need it skip
+    triton = None
+
+if triton is not None:
+    from mmserve.kernels.triton_fused import norm_partials, pair_sum, row_sumsq
+
+    @triton.jit
+    def _norm_sums_kernel(x_ptr, y_ptr, ps_ptr, rows_ptr, tree_ptr, M, K, G,
+                          BM: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
+                          GP: tl.constexpr):
+        """``_norm_sums``' one program."""
+        rm = tl.arange(0, BM)
+        row_ok = rm < M
+        tl.store(rows_ptr + rm, row_sumsq(x_ptr + rm[:, None] * K, row_ok, K, BM, CH, UNROLL,
+                                          ""), mask=row_ok)
+        for g in range(0, G):  # the producers: one 16-column group each
+            rn = g * 16 + tl.arange(0, 16)
+            ok = row_ok[:, None] & (rn[None, :] < K)
+            xo = tl.load(x_ptr + rm[:, None] * K + rn[None, :], mask=ok, other=0.0)
+            norm_partials(xo.to(tl.float32), y_ptr, tl.full([16], 1.0, tl.float32), ps_ptr, rm,
+                          rn, row_ok, ok, g, G, K, 0.0)
+        tl.debug_barrier()  # the subtrees other threads stored
+        gi = tl.arange(0, GP)
+        ps = tl.load(ps_ptr + rm[:, None] * G + gi[None, :],
+                     mask=row_ok[:, None] & (gi[None, :] < G), other=0.0)
+        tl.store(tree_ptr + rm, pair_sum(ps, GP), mask=row_ok)
+
+
+def _tree_sum(v: torch.Tensor) -> torch.Tensor:
+    """The fused norm's sum (float32): the perfect pairwise tree of adjacent elements over
+    the last dim padded with zeros to a power of two, each level one elementwise add."""
+    width = 1 << max(1, (v.shape[-1] - 1).bit_length())
+    v = F.pad(v, (0, width - v.shape[-1]))
+    while v.shape[-1] > 1:
+        v = v[..., 0::2] + v[..., 1::2]
+    return v[..., 0]
+
+
+def _norm_sums(x: torch.Tensor, chunk: int, unroll: int, bm: int):
+    """The kernels' two ways to that sum, run: from the rows (``row_sumsq``: chunks of
+    ``chunk`` columns, ``unroll`` a round) and from 16-column subtrees (``pair_sum`` of the
+    subtrees as the stack's producers store them, ``norm_partials``)."""
+    m, k = x.shape
+    g = -(-k // 16)
+    rows, tree = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(2))
+    y = torch.empty_like(x)
+    ps = torch.empty(m, g, dtype=torch.float32, device=x.device)
+    _norm_sums_kernel[(1,)](x, y, ps, rows, tree, m, k, g, BM=bm, CH=chunk, UNROLL=unroll,
+                            GP=max(2, 1 << (g - 1).bit_length()))
+    return rows, tree, y
+
+
+@needs_triton
+@pytest.mark.parametrize("k", [16, 48, 576, 600, 2040])
+@pytest.mark.parametrize("chunk,unroll", [(64, 1), (64, 8), (32, 3), (128, 2)])
+def test_norm_sum_of_squares_is_the_pairwise_tree(k, chunk, unroll):
+    """The fused norm's sum of squares, from the rows in any chunking and from 16-column
+    subtrees, is bit for bit the pairwise tree computed by torch (float32 adds are exact
+    IEEE on both sides), so the decode stack's hand-over gives the layered kernels' bits;
+    the handed-over operand is the rows times the weight, rounded."""
+    torch.manual_seed(k)
+    x = _rand(5, k, scale=3.0)
+    rows, tree, y = _norm_sums(x, chunk, unroll, 8)
+    want = _tree_sum(x.float() * x.float())
+    assert torch.equal(rows, want)
+    assert torch.equal(tree, want)
+    assert torch.equal(y, x)  # a weight of ones: the rows themselves
+
+
 @cuda_only
 @pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu"])
 def test_row_bits_independent_of_row_count_and_tile_shape(op):
