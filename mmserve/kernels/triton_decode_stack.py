@@ -89,7 +89,8 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # neither: 612.3 -> 596.3 us at 120 cached tokens, 671.3 -> 650.1 at 250 (session 23,
 # which also measured whole tiles loaded at once, norm from their registers: 2.2x slower).
 # "twice": a timing probe, never a speed setting (``fused_tile``'s TWICE): 1 the normed
-# phases' norm prologue, 2 every GEMM phase's K loop run twice in a row, the same values;
+# phases' norm prologue from the rows (so with "defer" off: the hand-over has none), 2
+# every GEMM phase's K loop run twice in a row, the same values;
 # the phase's time minus the default's is what that stage costs on its critical path.
 # "defer": the normed phases' operand and sums of squares handed over by the phases that
 # write their rows (``fused_tile``'s DEFER: phase C for D, phase E for the next layer's A,
