@@ -98,10 +98,16 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # prologue a load of G subtree sums (off: each normed program norms from the row itself;
 # the same bits, by the fused norm's tree). H200, SmolLM2-135M, batch 1: 553.1 -> 504.4
 # us a replay at 120 cached tokens (session 27; session 26's code, the old arithmetic
-# with the row norm, ~582 us).
+# with the row norm, ~582 us). "gemm_stages": the GEMM phases' K loops' pipeline depth
+# (``tl.range``'s; None: the kernel's "num_stages", which the attention loop keeps).
+# H200, SmolLM2-135M, batch 1, the K loops at 5 against 4: 513.4 -> 507.1 us a replay at
+# 120 cached tokens, 574.8 -> 568.4 at 200 (QKV, o and gate/up -0.14 to -0.24 us each);
+# every loop at 5 or 6 ("num_stages") made the attention phase +0.25 to +0.55 us slower
+# (session 28).
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
-          "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True}
+          "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
+          "gemm_stages": 5}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -249,6 +255,7 @@ if triton is not None:
         ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
         QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
         TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+        KS: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -288,13 +295,13 @@ if triton is not None:
                                   qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, H, H, H,
                                   eps, 0.0, HQ, HKV, D, not DEFER, False, ROUND, 16, BN, BKH, 8,
                                   CH, UNROLL, ".cg", EARLY, TWICE, DEFER, psi_ptr + lw * M * G,
-                                  G, GP)
+                                  G, GP, KS)
                 else:
                     fused_tile(t, a_qkv, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv,
                                n1_ptr + lw * H, M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0,
                                not DEFER, False, False, False, ROUND, 16, BN, BKH, 8, CH, UNROLL,
                                ".cg", False, False, TWICE, DEFER, qkv, qkv,
-                               psi_ptr + lw * M * G, G, GP)
+                               psi_ptr + lw * M * G, G, GP, KS)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # B: per (sequence, kv head, query tile): attention over the cache, a long
             # context's splits spread over the group's programs; without QKV_ROPE first the
@@ -323,7 +330,8 @@ if triton is not None:
                 fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H, Q, Q,
                            H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BKQ, 8,
                            CH, UNROLL, ".cg", False, EARLY, TWICE, 2 * DEFER,
-                           ysm_ptr + lw * M * H, n2_ptr + lw * H, psm_ptr + lw * M * G, G, GP)
+                           ysm_ptr + lw * M * H, n2_ptr + lw * H, psm_ptr + lw * M * G, G, GP,
+                           KS)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
             a_gu = ysm_ptr + lw * M * H if DEFER else mid
@@ -332,7 +340,7 @@ if triton is not None:
                            n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
                            not DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL,
                            ".cg", ONE_DOT, False, TWICE, DEFER, act, act, psm_ptr + lw * M * G,
-                           G, GP)
+                           G, GP, KS)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # E: x_next = mid + act @ Wd.T (DEFER: and the next phase A's operand and subtree
             # sums; after the last layer unread, made with its own norm weight)
@@ -342,7 +350,7 @@ if triton is not None:
                            ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg", False, EARLY, TWICE,
                            2 * DEFER, ysi_ptr + (lw + 1) * M * H,
                            n1_ptr + tl.minimum(lw + 1, L - 1) * H, psi_ptr + (lw + 1) * M * G,
-                           G, GP)
+                           G, GP, KS)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
         _stamp(timing_ptr, 3 + 10 * L, pid, TIMING, True)
 
@@ -500,5 +508,6 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         ONE_DOT=TUNING["gated_one_dot"], QKV_ROPE=roped, EARLY=TUNING["early"],
         BKH=k_step(hidden, TUNING["bk"]), BKQ=k_step(heads * d, TUNING["bk"]),
         TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
-        GP=triton.next_power_of_2(max(groups_h, 2)), num_warps=4, num_stages=TUNING["num_stages"])
+        GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
+        num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers]

@@ -291,16 +291,18 @@ if triton is not None:
     @triton.jit
     def _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, nw_ptr, offset,
                        NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr, ACT_CACHE: tl.constexpr):
+                       BN: tl.constexpr, BK: tl.constexpr, ACT_CACHE: tl.constexpr,
+                       STAGES: tl.constexpr = 0):
         """The K loop of a tile: (BM, BN) fp32 products of the rows at ``a_rows`` (with
         NORM times ``offset`` + the norm weight, rounded to the activations' dtype; the
         row's 1 / rms is the caller's, on the accumulator) with the weight rows at
         ``w_rows`` (and ``u_rows`` when GATED), one chain of k16 steps in ascending order.
-        ``rn`` (BN,): the weight rows' indices below ``N`` (the rows the tile may read)."""
+        ``rn`` (BN,): the weight rows' indices below ``N`` (the rows the tile may read).
+        ``STAGES``: the loop's pipeline depth (0: the kernel's; speed only)."""
         rk = tl.arange(0, BK)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-        for k in range(0, K, BK):
+        for k in tl.range(0, K, BK, num_stages=STAGES if STAGES > 0 else None):
             kk = k + rk
             k_ok = kk < K
             a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
@@ -358,7 +360,7 @@ if triton is not None:
                    CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr,
                    ONE_DOT: tl.constexpr = False, EARLY: tl.constexpr = False,
                    TWICE: tl.constexpr = 0, DEFER: tl.constexpr = 0, y_ptr=None, g_ptr=None,
-                   ps_ptr=None, G=1, GP: tl.constexpr = 64):
+                   ps_ptr=None, G=1, GP: tl.constexpr = 64, STAGES: tl.constexpr = 0):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
         written by other programs of the launch, from L2). ``ONE_DOT`` (GATED): the gate
@@ -397,15 +399,15 @@ if triton is not None:
         WN: tl.constexpr = 2 * BN if GATED and ONE_DOT else BN  # the weight tile's rows
         if TWICE == 2:
             first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, nw_ptr,
-                                      offset, NORM, False, BM, WN, BK, ACT_CACHE)
+                                      offset, NORM, False, BM, WN, BK, ACT_CACHE, STAGES)
             a_rows = twice_rows(a_rows, tl.max(first, 1))
         if GATED and ONE_DOT:
             acc2, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, nw_ptr,
-                                     offset, NORM, False, BM, WN, BK, ACT_CACHE)
+                                     offset, NORM, False, BM, WN, BK, ACT_CACHE, STAGES)
             acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
         else:
             acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, nw_ptr,
-                                        offset, NORM, GATED, BM, BN, BK, ACT_CACHE)
+                                        offset, NORM, GATED, BM, BN, BK, ACT_CACHE, STAGES)
         if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
             acc = acc * rstd[:, None]
             acc_u = acc_u * rstd[:, None]
@@ -452,7 +454,7 @@ if triton is not None:
                       GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
                       ACT_CACHE: tl.constexpr, EARLY: tl.constexpr = False,
                       TWICE: tl.constexpr = 0, DEFER: tl.constexpr = 0, ps_ptr=None, G=1,
-                      GP: tl.constexpr = 64):
+                      GP: tl.constexpr = 64, STAGES: tl.constexpr = 0):
         """Tile ``pid`` of the QKV product (with the RMSNorm prologue when NORM) and, in its
         epilogue, the rope of its q and k columns and the cache write of k and v: a q or k
         tile holds dims ``i .. i + BN/2 - 1`` of one head's first half and the same of its
@@ -487,10 +489,10 @@ if triton is not None:
                           GP, ACT_CACHE, TWICE)
         if TWICE == 2:
             first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, nw_ptr,
-                                      offset, NORM, False, BM, BN, BK, ACT_CACHE)
+                                      offset, NORM, False, BM, BN, BK, ACT_CACHE, STAGES)
             a_rows = twice_rows(a_rows, tl.max(first, 1))
         acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, nw_ptr,
-                                offset, NORM, False, BM, BN, BK, ACT_CACHE)
+                                offset, NORM, False, BM, BN, BK, ACT_CACHE, STAGES)
         if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
             acc = acc * rstd[:, None]
         if not EARLY:
