@@ -11,8 +11,9 @@ graph replayed alone against the engine's batch-1 graph step (embedding, final n
 head and argmax on top).
 
 Usage (GPU): ``PYTHONPATH=$PWD python bench/stack_profile.py --ctx 120 250 --out $OUT/p.json
-[--variant 'static={"static": true}' ...]`` (each variant's ``TUNING`` overrides alternated
-with the default in rounds, outputs compared bit for bit, the largest difference
+[--variant 'static={"static": true}' ...]`` (each variant's ``TUNING`` overrides, and
+"_split" for ``triton_attention.SPLIT`` and "_serial" for ``cuda_graphs.SERIAL_MAX_SPLITS``,
+alternated with the default in rounds, outputs compared bit for bit, the largest difference
 reported where they differ); ``--launches-only`` just
 launches the stack (for ``ncu -k regex:decode_stack``).
 """
@@ -28,7 +29,9 @@ import torch
 
 from mmserve.bench.engine_run import prompted_decoder
 from mmserve.bench.limits import cuda_time_ms
+from mmserve.engine import cuda_graphs
 from mmserve.engine.cuda_graphs import serial_max_keys
+from mmserve.kernels import triton_attention
 from mmserve.kernels.attention import AttentionMetadata
 from mmserve.kernels.decode_stack import serial_splits, stacked_weights
 from mmserve.kernels.triton_attention import paged_metadata
@@ -152,6 +155,8 @@ def main() -> None:
         torch.cuda.synchronize()
         return
     base = dict(TUNING)
+    arith = {"_split": (triton_attention, "SPLIT"), "_serial": (cuda_graphs, "SERIAL_MAX_SPLITS")}
+    arith_base = {k: getattr(mod, attr) for k, (mod, attr) in arith.items()}
     settings = {"default": {}}
     for v in args.variant:
         name, _, js = v.partition("=")
@@ -161,7 +166,9 @@ def main() -> None:
     for rnd in range(args.rounds):
         for name, over in settings.items():
             TUNING.clear()
-            TUNING.update({**base, **over})
+            TUNING.update({**base, **{k: v for k, v in over.items() if k not in arith}})
+            for k, (mod, attr) in arith.items():  # "_split": keys a split (the bits move)
+                setattr(mod, attr, over.get(k, arith_base[k]))  # "_serial": its graph's splits
             for ctx in args.ctx:
                 row = profile_row(model, dec, ctx, programs)
                 out = row.pop("out")
@@ -177,6 +184,8 @@ def main() -> None:
                           flush=True)
     TUNING.clear()
     TUNING.update(base)
+    for k, (mod, attr) in arith.items():
+        setattr(mod, attr, arith_base[k])
     print("summary (stack graph us, median over rounds):")
     for name in settings:
         for ctx in args.ctx:
