@@ -32,6 +32,8 @@ import statistics
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 from mmserve.bench.limits import cuda_time_ms
 from mmserve.kernels.triton_fused import _tile_products
@@ -40,6 +42,7 @@ from mmserve.kernels.triton_grid import grid_sync
 BM = 16
 BN = 16
 BK = 64
+MODES = (0, 1, 2, 3, 4, 5)
 
 
 @triton.jit
@@ -107,6 +110,108 @@ def _probe_kernel(a_ptr, w_ptr, out_ptr, counter_ptr, R, K: tl.constexpr, N: tl.
         grid_sync(counter_ptr, phase, P)
 
 
+@gluon.jit
+def _gl_grid_sync(counter_ptr, phase, programs):
+    """``triton_grid.grid_sync`` in Gluon."""
+    gl.thread_barrier()
+    gl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+    target = phase * programs
+    seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _gluon_kernel(a_ptr, w_ptr, out_ptr, counter_ptr, R, K: gl.constexpr, N: gl.constexpr,
+                  P: gl.constexpr, MODE: gl.constexpr, STAGES: gl.constexpr,
+                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+    """Mode 3 (``STAGES`` 1: the weights' copies into shared memory issued before the
+    barrier) and 4 (0: after it): every K step's weight and row tiles copied (cp.async) into
+    shared memory, the K steps unrolled from there into ``mma.sync`` with no other layout
+    conversion. The same chain of k16 products as modes 0-2. Mode 5: as 3 with the K steps
+    in four chains (step i in chain i % 4) summed in a fixed order: other bits (a probe of
+    the chain's latency, which the stack's arithmetic does not allow)."""
+    STEPS: gl.constexpr = K // BK
+    TILES: gl.constexpr = N // BN
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4],
+                                                  instr_shape=[16, 8])
+    dot_a: gl.constexpr = gl.DotOperandLayout(0, mma, 2)
+    dot_b: gl.constexpr = gl.DotOperandLayout(1, mma, 2)
+    shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+    w_smem = ()  # a buffer a K step (one allocation each: no barrier between the copies)
+    a_smem = ()
+    for _ in gl.static_range(STEPS):
+        w_smem = w_smem + (gl.allocate_shared_memory(gl.bfloat16, [BN, BK], shared),)
+        a_smem = a_smem + (gl.allocate_shared_memory(gl.bfloat16, [BM, BK], shared),)
+    pid = gl.program_id(0)
+    rm = gl.arange(0, BM, gl.SliceLayout(1, blocked))
+    rn = pid * BN + gl.arange(0, BN, gl.SliceLayout(1, blocked))
+    rk = gl.arange(0, BK, gl.SliceLayout(0, blocked))
+    w_tile = w_ptr + rn.to(gl.int64)[:, None] * K + rk[None, :]
+    w_ok = (rn < N)[:, None] & (rk < BK)[None, :]
+    a_ok = (rm < 1)[:, None] & (rk < BK)[None, :]
+    om = gl.arange(0, BM, gl.SliceLayout(1, mma))
+    on = pid * BN + gl.arange(0, BN, gl.SliceLayout(0, mma))
+    ones = gl.arange(0, 16, gl.SliceLayout(0, blocked))
+    phase = 0
+    for r in range(R):
+        a_r = a_ptr + r * K
+        if STAGES == 1:  # the weights' copies issued before the barrier
+            for i in gl.static_range(STEPS):
+                gl.nvidia.ampere.async_copy.async_copy_global_to_shared(
+                    w_smem[i], w_tile + i * BK, mask=w_ok)
+            gl.nvidia.ampere.async_copy.commit_group()
+        if pid < K // 16:  # phase 1: the round's row from the last round's output
+            c = pid * 16 + ones
+            prev = gl.load(out_ptr + r * N + c % N, cache_modifier=".cg").to(gl.float32)
+            gl.store(a_r + c, (prev * 0.5 + 1.0).to(gl.bfloat16))
+        phase += 1
+        _gl_grid_sync(counter_ptr, phase, P)
+        if pid < TILES:
+            if STAGES == 0:
+                for i in gl.static_range(STEPS):
+                    gl.nvidia.ampere.async_copy.async_copy_global_to_shared(
+                        w_smem[i], w_tile + i * BK, mask=w_ok)
+            for i in gl.static_range(STEPS):
+                gl.nvidia.ampere.async_copy.async_copy_global_to_shared(
+                    a_smem[i], a_r + rm[:, None] * 0 + (i * BK + rk)[None, :], mask=a_ok,
+                    cache_modifier=".cg")
+            gl.nvidia.ampere.async_copy.commit_group()
+            gl.nvidia.ampere.async_copy.wait_group(0)
+            gl.thread_barrier()
+            if MODE == 5:  # four chains (step i in chain i % 4), summed in a fixed order
+                c0 = gl.zeros([BM, BN], gl.float32, mma)
+                c1 = gl.zeros([BM, BN], gl.float32, mma)
+                c2 = gl.zeros([BM, BN], gl.float32, mma)
+                c3 = gl.zeros([BM, BN], gl.float32, mma)
+                for i in gl.static_range(STEPS):
+                    a = a_smem[i].load(dot_a)
+                    b = w_smem[i].permute([1, 0]).load(dot_b)
+                    if i % 4 == 0:
+                        c0 = gl.nvidia.ampere.mma_v2(a, b, c0)
+                    elif i % 4 == 1:
+                        c1 = gl.nvidia.ampere.mma_v2(a, b, c1)
+                    elif i % 4 == 2:
+                        c2 = gl.nvidia.ampere.mma_v2(a, b, c2)
+                    else:
+                        c3 = gl.nvidia.ampere.mma_v2(a, b, c3)
+                acc = (c0 + c1) + (c2 + c3)
+            else:
+                acc = gl.zeros([BM, BN], gl.float32, mma)
+                for i in gl.static_range(STEPS):
+                    a = a_smem[i].load(dot_a)
+                    b = w_smem[i].permute([1, 0]).load(dot_b)
+                    acc = gl.nvidia.ampere.mma_v2(a, b, acc)
+            gl.store(out_ptr + (r + 1) * N + om[:, None] * 0 + on[None, :],
+                     acc.to(gl.bfloat16), mask=(om < 1)[:, None] & (on < N)[None, :])
+        else:
+            gl.nvidia.ampere.async_copy.wait_group(0)
+        phase += 1
+        _gl_grid_sync(counter_ptr, phase, P)
+
+
 def run(mode: int, w: torch.Tensor, rounds: int, programs: int, stages: int):
     """One launch of ``rounds`` rounds -> (its output rows, a function that relaunches it)."""
     n, k = w.shape
@@ -117,9 +222,14 @@ def run(mode: int, w: torch.Tensor, rounds: int, programs: int, stages: int):
 
     def launch() -> None:
         counter.zero_()
-        _probe_kernel[(programs,)](a, w, out, counter, rounds, K=k, N=n, P=programs, MODE=mode,
-                                   STAGES=stages, BM=BM, BN=BN, BK=BK, num_warps=4,
-                                   num_stages=4)
+        if mode >= 3:
+            _gluon_kernel[(programs,)](a, w, out, counter, rounds, K=k, N=n, P=programs,
+                                       MODE=mode, STAGES=int(mode != 4), BM=BM, BN=BN, BK=BK,
+                                       num_warps=4)
+        else:
+            _probe_kernel[(programs,)](a, w, out, counter, rounds, K=k, N=n, P=programs,
+                                       MODE=mode, STAGES=stages, BM=BM, BN=BN, BK=BK,
+                                       num_warps=4, num_stages=4)
     launch()
     torch.cuda.synchronize()
     return out.clone(), launch
@@ -143,19 +253,23 @@ def main() -> None:
         n, k = (int(v) for v in shape.split("x"))
         w = (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(torch.bfloat16)
         outs, launches = {}, {}
-        for mode in (0, 1, 2):
+        for mode in MODES:
             outs[mode], launches[mode] = run(mode, w, args.rounds, args.programs, args.stages)
-        times: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        times: dict[int, list[float]] = {m: [] for m in MODES}
         for _ in range(args.pairs):
-            for mode in (0, 1, 2):
+            for mode in MODES:
                 times[mode].append(cuda_time_ms(launches[mode], repeats=20) * 1e3 / args.rounds)
         row = {f"mode{m}_us_a_round": statistics.median(t) for m, t in times.items()}
-        row["same_bits"] = {m: bool(torch.equal(outs[m], outs[0])) for m in (1, 2)}
+        row["same_bits"] = {m: bool(torch.equal(outs[m], outs[0])) for m in MODES[1:]}
+        row["chains_max_diff"] = float((outs[5].float() - outs[0].float()).abs().max())
         row["last_row_finite"] = bool(torch.isfinite(outs[0][-1].float()).all())
         report["shapes"][shape] = row
         print(f"{shape}: a round {row['mode0_us_a_round']:.2f} us (the stack's loop), "
               f"{row['mode1_us_a_round']:.2f} (weights in registers before the barrier), "
-              f"{row['mode2_us_a_round']:.2f} (unrolled, weights after it); same bits "
+              f"{row['mode2_us_a_round']:.2f} (unrolled, weights after it); Gluon: "
+              f"{row['mode3_us_a_round']:.2f} (weights to shared memory before the barrier), "
+              f"{row['mode4_us_a_round']:.2f} (after it), {row['mode5_us_a_round']:.2f} (before, "
+              f"4 chains: other bits, max diff {row['chains_max_diff']:.3g}); same bits "
               f"{row['same_bits']}", flush=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
