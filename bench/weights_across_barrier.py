@@ -1,6 +1,6 @@
 """What a GEMM phase of the decode stack gains if its weights are already on chip when the
-grid barrier before it opens (session 28's lead 1, priced in registers instead of shared
-memory, outside the 255-register stack).
+grid barrier before it opens (session 28's lead 1, priced outside the 255-register stack,
+in Triton registers and in Gluon shared memory).
 
 The stack's o product (batch 1: a 16-row tile, row 0 in use, K = 576, 36 tiles of 16
 columns on a 96-program grid) waits, after the barrier, for its first stage's round trip
@@ -8,17 +8,21 @@ columns on a 96-program grid) waits, after the barrier, for its first stage's ro
 kernel runs R rounds of two phases on P programs, as the stack does: phase 1, the first K /
 16 programs write the round's activation row (from the last round's output, so the rounds
 are a chain and a stale read moves every later value); a grid barrier; phase 2, the
-product tile by tile; a grid barrier. The product three ways (``MODE``):
+product tile by tile; a grid barrier. The product six ways (``MODE``):
 
 0. the stack's: ``triton_fused._tile_products`` after the barrier (a ``tl.range`` loop of
    K steps of 64, activation and weight tiles pipelined ``STAGES`` deep);
 1. every K step's weight tile loaded into registers before the barrier (a tuple of K / 64
    tiles, asked for before the program's phase-1 work), the activation's K steps all asked
    for at once after it, the K steps unrolled;
-2. as 1 with the weights asked for after the barrier (what unrolling alone does).
+2. as 1 with the weights asked for after the barrier (what unrolling alone does);
+3. Gluon: every K step's weight tile copied into shared memory before the barrier, the
+   row's after it, the steps unrolled from shared memory into ``mma.sync``;
+4. as 3 with the weights copied after the barrier;
+5. as 3 in four chains summed in a fixed order (other bits: the chain's latency).
 
-All three chain the same k16 products in the same order, so their outputs must be equal
-(checked). Per round: the kernel's time / R, against mode 0's, alternated.
+Modes 0-4 chain the same k16 products in the same order, so their outputs must be equal
+(checked). Per round: the kernel's time / R, the modes alternated.
 
 Usage (GPU): ``PYTHONPATH=$PWD python bench/weights_across_barrier.py --out $OUT/w.json``
 """
@@ -112,7 +116,7 @@ def _probe_kernel(a_ptr, w_ptr, out_ptr, counter_ptr, R, K: tl.constexpr, N: tl.
 
 @gluon.jit
 def _gl_grid_sync(counter_ptr, phase, programs):
-    """``triton_grid.grid_sync`` in Gluon."""
+    """``triton_grid.grid_sync`` in Gluon (a Gluon kernel cannot call a Triton function)."""
     gl.thread_barrier()
     gl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
     target = phase * programs
@@ -124,16 +128,17 @@ def _gl_grid_sync(counter_ptr, phase, programs):
 
 @gluon.jit
 def _gluon_kernel(a_ptr, w_ptr, out_ptr, counter_ptr, R, K: gl.constexpr, N: gl.constexpr,
-                  P: gl.constexpr, MODE: gl.constexpr, STAGES: gl.constexpr,
-                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
-    """Mode 3 (``STAGES`` 1: the weights' copies into shared memory issued before the
-    barrier) and 4 (0: after it): every K step's weight and row tiles copied (cp.async) into
+                  P: gl.constexpr, MODE: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                  BK: gl.constexpr):
+    """Mode 3 (the weights' copies into shared memory issued before the barrier) and 4
+    (after it): every K step's weight and row tiles copied (cp.async) into
     shared memory, the K steps unrolled from there into ``mma.sync`` with no other layout
     conversion. The same chain of k16 products as modes 0-2. Mode 5: as 3 with the K steps
     in four chains (step i in chain i % 4) summed in a fixed order: other bits (a probe of
     the chain's latency, which the stack's arithmetic does not allow)."""
     STEPS: gl.constexpr = K // BK
     TILES: gl.constexpr = N // BN
+    EARLY: gl.constexpr = MODE != 4  # the weights copied before the barrier
     blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4],
                                                   instr_shape=[16, 8])
@@ -158,7 +163,7 @@ def _gluon_kernel(a_ptr, w_ptr, out_ptr, counter_ptr, R, K: gl.constexpr, N: gl.
     phase = 0
     for r in range(R):
         a_r = a_ptr + r * K
-        if STAGES == 1:  # the weights' copies issued before the barrier
+        if EARLY:
             for i in gl.static_range(STEPS):
                 gl.nvidia.ampere.async_copy.async_copy_global_to_shared(
                     w_smem[i], w_tile + i * BK, mask=w_ok)
@@ -170,7 +175,7 @@ def _gluon_kernel(a_ptr, w_ptr, out_ptr, counter_ptr, R, K: gl.constexpr, N: gl.
         phase += 1
         _gl_grid_sync(counter_ptr, phase, P)
         if pid < TILES:
-            if STAGES == 0:
+            if not EARLY:
                 for i in gl.static_range(STEPS):
                     gl.nvidia.ampere.async_copy.async_copy_global_to_shared(
                         w_smem[i], w_tile + i * BK, mask=w_ok)
@@ -224,8 +229,7 @@ def run(mode: int, w: torch.Tensor, rounds: int, programs: int, stages: int):
         counter.zero_()
         if mode >= 3:
             _gluon_kernel[(programs,)](a, w, out, counter, rounds, K=k, N=n, P=programs,
-                                       MODE=mode, STAGES=int(mode != 4), BM=BM, BN=BN, BK=BK,
-                                       num_warps=4)
+                                       MODE=mode, BM=BM, BN=BN, BK=BK, num_warps=4)
         else:
             _probe_kernel[(programs,)](a, w, out, counter, rounds, K=k, N=n, P=programs,
                                        MODE=mode, STAGES=stages, BM=BM, BN=BN, BK=BK,
