@@ -33,11 +33,11 @@ TARGET = GPUTarget("cuda", 90, 32)
 NO_HINT = {"L", "M", "B", "att_tiles", "groups", "SPLITS", "PER", "eps", "scale_log2", "stride_sb",
            "stride_ss"}
 STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256, BKG=64,
-             CH=64, UNROLL=9, ROUND=1, TK=16, ATT_BM=16, ATT_BN=64, SPLIT=128, TIMING=False,
+             CH=64, UNROLL=9, ROUND=1, TK=16, ATT_BM=16, ATT_BN=128, SPLIT=128, TIMING=False,
              WORKERS=48, LINE=64, LQKV=256, LO=64, LGU=512, LD=256, LN=1, KV_ROWS=64,
              KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True,
              EARLY=True, BKH=64, BKQ=64, TWICE=0, DEFER=True, G=36, GP=64, KS=5)
-ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=64, SPLIT=128, FP8=False, PREFETCH=1,
+ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
 FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, **GEMM)
@@ -156,8 +156,9 @@ def main() -> None:
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
         print(f"rope + attention, HQ={hq} HKV={hkv} D={d}:",
               report(triton_rope_attention._rope_attention_kernel,
-                     {"HQ": hq, "HKV": hkv, "D": d, "PAGE": 16, "BM": 16, "BN": 64, "SPLIT": 128,
-                      "TK": 16, "ROUND": 1, "PREFETCH": 2, "PDL": True},
+                     {"HQ": hq, "HKV": hkv, "D": d, "PAGE": 16, "BM": 16,
+                      "BN": 128 if d < 128 else 64, "SPLIT": 128 if d < 128 else 64, "TK": 16,
+                      "ROUND": 1, "PREFETCH": 2, "PDL": True},
                      num_warps=4, num_stages=2))
 
 

@@ -155,7 +155,8 @@ def main() -> None:
         torch.cuda.synchronize()
         return
     base = dict(TUNING)
-    arith = {"_split": (triton_attention, "SPLIT"), "_serial": (cuda_graphs, "SERIAL_MAX_SPLITS")}
+    arith = {"_split": (triton_attention, "SPLIT"), "_serial": (cuda_graphs, "SERIAL_MAX_SPLITS"),
+             "_bn": (triton_attention, "BLOCK_N")}
     arith_base = {k: getattr(mod, attr) for k, (mod, attr) in arith.items()}
     settings = {"default": {}}
     for v in args.variant:

@@ -6,8 +6,8 @@ Reference: :func:`mmserve.kernels.attention.paged_attention` (and
 Layout. The query rows of one (sequence, kv head) are its query tokens times the
 ``G = Hq / Hkv`` query heads that share the kv head, flattened as ``token * G + head``
 (the reference's order). One program owns ``BLOCK_M`` such rows and walks the
-sequence's keys in blocks of ``BLOCK_N`` absolute positions, gathering them through
-the block table.
+sequence's keys in blocks of ``block_keys(head_dim)`` absolute positions, gathering them
+through the block table.
 
 Splits. The keys are cut into runs of ``split_keys(head_dim)`` keys aligned to absolute
 positions; each is an online softmax of its own (max, denominator, weighted values), and
@@ -56,7 +56,14 @@ except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
 BLOCK_M = 16  # query rows per program: the smallest tensor-core tile, one shape for all steps
-BLOCK_N = 64  # keys per inner step, aligned to absolute positions
+# Keys per inner step (``block_keys``: at most a split), aligned to absolute positions. Part
+# of the arithmetic like the split: with 64-dim heads a 128-key split is one block, a plain
+# softmax over its keys before the ordered merge (64-key blocks made each split an online
+# softmax over two). H200, SmolLM2-135M stack at batch 1 (bench/NOTES.md, session 30):
+# 569.3 -> 558.0 us a replay at 200 cached tokens (the attention phase 6.09 -> 5.56 us),
+# the same at 120; batch 1 end to end 1,640 -> 1,679 tok/s. Heads of 128 dims and more keep
+# 64 (their split).
+BLOCK_N = 128
 # Keys per split, aligned to absolute positions: a row's attention is the ordered merge of
 # its splits' own online softmaxes, so a split can run in a program of its own (the decode
 # stack spreads a long context's splits over its grid) with the same bits as here. Part of
@@ -73,6 +80,11 @@ SPLIT_WIDE_HEADS = 64
 def split_keys(head_dim: int) -> int:
     """Keys per split for heads of ``head_dim`` dimensions."""
     return SPLIT_WIDE_HEADS if head_dim >= 128 else SPLIT
+
+
+def block_keys(head_dim: int) -> int:
+    """Keys per inner step for heads of ``head_dim`` dimensions (divides the split)."""
+    return min(BLOCK_N, split_keys(head_dim))
 
 # Launch options (speed only: the arithmetic and its order do not depend on them).
 LAUNCH = {"num_warps": 4, "num_stages": 2}
@@ -514,7 +526,7 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
                k_scale.stride(0), k_scale.stride(1))
-    consts = dict(G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=BLOCK_N,
+    consts = dict(G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=block_keys(d),
                   SPLIT=split_keys(d),
                   FP8=fp8, PREFETCH=prefetch, **pdl_args(q), **LAUNCH)
     per = spread_programs(groups, q.device)

@@ -46,8 +46,7 @@ from __future__ import annotations
 import torch
 
 from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
-from mmserve.kernels.triton_attention import BLOCK_N as BLOCK_N_ATT
-from mmserve.kernels.triton_attention import split_keys, split_states
+from mmserve.kernels.triton_attention import block_keys, split_keys, split_states
 from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode
 
 try:
@@ -498,7 +497,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         BN=BN, BK=k_step(inter, TUNING["bk"]), BKG=k_step(hidden, TUNING["bk_gated"]),
         CH=NORM_CHUNK, UNROLL=norm_rounds(hidden),
         ROUND=_round_mode(dt), TK=MAX_ROWS,
-        ATT_BM=BLOCK_M_ATT, ATT_BN=BLOCK_N_ATT, SPLIT=split_keys(d),
+        ATT_BM=BLOCK_M_ATT, ATT_BN=block_keys(d), SPLIT=split_keys(d),
         TIMING=timing is not None,
         WORKERS=workers, LINE=line, LQKV=lines(qkv_n * hidden),
         LO=lines(hidden * heads * d), LGU=lines(2 * inter * hidden), LD=lines(hidden * inter),

@@ -21,10 +21,10 @@ import torch
 
 from mmserve.kernels.triton_attention import (
     BLOCK_M,
-    BLOCK_N,
     LAUNCH,
     PREFETCH_MAX_PROGRAMS,
     _spread_counts,
+    block_keys,
     paged_metadata,
     prefetch_mode,
     split_keys,
@@ -217,6 +217,7 @@ def rope_attention(qkv: torch.Tensor, heads: int, kv_heads: int, positions: torc
         groups, att_tiles, per, splits,
         scale * 1.4426950408889634, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         pm.block_tables.stride(0), HQ=heads, HKV=kv_heads, D=d, PAGE=page, BM=BLOCK_M,
-        BN=BLOCK_N, SPLIT=split_keys(d), TK=TK, ROUND=_round_mode(qkv.dtype), PREFETCH=prefetch,
+        BN=block_keys(d), SPLIT=split_keys(d), TK=TK, ROUND=_round_mode(qkv.dtype),
+        PREFETCH=prefetch,
         **pdl_args(qkv), **LAUNCH)
     return out
