@@ -312,7 +312,8 @@ if triton is not None:
                     scale_log2, stride_kb, stride_ks, stride_sb, stride_ss, D: tl.constexpr,
                     PAGE: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
-                    PREFETCH: tl.constexpr, stride_kh, part, STORE: tl.constexpr):
+                    PREFETCH: tl.constexpr, stride_kh, part, STORE: tl.constexpr,
+                    STAGES: tl.constexpr = 0):
         """Keys ``k_lo .. k_hi - 1`` (block-aligned start) for the query tile ``q`` ->
         its softmax state, each ``SPLIT``-aligned run of keys an online softmax of its own,
         merged in ascending order (``merge_split``). ``STORE``: each split's own state goes
@@ -320,7 +321,8 @@ if triton is not None:
         ``part + j * (2 BM + BM D)``, fp32), for a merge in order elsewhere. ``PREFETCH``
         (speed only, the same values meet the same math): 0 loads a key step's block ids,
         keys and values in the step; 1 loads the ids a step ahead; 2 the keys and values
-        too (not with an e4m3 cache, whose scales are read with the step's own ids)."""
+        too (not with an e4m3 cache, whose scales are read with the step's own ids).
+        ``STAGES``: the key loop's pipeline depth (0: the kernel's; speed only)."""
         tl.static_assert(not (FP8 and PREFETCH == 2))
         tl.static_assert(SPLIT % BN == 0)
         d = tl.arange(0, D)
@@ -335,7 +337,7 @@ if triton is not None:
                 k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb,
                                       stride_ks, stride_kh, PAGE)
                 blk = tl.load(table + (kpos + BN) // PAGE, mask=kpos + BN < k_hi, other=0)
-        for start in range(k_lo, k_hi, BN):
+        for start in tl.range(k_lo, k_hi, BN, num_stages=STAGES if STAGES > 0 else None):
             kpos = start + tl.arange(0, BN)
             k_in = kpos < k_hi
             if PREFETCH == 2:  # this step's keys and values arrived during the last

@@ -102,11 +102,16 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # H200, SmolLM2-135M, batch 1, the K loops at 5 against 4: 513.4 -> 507.1 us a replay at
 # 120 cached tokens, 574.8 -> 568.4 at 200 (QKV, o and gate/up -0.14 to -0.24 us each);
 # every loop at 5 or 6 ("num_stages") made the attention phase +0.25 to +0.55 us slower
-# (session 28).
+# (session 28). "att_stages": the attention phase's key loop's pipeline depth (None: the
+# kernel's). With 128-key blocks the kernel's 4 stages took 102 kB of shared memory and
+# spilled 84 / 140 B (serial / spread); unpipelined (1): 64 kB, 48 / 0 B. H200, SmolLM2-135M,
+# batch 1, 1 against the kernel's: 503.6 -> 494.0 us a replay at 120 cached tokens, 553.2 ->
+# 556.4 at 200, 612.9 -> 580.9 at 600; end to end 1,717-1,718 -> 1,727-1,728 tok/s
+# (session 30).
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
-          "gemm_stages": 5}
+          "gemm_stages": 5, "att_stages": 1}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -166,7 +171,7 @@ if triton is not None:
                          D: tl.constexpr, PAGE: tl.constexpr, P_ATT: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                          TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
-                         SPREAD: tl.constexpr, ROPED: tl.constexpr):
+                         SPREAD: tl.constexpr, ROPED: tl.constexpr, ATT_STAGES: tl.constexpr):
         """Phase B on programs 0 .. P_ATT - 1. Each (sequence, kv head, query tile) group
         gets ``P_ATT // groups`` programs, each taking a run of the tile's ``SPLIT``-key
         splits: rope and cache write of what the run reads, then each split's own online
@@ -184,13 +189,13 @@ if triton is not None:
                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
                              part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                              stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED)
+                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES)
         elif pid < groups * per:  # the group's splits spread over its programs
             attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
                          sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
                          qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                          stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED)
+                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES)
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr, NS: tl.constexpr = False):
@@ -254,7 +259,7 @@ if triton is not None:
         ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
         QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
         TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-        KS: tl.constexpr,
+        KS: tl.constexpr, ATT_STAGES: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -313,7 +318,7 @@ if triton is not None:
                                  part_ptr, count_ptr, B, att_tiles, SPLITS, scale_log2,
                                  stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE,
                                  P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND, ATT_PREFETCH,
-                                 SPREAD, QKV_ROPE)
+                                 SPREAD, QKV_ROPE, ATT_STAGES)
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
@@ -508,5 +513,5 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         BKH=k_step(hidden, TUNING["bk"]), BKQ=k_step(heads * d, TUNING["bk"]),
         TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
         GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
-        num_warps=4, num_stages=TUNING["num_stages"])
+        ATT_STAGES=TUNING["att_stages"] or 0, num_warps=4, num_stages=TUNING["num_stages"])
     return xs[n_layers]
