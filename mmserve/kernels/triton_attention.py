@@ -161,6 +161,7 @@ def paged_metadata(meta, block_size: int) -> PagedMetadata:
 
 
 if triton is not None:
+    from mmserve.kernels.triton_grid import prefetch_l1
     from mmserve.kernels.triton_pdl import wait_previous
 
     @triton.jit
@@ -238,11 +239,20 @@ if triton is not None:
 
     @triton.jit
     def _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb, stride_ks, stride_kh,
-                 PAGE: tl.constexpr):
+                 PAGE: tl.constexpr, V_L1: tl.constexpr = False):
         """Keys and values (BN, D) at positions ``kpos`` of cache blocks ``blk`` (zeros
-        from ``hi`` on)."""
+        from ``hi`` on). ``V_L1`` (speed only): the values' lines asked into L1 before the
+        keys are loaded. Triton converts the keys to the QK operand's layout (through
+        shared memory, behind CTA barriers) right after their load and issues the values'
+        load only after that (sm_90 SASS of the kernel: the values' 8 ``LDG.128`` follow
+        the keys' 4 rounds of ``BAR.SYNC``/``STS``/``LDSM``), so a block waits for two L2
+        trips in a row; with the hint the second one is an L1 hit."""
         k_in = (kpos < hi)[:, None]
         off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
+        if V_L1:  # one pointer a 128-byte line of each (position, head) row
+            LV: tl.constexpr = max(1, d.shape[0] * v_ptr.dtype.element_ty.primitive_bitwidth
+                                   // 1024)
+            prefetch_l1(v_ptr + off[:, None] + (tl.arange(0, LV) * (d.shape[0] // LV))[None, :])
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in, other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in, other=0.0)
         return k, v
@@ -313,7 +323,7 @@ if triton is not None:
                     PAGE: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
                     PREFETCH: tl.constexpr, stride_kh, part, STORE: tl.constexpr,
-                    STAGES: tl.constexpr = 0):
+                    STAGES: tl.constexpr = 0, V_L1: tl.constexpr = False):
         """Keys ``k_lo .. k_hi - 1`` (block-aligned start) for the query tile ``q`` ->
         its softmax state, each ``SPLIT``-aligned run of keys an online softmax of its own,
         merged in ascending order (``merge_split``). ``STORE``: each split's own state goes
@@ -322,7 +332,8 @@ if triton is not None:
         (speed only, the same values meet the same math): 0 loads a key step's block ids,
         keys and values in the step; 1 loads the ids a step ahead; 2 the keys and values
         too (not with an e4m3 cache, whose scales are read with the step's own ids).
-        ``STAGES``: the key loop's pipeline depth (0: the kernel's; speed only)."""
+        ``STAGES``: the key loop's pipeline depth (0: the kernel's; speed only); ``V_L1``:
+        ``_kv_step``'s hint (speed only)."""
         tl.static_assert(not (FP8 and PREFETCH == 2))
         tl.static_assert(SPLIT % BN == 0)
         d = tl.arange(0, D)
@@ -335,7 +346,7 @@ if triton is not None:
             blk = tl.load(table + kpos // PAGE, mask=kpos < k_hi, other=0)
             if PREFETCH == 2:  # and the first step's keys and values, then the next ids
                 k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb,
-                                      stride_ks, stride_kh, PAGE)
+                                      stride_ks, stride_kh, PAGE, V_L1)
                 blk = tl.load(table + (kpos + BN) // PAGE, mask=kpos + BN < k_hi, other=0)
         for start in tl.range(k_lo, k_hi, BN, num_stages=STAGES if STAGES > 0 else None):
             kpos = start + tl.arange(0, BN)
@@ -344,7 +355,7 @@ if triton is not None:
                 # step's math; the next step's are asked for before this one's
                 k, v = k_nx, v_nx
                 k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos + BN, k_hi, d, kvh, stride_kb,
-                                      stride_ks, stride_kh, PAGE)
+                                      stride_ks, stride_kh, PAGE, V_L1)
                 nxt = kpos + 2 * BN
                 blk = tl.load(table + nxt // PAGE, mask=nxt < k_hi, other=0)
             else:
@@ -352,7 +363,7 @@ if triton is not None:
                     blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
                 # keys and values in flight together (a decode step is a chain of waits)
                 k, v = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb, stride_ks,
-                                stride_kh, PAGE)
+                                stride_kh, PAGE, V_L1)
             if FP8:
                 soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
                 k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)

@@ -107,11 +107,14 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # spilled 84 / 140 B (serial / spread); unpipelined (1): 64 kB, 48 / 0 B. H200, SmolLM2-135M,
 # batch 1, 1 against the kernel's: 503.6 -> 494.0 us a replay at 120 cached tokens, 553.2 ->
 # 556.4 at 200, 612.9 -> 580.9 at 600; end to end 1,717-1,718 -> 1,727-1,728 tok/s
-# (session 30).
+# (session 30). "v_l1": the attention blocks' values asked into L1 before their keys are
+# loaded (``triton_attention._kv_step``'s V_L1: Triton issues the values' load only after
+# the keys' layout conversion, so a block waits for two L2 trips in a row). Not yet measured
+# on a GPU: off until it is (bench/NOTES.md, session 30).
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
-          "gemm_stages": 5, "att_stages": 1}
+          "gemm_stages": 5, "att_stages": 1, "v_l1": False}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -171,7 +174,8 @@ if triton is not None:
                          D: tl.constexpr, PAGE: tl.constexpr, P_ATT: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                          TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
-                         SPREAD: tl.constexpr, ROPED: tl.constexpr, ATT_STAGES: tl.constexpr):
+                         SPREAD: tl.constexpr, ROPED: tl.constexpr, ATT_STAGES: tl.constexpr,
+                         V_L1: tl.constexpr):
         """Phase B on programs 0 .. P_ATT - 1. Each (sequence, kv head, query tile) group
         gets ``P_ATT // groups`` programs, each taking a run of the tile's ``SPLIT``-key
         splits: rope and cache write of what the run reads, then each split's own online
@@ -189,13 +193,13 @@ if triton is not None:
                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
                              part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                              stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES)
+                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1)
         elif pid < groups * per:  # the group's splits spread over its programs
             attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
                          sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
                          qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                          stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES)
+                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1)
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr, NS: tl.constexpr = False):
@@ -259,7 +263,7 @@ if triton is not None:
         ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
         QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
         TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-        KS: tl.constexpr, ATT_STAGES: tl.constexpr,
+        KS: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -318,7 +322,7 @@ if triton is not None:
                                  part_ptr, count_ptr, B, att_tiles, SPLITS, scale_log2,
                                  stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE,
                                  P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND, ATT_PREFETCH,
-                                 SPREAD, QKV_ROPE, ATT_STAGES)
+                                 SPREAD, QKV_ROPE, ATT_STAGES, V_L1)
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
@@ -513,5 +517,6 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         BKH=k_step(hidden, TUNING["bk"]), BKQ=k_step(heads * d, TUNING["bk"]),
         TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
         GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
-        ATT_STAGES=TUNING["att_stages"] or 0, num_warps=4, num_stages=TUNING["num_stages"])
+        ATT_STAGES=TUNING["att_stages"] or 0, V_L1=TUNING["v_l1"], num_warps=4,
+        num_stages=TUNING["num_stages"])
     return xs[n_layers]

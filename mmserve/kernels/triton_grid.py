@@ -48,6 +48,10 @@ if triton is not None:
         @triton.jit
         def prefetch_l2(ptrs):
             pass
+
+        @triton.jit
+        def prefetch_l1(ptrs):
+            pass
     else:
 
         @triton.jit
@@ -56,6 +60,14 @@ if triton is not None:
             register waits for them (``prefetch.global.L2``), so a program can fetch what a
             later phase reads while it works or waits at a barrier."""
             tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
+                                      [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+        @triton.jit
+        def prefetch_l1(ptrs):
+            """Ask the SM's L1 for the lines holding ``ptrs`` and go on (``prefetch.global.L1``):
+            a later load of them in this phase hits L1 instead of waiting on L2. Only for lines
+            no program writes while they may sit in L1 (an L1 line is not kept coherent)."""
+            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L1 [$1];", "=r,l",
                                       [ptrs], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
