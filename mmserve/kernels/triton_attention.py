@@ -239,32 +239,42 @@ if triton is not None:
 
     @triton.jit
     def _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb, stride_ks, stride_kh,
-                 PAGE: tl.constexpr, V_L1: tl.constexpr = False):
+                 PAGE: tl.constexpr, V_L1: tl.constexpr = False, KT: tl.constexpr = False):
         """Keys and values (BN, D) at positions ``kpos`` of cache blocks ``blk`` (zeros
         from ``hi`` on). ``V_L1`` (speed only): the values' lines asked into L1 before the
         keys are loaded. Triton converts the keys to the QK operand's layout (through
         shared memory, behind CTA barriers) right after their load and issues the values'
         load only after that (sm_90 SASS of the kernel: the values' 8 ``LDG.128`` follow
         the keys' 4 rounds of ``BAR.SYNC``/``STS``/``LDSM``), so a block waits for two L2
-        trips in a row; with the hint the second one is an L1 hit."""
+        trips in a row; with the hint the second one is an L1 hit. ``KT`` (speed only): the
+        keys loaded as (D, BN), the QK operand's own orientation, so their conversion is one
+        shared-memory round like the values' and Triton issues both loads together (the
+        SASS: the keys' and values' 16 ``LDG.128`` back to back, 4 ``BAR.SYNC`` fewer a
+        block); the same values meet the same products."""
         k_in = (kpos < hi)[:, None]
         off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
         if V_L1:  # one pointer a 128-byte line of each (position, head) row
             LV: tl.constexpr = max(1, d.shape[0] * v_ptr.dtype.element_ty.primitive_bitwidth
                                    // 1024)
             prefetch_l1(v_ptr + off[:, None] + (tl.arange(0, LV) * (d.shape[0] // LV))[None, :])
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in, other=0.0)
+        if KT:
+            k = tl.load(k_ptr + off[None, :] + d[:, None], mask=(kpos < hi)[None, :],
+                        other=0.0)
+        else:
+            k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in, other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in, other=0.0)
         return k, v
 
     @triton.jit
     def _block_update(q, k, v, kpos, k_in, qpos, m_i, l_i, acc, scale_log2, k_s, v_s,
-                      WINDOW: tl.constexpr, FP8: tl.constexpr):
-        """One key block (BN keys at ``kpos``) into a split's online softmax."""
+                      WINDOW: tl.constexpr, FP8: tl.constexpr, KT: tl.constexpr = False):
+        """One key block (BN keys at ``kpos``) into a split's online softmax (``KT``: the
+        keys come as (D, BN))."""
+        kt = k if KT else tl.trans(k)
         if FP8:  # e4m3 -> q's dtype is exact; the per-key scale multiplies the scores
-            s = tl.dot(q, tl.trans(k.to(tl.float32).to(q.dtype))) * k_s[None, :]
+            s = tl.dot(q, kt.to(tl.float32).to(q.dtype)) * k_s[None, :]
         else:
-            s = tl.dot(q, tl.trans(k)) * scale_log2  # (BM, BN) fp32, log2 units
+            s = tl.dot(q, kt) * scale_log2  # (BM, BN) fp32, log2 units
         visible = (kpos[None, :] <= qpos[:, None]) & k_in[None, :]
         if WINDOW > 0:
             visible = visible & (qpos[:, None] - kpos[None, :] < WINDOW)
@@ -323,7 +333,8 @@ if triton is not None:
                     PAGE: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
                     PREFETCH: tl.constexpr, stride_kh, part, STORE: tl.constexpr,
-                    STAGES: tl.constexpr = 0, V_L1: tl.constexpr = False):
+                    STAGES: tl.constexpr = 0, V_L1: tl.constexpr = False,
+                    KT: tl.constexpr = False):
         """Keys ``k_lo .. k_hi - 1`` (block-aligned start) for the query tile ``q`` ->
         its softmax state, each ``SPLIT``-aligned run of keys an online softmax of its own,
         merged in ascending order (``merge_split``). ``STORE``: each split's own state goes
@@ -332,8 +343,8 @@ if triton is not None:
         (speed only, the same values meet the same math): 0 loads a key step's block ids,
         keys and values in the step; 1 loads the ids a step ahead; 2 the keys and values
         too (not with an e4m3 cache, whose scales are read with the step's own ids).
-        ``STAGES``: the key loop's pipeline depth (0: the kernel's; speed only); ``V_L1``:
-        ``_kv_step``'s hint (speed only)."""
+        ``STAGES``: the key loop's pipeline depth (0: the kernel's; speed only); ``V_L1``
+        and ``KT``: ``_kv_step``'s (speed only)."""
         tl.static_assert(not (FP8 and PREFETCH == 2))
         tl.static_assert(SPLIT % BN == 0)
         d = tl.arange(0, D)
@@ -346,7 +357,7 @@ if triton is not None:
             blk = tl.load(table + kpos // PAGE, mask=kpos < k_hi, other=0)
             if PREFETCH == 2:  # and the first step's keys and values, then the next ids
                 k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb,
-                                      stride_ks, stride_kh, PAGE, V_L1)
+                                      stride_ks, stride_kh, PAGE, V_L1, KT)
                 blk = tl.load(table + (kpos + BN) // PAGE, mask=kpos + BN < k_hi, other=0)
         for start in tl.range(k_lo, k_hi, BN, num_stages=STAGES if STAGES > 0 else None):
             kpos = start + tl.arange(0, BN)
@@ -355,7 +366,7 @@ if triton is not None:
                 # step's math; the next step's are asked for before this one's
                 k, v = k_nx, v_nx
                 k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos + BN, k_hi, d, kvh, stride_kb,
-                                      stride_ks, stride_kh, PAGE, V_L1)
+                                      stride_ks, stride_kh, PAGE, V_L1, KT)
                 nxt = kpos + 2 * BN
                 blk = tl.load(table + nxt // PAGE, mask=nxt < k_hi, other=0)
             else:
@@ -363,7 +374,7 @@ if triton is not None:
                     blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
                 # keys and values in flight together (a decode step is a chain of waits)
                 k, v = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb, stride_ks,
-                                stride_kh, PAGE, V_L1)
+                                stride_kh, PAGE, V_L1, KT)
             if FP8:
                 soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
                 k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)
@@ -372,7 +383,7 @@ if triton is not None:
                 nxt = kpos + BN
                 blk = tl.load(table + nxt // PAGE, mask=nxt < k_hi, other=0)
             m_i, l_i, acc = _block_update(q, k, v, kpos, k_in, qpos, m_i, l_i, acc, scale_log2,
-                                          k_s, v_s, WINDOW, FP8)
+                                          k_s, v_s, WINDOW, FP8, KT)
             if ((start + BN) % SPLIT == 0) | (start + BN >= k_hi):  # a split ends
                 if STORE:
                     store_split(part, start // SPLIT, m_i, l_i, acc, BM, D)

@@ -110,11 +110,15 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # (session 30). "v_l1": the attention blocks' values asked into L1 before their keys are
 # loaded (``triton_attention._kv_step``'s V_L1: Triton issues the values' load only after
 # the keys' layout conversion, so a block waits for two L2 trips in a row). Not yet measured
-# on a GPU: off until it is (bench/NOTES.md, session 30).
+# on a GPU: off until it is (bench/NOTES.md, session 30). "k_t": the keys loaded in the QK
+# operand's orientation (``_kv_step``'s KT), so keys and values are in flight together and
+# the keys' conversion is one round; compile check 28 / 128 B spilled (serial / spread)
+# against 48 / 0. Not yet measured either: off.
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
-          "gemm_stages": 5, "att_stages": 1, "v_l1": False}
+          "gemm_stages": 5, "att_stages": 1, "v_l1": False,
+          "k_t": False}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -175,7 +179,7 @@ if triton is not None:
                          BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                          TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
                          SPREAD: tl.constexpr, ROPED: tl.constexpr, ATT_STAGES: tl.constexpr,
-                         V_L1: tl.constexpr):
+                         V_L1: tl.constexpr, KT: tl.constexpr):
         """Phase B on programs 0 .. P_ATT - 1. Each (sequence, kv head, query tile) group
         gets ``P_ATT // groups`` programs, each taking a run of the tile's ``SPLIT``-key
         splits: rope and cache write of what the run reads, then each split's own online
@@ -193,13 +197,13 @@ if triton is not None:
                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
                              part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                              stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1)
+                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT)
         elif pid < groups * per:  # the group's splits spread over its programs
             attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
                          sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
                          qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                          stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1)
+                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT)
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr, NS: tl.constexpr = False):
@@ -264,6 +268,7 @@ if triton is not None:
         QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
         TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
         KS: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
+        KT: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -322,7 +327,7 @@ if triton is not None:
                                  part_ptr, count_ptr, B, att_tiles, SPLITS, scale_log2,
                                  stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE,
                                  P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND, ATT_PREFETCH,
-                                 SPREAD, QKV_ROPE, ATT_STAGES, V_L1)
+                                 SPREAD, QKV_ROPE, ATT_STAGES, V_L1, KT)
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
@@ -517,6 +522,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         BKH=k_step(hidden, TUNING["bk"]), BKQ=k_step(heads * d, TUNING["bk"]),
         TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
         GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
-        ATT_STAGES=TUNING["att_stages"] or 0, V_L1=TUNING["v_l1"], num_warps=4,
+        ATT_STAGES=TUNING["att_stages"] or 0, V_L1=TUNING["v_l1"], KT=TUNING["k_t"],
+        num_warps=4,
         num_stages=TUNING["num_stages"])
     return xs[n_layers]

@@ -104,7 +104,7 @@ if triton is not None:
                       SPLIT: tl.constexpr, TK: tl.constexpr, ROUND: tl.constexpr,
                       ATT_PREFETCH: tl.constexpr, RESET: tl.constexpr,
                       ROPED: tl.constexpr = False, STAGES: tl.constexpr = 0,
-                      V_L1: tl.constexpr = False):
+                      V_L1: tl.constexpr = False, KT: tl.constexpr = False):
         """Program ``sub`` of ``per`` on group ``g``: with one program or one split, the
         whole tile in order; else a run of consecutive splits (the block loop goes on
         across them, each split's state to ``part_ptr``), and the program that finishes
@@ -114,7 +114,8 @@ if triton is not None:
         the cache (``triton_fused.qkv_rope_tile``): only the attention here (its queries
         and cache read from L2); else the program first rotates the tile's queries into
         ``qrot`` and writes what it reads of the cache (``rope_write_tile``). ``STAGES``: the
-        key loop's pipeline depth (0: the kernel's; speed only); ``V_L1``: ``attend_keys``'."""
+        key loop's pipeline depth (0: the kernel's; speed only); ``V_L1``, ``KT``:
+        ``attend_keys``'."""
         G: tl.constexpr = HQ // HKV
         Q: tl.constexpr = HQ * D
         seq = g // (HKV * att_tiles)
@@ -138,7 +139,7 @@ if triton is not None:
                     _, den, acc = attend_keys(q, qpos, table, kc, vc, kc, vc, h, lo, hi,
                                               scale_log2, stride_kb, stride_ks, 0, 0, D, PAGE,
                                               0, BM, BN, SPLIT, False, ATT_PREFETCH, stride_kh,
-                                              part_ptr, False, STAGES, V_L1)
+                                              part_ptr, False, STAGES, V_L1, KT)
                     store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
             else:  # a run of consecutive splits a program, each split's state to ``part``
                 run = tl.cdiv(n, per)
@@ -156,7 +157,7 @@ if triton is not None:
                     part = part_ptr + g.to(tl.int64) * SPLITS * (2 * BM + BM * D)
                     attend_keys(q, qpos, table, kc, vc, kc, vc, h, k_lo, k_hi, scale_log2,
                                 stride_kb, stride_ks, 0, 0, D, PAGE, 0, BM, BN, SPLIT, False,
-                                ATT_PREFETCH, stride_kh, part, True, STAGES, V_L1)
+                                ATT_PREFETCH, stride_kh, part, True, STAGES, V_L1, KT)
                     tl.debug_barrier()  # every thread's states stored, then counted
                     done = tl.atomic_add(count_ptr + layer * groups + g, j1 - j0,
                                          sem="acq_rel", scope="gpu")
