@@ -309,14 +309,25 @@ if triton is not None:
                 tl.zeros([BM, D], tl.float32))
 
     @triton.jit
-    def tile_rows(seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr):
-        """Query tile ``tile`` of (sequence ``seq``, kv head ``kvh``) -> (rows in use,
-        their flat token rows, query heads and absolute positions, the first and the end
-        key position the tile visits, the sequence's query count and first flat row)."""
+    def seq_meta(seq, qlen_ptr, ctx_ptr, qstart_ptr):
+        """Sequence ``seq``'s query count, context length and first flat row."""
         qlen = tl.load(qlen_ptr + seq)  # the three loads in flight together
         ctx = tl.load(ctx_ptr + seq)
         qstart = tl.load(qstart_ptr + seq)
+        return qlen, ctx, qstart
+
+    @triton.jit
+    def tile_rows(seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr,
+                  PRE: tl.constexpr = False, pre_qlen=0, pre_ctx=0, pre_qstart=0):
+        """Query tile ``tile`` of (sequence ``seq``, kv head ``kvh``) -> (rows in use,
+        their flat token rows, query heads and absolute positions, the first and the end
+        key position the tile visits, the sequence's query count and first flat row).
+        ``PRE``: the sequence's ``seq_meta`` already loaded (given), not loaded here."""
+        if PRE:
+            qlen, ctx, qstart = pre_qlen, pre_ctx, pre_qstart
+        else:
+            qlen, ctx, qstart = seq_meta(seq, qlen_ptr, ctx_ptr, qstart_ptr)
         rows = tile * BM + tl.arange(0, BM)
         tok = rows // G
         last_tok = tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
@@ -328,13 +339,31 @@ if triton is not None:
                 qlen, qstart)
 
     @triton.jit
+    def kv_lines_l1(k_ptr, v_ptr, blk, k_lo, kvh, stride_kb, stride_ks, stride_kh,
+                    D: tl.constexpr, BN: tl.constexpr, PAGE: tl.constexpr):
+        """Ask L1 for the key step at ``k_lo``'s keys and values (cache blocks ``blk``), one
+        pointer a 128-byte line of each (position, head) row (speed only)."""
+        kpos = k_lo + tl.arange(0, BN)
+        off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
+        LV: tl.constexpr = max(1, D * k_ptr.dtype.element_ty.primitive_bitwidth // 1024)
+        c = tl.arange(0, LV) * (D // LV)
+        prefetch_l1(k_ptr + off[:, None] + c[None, :])
+        prefetch_l1(v_ptr + off[:, None] + c[None, :])
+
+    @triton.jit
+    def first_ids(table, k_lo, k_hi, BN: tl.constexpr, PAGE: tl.constexpr):
+        """The cache block ids of the key step at ``k_lo`` (0 from ``k_hi`` on)."""
+        kpos = k_lo + tl.arange(0, BN)
+        return tl.load(table + kpos // PAGE, mask=kpos < k_hi, other=0)
+
+    @triton.jit
     def attend_keys(q, qpos, table, k_ptr, v_ptr, ks_ptr, vs_ptr, kvh, k_lo, k_hi,
                     scale_log2, stride_kb, stride_ks, stride_sb, stride_ss, D: tl.constexpr,
                     PAGE: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr,
                     BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
                     PREFETCH: tl.constexpr, stride_kh, part, STORE: tl.constexpr,
                     STAGES: tl.constexpr = 0, V_L1: tl.constexpr = False,
-                    KT: tl.constexpr = False):
+                    KT: tl.constexpr = False, BLK0: tl.constexpr = False, blk0=0):
         """Keys ``k_lo .. k_hi - 1`` (block-aligned start) for the query tile ``q`` ->
         its softmax state, each ``SPLIT``-aligned run of keys an online softmax of its own,
         merged in ascending order (``merge_split``). ``STORE``: each split's own state goes
@@ -344,7 +373,8 @@ if triton is not None:
         keys and values in the step; 1 loads the ids a step ahead; 2 the keys and values
         too (not with an e4m3 cache, whose scales are read with the step's own ids).
         ``STAGES``: the key loop's pipeline depth (0: the kernel's; speed only); ``V_L1``
-        and ``KT``: ``_kv_step``'s (speed only)."""
+        and ``KT``: ``_kv_step``'s (speed only); ``BLK0``: the first step's block ids
+        already loaded (``blk0``, ``first_ids``' of ``k_lo``, ``k_hi``), with ``PREFETCH``."""
         tl.static_assert(not (FP8 and PREFETCH == 2))
         tl.static_assert(SPLIT % BN == 0)
         d = tl.arange(0, D)
@@ -354,7 +384,10 @@ if triton is not None:
         v_s = k_s
         if PREFETCH > 0:  # the first step's cache blocks; each step then fetches the next's
             kpos = k_lo + tl.arange(0, BN)
-            blk = tl.load(table + kpos // PAGE, mask=kpos < k_hi, other=0)
+            if BLK0:
+                blk = blk0
+            else:
+                blk = first_ids(table, k_lo, k_hi, BN, PAGE)
             if PREFETCH == 2:  # and the first step's keys and values, then the next ids
                 k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb,
                                       stride_ks, stride_kh, PAGE, V_L1, KT)

@@ -113,12 +113,17 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # on a GPU: off until it is (bench/NOTES.md, session 30). "k_t": the keys loaded in the QK
 # operand's orientation (``_kv_step``'s KT), so keys and values are in flight together and
 # the keys' conversion is one round; compile check 28 / 128 B spilled (serial / spread)
-# against 48 / 0. Not yet measured either: off.
+# against 48 / 0. Not yet measured either: off. "att_hoist": phase B's first group's
+# metadata and first block ids loaded once before the layer loop (1), and its first keys and
+# values asked into L1 before the queries' load (2): the SASS had five dependent L2 trips
+# before a group's first keys (query count, then first row, context length, block ids,
+# keys), each an L2 trip since every grid barrier's acquire invalidates L1 (CCTL.IVALL).
+# Not yet measured: 0.
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
           "gemm_stages": 5, "att_stages": 1, "v_l1": False,
-          "k_t": False}
+          "k_t": False, "att_hoist": 0}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -130,7 +135,7 @@ MAX_ROWS = 16
 if triton is not None:
     from mmserve.kernels.triton_fused import fused_tile, pair_sum, qkv_rope_tile
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
-    from mmserve.kernels.triton_rope_attention import attend_group
+    from mmserve.kernels.triton_rope_attention import attend_group, group_pre
 
     @triton.jit
     def _prefetch_layer(lw, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr, worker,
@@ -179,19 +184,34 @@ if triton is not None:
                          BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                          TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
                          SPREAD: tl.constexpr, ROPED: tl.constexpr, ATT_STAGES: tl.constexpr,
-                         V_L1: tl.constexpr, KT: tl.constexpr):
+                         V_L1: tl.constexpr, KT: tl.constexpr, HOIST: tl.constexpr,
+                         pre_qlen, pre_ctx, pre_qstart, pre_blk):
         """Phase B on programs 0 .. P_ATT - 1. Each (sequence, kv head, query tile) group
         gets ``P_ATT // groups`` programs, each taking a run of the tile's ``SPLIT``-key
         splits: rope and cache write of what the run reads, then each split's own online
         softmax, its state to ``part_ptr``; the last program to finish a run of the group's
         splits (``count_ptr``, per layer and group) merges them all in order. A group with
         one program or one split runs whole, in order. Either way ``attention_rows``'
-        arithmetic."""
-        groups = B * HKV * att_tiles
-        per = P_ATT // groups  # programs a group
-        if not SPREAD:
-            per = 1
-        if per <= 1:  # each group whole in one program
+        arithmetic. ``HOIST`` (``attend_group``'s ``PRE``): the program's first group's
+        metadata and first block ids (``pre_*``, ``group_pre``'s, loaded before the layer
+        loop) are used, not loaded; 2: and its first keys and values asked into L1."""
+        groups, per = _att_split(B, att_tiles, HKV, P_ATT, SPREAD)
+        if (HOIST > 0) & (per <= 1):
+            if pid < groups:
+                attend_group(pid, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
+                             pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
+                             part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
+                             stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
+                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1,
+                             KT, HOIST, pre_qlen, pre_ctx, pre_qstart, pre_blk)
+            for g in range(pid + P_ATT, groups, P_ATT):
+                attend_group(g, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
+                             pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
+                             part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
+                             stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
+                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1,
+                             KT)
+        elif per <= 1:  # each group whole in one program
             for g in range(pid, groups, P_ATT):
                 attend_group(g, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
@@ -203,7 +223,17 @@ if triton is not None:
                          sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
                          qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                          stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT)
+                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT,
+                         HOIST, pre_qlen, pre_ctx, pre_qstart, pre_blk)
+
+    @triton.jit
+    def _att_split(B, att_tiles, HKV: tl.constexpr, P_ATT: tl.constexpr, SPREAD: tl.constexpr):
+        """Phase B's (sequence, kv head, query tile) groups and the programs each gets."""
+        groups = B * HKV * att_tiles
+        per = P_ATT // groups  # programs a group
+        if not SPREAD:
+            per = 1
+        return groups, per
 
     @triton.jit
     def _stamp(timing_ptr, idx, pid, TIMING: tl.constexpr, NS: tl.constexpr = False):
@@ -268,7 +298,7 @@ if triton is not None:
         QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
         TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
         KS: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
-        KT: tl.constexpr,
+        KT: tl.constexpr, ATT_HOIST: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -282,6 +312,13 @@ if triton is not None:
         # B's work) ask L2 for the next layer's while the attention phase runs (issued at a
         # layer's start by every program instead, the asking cost the QKV phase 0.7 us)
         worker = pid - (P - WORKERS)
+        # ATT_HOIST: what phase B's first group loads before its keys is the same every
+        # layer (the step's metadata and block tables), so it is loaded once, here
+        groups, per = _att_split(B, att_tiles, HKV, P - WORKERS, SPREAD)
+        per1 = tl.maximum(per, 1)
+        pre_qlen, pre_ctx, pre_qstart, pre_blk = group_pre(
+            tl.minimum(pid // per1, groups - 1), pid % per1, per1, tables_ptr, ctx_ptr,
+            qstart_ptr, qlen_ptr, att_tiles, stride_bt, HQ, HKV, PAGE, ATT_BM, ATT_BN, SPLIT)
         if WORKERS > 0:
             if worker >= 0:
                 _prefetch_layer(tl.cast(0, tl.int64), wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
@@ -327,7 +364,8 @@ if triton is not None:
                                  part_ptr, count_ptr, B, att_tiles, SPLITS, scale_log2,
                                  stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE,
                                  P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND, ATT_PREFETCH,
-                                 SPREAD, QKV_ROPE, ATT_STAGES, V_L1, KT)
+                                 SPREAD, QKV_ROPE, ATT_STAGES, V_L1, KT, ATT_HOIST,
+                                 pre_qlen, pre_ctx, pre_qstart, pre_blk)
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
@@ -523,6 +561,6 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
         GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
         ATT_STAGES=TUNING["att_stages"] or 0, V_L1=TUNING["v_l1"], KT=TUNING["k_t"],
-        num_warps=4,
+        ATT_HOIST=TUNING["att_hoist"], num_warps=4,
         num_stages=TUNING["num_stages"])
     return xs[n_layers]

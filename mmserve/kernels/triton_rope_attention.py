@@ -46,8 +46,11 @@ TK = 16  # most tokens a sequence may have in a step: a tile writes its sequence
 if triton is not None:
     from mmserve.kernels.triton_attention import (
         attend_keys,
+        first_ids,
+        kv_lines_l1,
         load_queries,
         merge_partials,
+        seq_meta,
         store_attention,
         tile_rows,
     )
@@ -96,6 +99,30 @@ if triton is not None:
                  mask=ok_k)
 
     @triton.jit
+    def group_pre(g, sub, per, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, att_tiles, stride_bt,
+                  HQ: tl.constexpr, HKV: tl.constexpr, PAGE: tl.constexpr, BM: tl.constexpr,
+                  BN: tl.constexpr, SPLIT: tl.constexpr):
+        """What ``attend_group(g, sub, per, ...)`` loads before its first keys: the
+        sequence's (query count, context length, first flat row) and the first key step's
+        block ids, for its ``PRE``."""
+        G: tl.constexpr = HQ // HKV
+        seq = g // (HKV * att_tiles)
+        tile = g % att_tiles
+        qlen, ctx, qstart = seq_meta(seq, qlen_ptr, ctx_ptr, qstart_ptr)
+        _, _, _, _, lo, hi, _, _ = tile_rows(seq, tile, 0, qlen_ptr, ctx_ptr, qstart_ptr, G, BM,
+                                             BN, 0, True, qlen, ctx, qstart)
+        first = lo // SPLIT
+        last = tl.cdiv(hi, SPLIT)
+        n = last - first
+        run = tl.cdiv(n, per)
+        j0 = first + sub * run
+        j1 = tl.minimum(j0 + run, last)
+        whole = (per == 1) | (n == 1)
+        k_lo = tl.where(whole, lo, tl.maximum(lo, j0 * SPLIT))
+        k_hi = tl.where(whole, hi, tl.minimum(hi, j1 * SPLIT))
+        return qlen, ctx, qstart, first_ids(tables_ptr + seq * stride_bt, k_lo, k_hi, BN, PAGE)
+
+    @triton.jit
     def attend_group(g, sub, per, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
                       slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr, count_ptr,
                       groups, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks, stride_kh,
@@ -104,7 +131,9 @@ if triton is not None:
                       SPLIT: tl.constexpr, TK: tl.constexpr, ROUND: tl.constexpr,
                       ATT_PREFETCH: tl.constexpr, RESET: tl.constexpr,
                       ROPED: tl.constexpr = False, STAGES: tl.constexpr = 0,
-                      V_L1: tl.constexpr = False, KT: tl.constexpr = False):
+                      V_L1: tl.constexpr = False, KT: tl.constexpr = False,
+                      PRE: tl.constexpr = 0, pre_qlen=0, pre_ctx=0, pre_qstart=0,
+                      pre_blk=0):
         """Program ``sub`` of ``per`` on group ``g``: with one program or one split, the
         whole tile in order; else a run of consecutive splits (the block loop goes on
         across them, each split's state to ``part_ptr``), and the program that finishes
@@ -115,14 +144,20 @@ if triton is not None:
         and cache read from L2); else the program first rotates the tile's queries into
         ``qrot`` and writes what it reads of the cache (``rope_write_tile``). ``STAGES``: the
         key loop's pipeline depth (0: the kernel's; speed only); ``V_L1``, ``KT``:
-        ``attend_keys``'."""
+        ``attend_keys``'. ``PRE``: the sequence's metadata and the first key step's block
+        ids loaded before (``group_pre``'s, for this ``g``, ``sub`` and ``per``): a
+        persistent kernel loads them once a launch, not once a layer; 2: and that step's
+        keys and values asked into L1 before the queries' load, whose trip they share
+        (the queries' conversion to shared memory waits for their data before the key loop
+        starts). Speed only."""
         G: tl.constexpr = HQ // HKV
         Q: tl.constexpr = HQ * D
         seq = g // (HKV * att_tiles)
         h = g // att_tiles % HKV
         tile = g % att_tiles
         row_ok, tok, head, qpos, lo, hi, qlen, qstart = tile_rows(
-            seq, tile, h, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, 0)
+            seq, tile, h, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, 0, PRE, pre_qlen, pre_ctx,
+            pre_qstart)
         table = tables_ptr + seq * stride_bt
         first = lo // SPLIT
         last = tl.cdiv(hi, SPLIT)
@@ -135,11 +170,15 @@ if triton is not None:
                                         qstart, qlen, tile, h, lo, hi, HQ, HKV, D, G, BM, TK,
                                         ROUND)
                         tl.debug_barrier()  # the program's own writes, read back below
+                    if PRE == 2:
+                        kv_lines_l1(kc, vc, pre_blk, lo, h, stride_kb, stride_ks, stride_kh, D,
+                                    BN, PAGE)
                     q = load_queries(qrot, row_ok, tok, head, Q, D, D, ROPED)
                     _, den, acc = attend_keys(q, qpos, table, kc, vc, kc, vc, h, lo, hi,
                                               scale_log2, stride_kb, stride_ks, 0, 0, D, PAGE,
                                               0, BM, BN, SPLIT, False, ATT_PREFETCH, stride_kh,
-                                              part_ptr, False, STAGES, V_L1, KT)
+                                              part_ptr, False, STAGES, V_L1, KT, PRE,
+                                              pre_blk)
                     store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
             else:  # a run of consecutive splits a program, each split's state to ``part``
                 run = tl.cdiv(n, per)
@@ -153,11 +192,15 @@ if triton is not None:
                                         qstart, qlen, tile, h, k_lo, k_hi, HQ, HKV, D, G, BM,
                                         TK, ROUND)
                         tl.debug_barrier()
+                    if PRE == 2:
+                        kv_lines_l1(kc, vc, pre_blk, k_lo, h, stride_kb, stride_ks, stride_kh,
+                                    D, BN, PAGE)
                     q = load_queries(qrot, row_ok, tok, head, Q, D, D, ROPED)
                     part = part_ptr + g.to(tl.int64) * SPLITS * (2 * BM + BM * D)
                     attend_keys(q, qpos, table, kc, vc, kc, vc, h, k_lo, k_hi, scale_log2,
                                 stride_kb, stride_ks, 0, 0, D, PAGE, 0, BM, BN, SPLIT, False,
-                                ATT_PREFETCH, stride_kh, part, True, STAGES, V_L1, KT)
+                                ATT_PREFETCH, stride_kh, part, True, STAGES, V_L1, KT, PRE,
+                                pre_blk)
                     tl.debug_barrier()  # every thread's states stored, then counted
                     done = tl.atomic_add(count_ptr + layer * groups + g, j1 - j0,
                                          sem="acq_rel", scope="gpu")
