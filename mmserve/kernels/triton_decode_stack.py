@@ -118,12 +118,18 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # values asked into L1 before the queries' load (2): the SASS had five dependent L2 trips
 # before a group's first keys (query count, then first row, context length, block ids,
 # keys), each an L2 trip since every grid barrier's acquire invalidates L1 (CCTL.IVALL).
-# Not yet measured: 0.
+# Not yet measured: 0. "late_rstd": the normed phases (A, D) ask for their subtree sums
+# before the product and add them after it (``fused_tile``'s LATE_RSTD): the SASS issued
+# the K loop's first loads only after the sums' trip and tree. Not yet measured: off.
+# "qkv_hoist": phase A's rows' positions and cache slots loaded once before the layer loop
+# (``qkv_rope_tile``'s PRE_ROWS): the rope's cos/sin loads waited on the positions' trip
+# before the K loop's first loads were issued. Not yet measured: off.
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
           "gemm_stages": 5, "att_stages": 1, "v_l1": False,
-          "k_t": False, "att_hoist": 0}
+          "k_t": False, "att_hoist": 0,
+          "late_rstd": False, "qkv_hoist": False}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -298,7 +304,8 @@ if triton is not None:
         QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
         TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
         KS: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
-        KT: tl.constexpr, ATT_HOIST: tl.constexpr,
+        KT: tl.constexpr, ATT_HOIST: tl.constexpr, LATE_RSTD: tl.constexpr,
+        QKV_HOIST: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -319,6 +326,11 @@ if triton is not None:
         pre_qlen, pre_ctx, pre_qstart, pre_blk = group_pre(
             tl.minimum(pid // per1, groups - 1), pid % per1, per1, tables_ptr, ctx_ptr,
             qstart_ptr, qlen_ptr, att_tiles, stride_bt, HQ, HKV, PAGE, ATT_BM, ATT_BN, SPLIT)
+        # QKV_HOIST: phase A's rows (the step's first TK) have the same positions and cache
+        # slots every layer
+        rows = tl.arange(0, TK)
+        pre_pos = tl.load(pos_ptr + rows, mask=rows < M, other=0)
+        pre_slot = tl.load(slot_ptr + rows, mask=rows < M, other=-1)
         if WORKERS > 0:
             if worker >= 0:
                 _prefetch_layer(tl.cast(0, tl.int64), wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
@@ -345,7 +357,7 @@ if triton is not None:
                                   qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, H, H, H,
                                   eps, 0.0, HQ, HKV, D, not DEFER, False, ROUND, 16, BN, BKH, 8,
                                   CH, UNROLL, ".cg", EARLY, TWICE, DEFER, psi_ptr + lw * M * G,
-                                  G, GP, KS)
+                                  G, GP, KS, LATE_RSTD, QKV_HOIST, pre_pos, pre_slot)
                 else:
                     fused_tile(t, a_qkv, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv,
                                n1_ptr + lw * H, M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0,
@@ -391,7 +403,7 @@ if triton is not None:
                            n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
                            not DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL,
                            ".cg", ONE_DOT, False, TWICE, DEFER, act, act, psm_ptr + lw * M * G,
-                           G, GP, KS)
+                           G, GP, KS, LATE_RSTD)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
             # E: x_next = mid + act @ Wd.T (DEFER: and the next phase A's operand and subtree
             # sums; after the last layer unread, made with its own norm weight)
@@ -561,6 +573,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
         GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
         ATT_STAGES=TUNING["att_stages"] or 0, V_L1=TUNING["v_l1"], KT=TUNING["k_t"],
-        ATT_HOIST=TUNING["att_hoist"], num_warps=4,
+        ATT_HOIST=TUNING["att_hoist"], LATE_RSTD=TUNING["late_rstd"],
+        QKV_HOIST=TUNING["qkv_hoist"], num_warps=4,
         num_stages=TUNING["num_stages"])
     return xs[n_layers]

@@ -241,10 +241,15 @@ if triton is not None:
         """(BM,) 1 / rms of rows ``rm`` from their ``G`` 16-column subtree sums of squares
         (``norm_partials``, row stride G), added by ``pair_sum`` over G padded to GP: the
         same tree, so the same bits, as ``_row_rstd`` from the row."""
+        return rstd_of(pair_sum(partials_load(ps_ptr, rm, row_ok, G, GP, CACHE), GP), K, eps)
+
+    @triton.jit
+    def partials_load(ps_ptr, rm, row_ok, G, GP: tl.constexpr, CACHE: tl.constexpr):
+        """Rows ``rm``'s ``G`` subtree sums (BM, GP), zeros past G (``partials_rstd``'s)."""
         gi = tl.arange(0, GP)
-        ps = tl.load(ps_ptr + rm.to(tl.int64)[:, None] * G + gi[None, :],
-                     mask=row_ok[:, None] & (gi[None, :] < G), other=0.0, cache_modifier=CACHE)
-        return rstd_of(pair_sum(ps, GP), K, eps)
+        return tl.load(ps_ptr + rm.to(tl.int64)[:, None] * G + gi[None, :],
+                       mask=row_ok[:, None] & (gi[None, :] < G), other=0.0,
+                       cache_modifier=CACHE)
 
     @triton.jit
     def norm_partials(xo, y_ptr, gw, ps_ptr, rm, rn, row_ok, out_ok, group, G, stride_ym,
@@ -360,7 +365,8 @@ if triton is not None:
                    CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr,
                    ONE_DOT: tl.constexpr = False, EARLY: tl.constexpr = False,
                    TWICE: tl.constexpr = 0, DEFER: tl.constexpr = 0, y_ptr=None, g_ptr=None,
-                   ps_ptr=None, G=1, GP: tl.constexpr = 64, STAGES: tl.constexpr = 0):
+                   ps_ptr=None, G=1, GP: tl.constexpr = 64, STAGES: tl.constexpr = 0,
+                   LATE_RSTD: tl.constexpr = False):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
         written by other programs of the launch, from L2). ``ONE_DOT`` (GATED): the gate
@@ -374,7 +380,10 @@ if triton is not None:
         normed product's operand ``round(x * (offset + w))`` and ``ps_ptr`` their 16-column
         subtree sums of squares (G a row, ``partials_rstd``); 2 (BN = 16, no NORM) the
         stored tile also handed to the next normed product: times its norm weight at
-        ``g_ptr`` into ``y_ptr`` (row stride ``stride_om``), its subtree into ``ps_ptr``."""
+        ``g_ptr`` into ``y_ptr`` (row stride ``stride_om``), its subtree into ``ps_ptr``.
+        ``LATE_RSTD`` (DEFER 1, speed only): the subtree sums asked for before the product
+        and added after it, so the K loop's first loads are not issued behind their trip
+        and tree (the same tree, so the same bits)."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         row_ok = rm < M
         out_ok = row_ok[:, None] & (rn[None, :] < N)
@@ -384,8 +393,11 @@ if triton is not None:
         if DEFER == 2:  # the next norm's weight, asked for before the product
             tl.static_assert(BN == 16 and not NORM)
             gw = tl.load(g_ptr + rn, mask=rn < N, other=0.0)
-        rstd = _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH, UNROLL,
-                          GP, ACT_CACHE, TWICE)
+        if LATE_RSTD and DEFER == 1:  # the sums asked for now, their tree after the K loop
+            ps = partials_load(ps_ptr, rm, row_ok, G, GP, ACT_CACHE)
+        else:
+            rstd = _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH,
+                              UNROLL, GP, ACT_CACHE, TWICE)
         if GATED and ONE_DOT:
             _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
             j = tl.arange(0, 2 * BN)
@@ -408,6 +420,8 @@ if triton is not None:
         else:
             acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, nw_ptr,
                                         offset, NORM, GATED, BM, BN, BK, ACT_CACHE, STAGES)
+        if LATE_RSTD and DEFER == 1:
+            rstd = rstd_of(pair_sum(ps, GP), K, eps)
         if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
             acc = acc * rstd[:, None]
             acc_u = acc_u * rstd[:, None]
@@ -454,7 +468,9 @@ if triton is not None:
                       GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
                       ACT_CACHE: tl.constexpr, EARLY: tl.constexpr = False,
                       TWICE: tl.constexpr = 0, DEFER: tl.constexpr = 0, ps_ptr=None, G=1,
-                      GP: tl.constexpr = 64, STAGES: tl.constexpr = 0):
+                      GP: tl.constexpr = 64, STAGES: tl.constexpr = 0,
+                      LATE_RSTD: tl.constexpr = False, PRE_ROWS: tl.constexpr = False,
+                      pre_pos=0, pre_slot=0):
         """Tile ``pid`` of the QKV product (with the RMSNorm prologue when NORM) and, in its
         epilogue, the rope of its q and k columns and the cache write of k and v: a q or k
         tile holds dims ``i .. i + BN/2 - 1`` of one head's first half and the same of its
@@ -463,7 +479,10 @@ if triton is not None:
         by other programs of the launch, read from L2). ``EARLY``: the cache slots asked
         for before the product, not after it. ``TWICE``: ``fused_tile``'s timing probe.
         ``DEFER`` 1: ``fused_tile``'s (rows handed over already multiplied by the norm
-        weight, 1 / rms from their subtree sums at ``ps_ptr``)."""
+        weight, 1 / rms from their subtree sums at ``ps_ptr``); ``LATE_RSTD``:
+        ``fused_tile``'s. ``PRE_ROWS`` (a tile of the first BM rows, speed only): the rows'
+        positions and cache slots already loaded (``pre_pos``, ``pre_slot``; a persistent
+        kernel loads them once a launch), so the rope's cos/sin loads wait on nothing."""
         Q: tl.constexpr = HQ * D
         KV: tl.constexpr = HKV * D
         HB: tl.constexpr = BN // 2
@@ -479,23 +498,33 @@ if triton is not None:
         j = tl.arange(0, BN)
         rn = tl.where(roped, head * D + (j // HB) * HALF + i0 + j % HB,
                       c0 + j)  # the weight rows (product columns) of the tile
-        pos = tl.load(pos_ptr + rm, mask=row_ok, other=0).to(tl.int64)
+        if PRE_ROWS:
+            pos = pre_pos.to(tl.int64)
+        else:
+            pos = tl.load(pos_ptr + rm, mask=row_ok, other=0).to(tl.int64)
         c1, s1, c2, s2 = rope_rows(cos_ptr + i0, sin_ptr + i0, pos[:, None], HALF, HB, ROUND)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-        if EARLY:
+        if PRE_ROWS:
+            slot = pre_slot.to(tl.int64)
+        elif EARLY:
             slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
-        rstd = _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH, UNROLL,
-                          GP, ACT_CACHE, TWICE)
+        if LATE_RSTD and DEFER == 1:  # the sums asked for now, their tree after the K loop
+            ps = partials_load(ps_ptr, rm, row_ok, G, GP, ACT_CACHE)
+        else:
+            rstd = _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH,
+                              UNROLL, GP, ACT_CACHE, TWICE)
         if TWICE == 2:
             first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, nw_ptr,
                                       offset, NORM, False, BM, BN, BK, ACT_CACHE, STAGES)
             a_rows = twice_rows(a_rows, tl.max(first, 1))
         acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, nw_ptr,
                                 offset, NORM, False, BM, BN, BK, ACT_CACHE, STAGES)
+        if LATE_RSTD and DEFER == 1:
+            rstd = rstd_of(pair_sum(ps, GP), K, eps)
         if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
             acc = acc * rstd[:, None]
-        if not EARLY:
+        if not EARLY and not PRE_ROWS:
             slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn).to(tl.float32)[None, :]

@@ -92,7 +92,11 @@ TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
            {"att_stages": 2}, {"v_l1": True}, {"v_l1": True, "spread": False},
            {"k_t": True}, {"k_t": True, "spread": False}, {"att_hoist": 1},
            {"att_hoist": 2}, {"att_hoist": 2, "spread": False},
-           {"att_hoist": 2, "k_t": True, "v_l1": True},
+           {"att_hoist": 2, "k_t": True, "v_l1": True}, {"late_rstd": True},
+           {"qkv_hoist": True},
+           {"att_hoist": 2, "k_t": True, "late_rstd": True, "qkv_hoist": True},
+           {"att_hoist": 2, "k_t": True, "late_rstd": True, "qkv_hoist": True,
+            "spread": False},
            {"twice": 1, "defer": False}, {"twice": 2}]  # the last two: the timing probes
 # ("defer" off: the normed phases norm from the rows, as the layered kernels do; "twice" 1
 # runs that row norm twice, so it is a probe of the rows' path only)
