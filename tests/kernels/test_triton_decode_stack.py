@@ -111,7 +111,9 @@ ROPE_MODES = [{"qkv_rope": True}, {"qkv_rope": False}]
                          + [(None, t) for t in TUNINGS] if ON_CUDA
                          else [(1, None), (1, {"gated_one_dot": False}), (1, {"qkv_rope": False}),
                                (1, {"early": False, "bk_exact": False}), (1, {"twice": 2}),
-                               (1, {"defer": False})])
+                               (1, {"defer": False}),
+                               (1, {"att_hoist": 2, "k_t": True, "late_rstd": True,
+                                    "qkv_hoist": True, "v_l1": True})])
 def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatch):
     """Eight decode steps after a 37-token prompt, scattered cache blocks: each step's
     hidden state and cache bytes from the one launch equal the layered path's, whatever
