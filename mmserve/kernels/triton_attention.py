@@ -252,11 +252,9 @@ if triton is not None:
         SASS: the keys' and values' 16 ``LDG.128`` back to back, 4 ``BAR.SYNC`` fewer a
         block); the same values meet the same products."""
         k_in = (kpos < hi)[:, None]
-        off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
-        if V_L1:  # one pointer a 128-byte line of each (position, head) row
-            LV: tl.constexpr = max(1, d.shape[0] * v_ptr.dtype.element_ty.primitive_bitwidth
-                                   // 1024)
-            prefetch_l1(v_ptr + off[:, None] + (tl.arange(0, LV) * (d.shape[0] // LV))[None, :])
+        off = _kv_rows(blk, kpos, kvh, stride_kb, stride_ks, stride_kh, PAGE)
+        if V_L1:
+            _rows_l1(v_ptr, off, d.shape[0])
         if KT:
             k = tl.load(k_ptr + off[None, :] + d[:, None], mask=(kpos < hi)[None, :],
                         other=0.0)
@@ -341,14 +339,23 @@ if triton is not None:
     @triton.jit
     def kv_lines_l1(k_ptr, v_ptr, blk, k_lo, kvh, stride_kb, stride_ks, stride_kh,
                     D: tl.constexpr, BN: tl.constexpr, PAGE: tl.constexpr):
-        """Ask L1 for the key step at ``k_lo``'s keys and values (cache blocks ``blk``), one
-        pointer a 128-byte line of each (position, head) row (speed only)."""
-        kpos = k_lo + tl.arange(0, BN)
-        off = blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
-        LV: tl.constexpr = max(1, D * k_ptr.dtype.element_ty.primitive_bitwidth // 1024)
-        c = tl.arange(0, LV) * (D // LV)
-        prefetch_l1(k_ptr + off[:, None] + c[None, :])
-        prefetch_l1(v_ptr + off[:, None] + c[None, :])
+        """Ask L1 for the key step at ``k_lo``'s keys and values (cache blocks ``blk``)
+        (speed only)."""
+        off = _kv_rows(blk, k_lo + tl.arange(0, BN), kvh, stride_kb, stride_ks, stride_kh,
+                       PAGE)
+        _rows_l1(k_ptr, off, D)
+        _rows_l1(v_ptr, off, D)
+
+    @triton.jit
+    def _kv_rows(blk, kpos, kvh, stride_kb, stride_ks, stride_kh, PAGE: tl.constexpr):
+        """The cache offsets of kv head ``kvh``'s rows at positions ``kpos`` (blocks ``blk``)."""
+        return blk.to(tl.int64) * stride_kb + (kpos % PAGE) * stride_ks + kvh * stride_kh
+
+    @triton.jit
+    def _rows_l1(ptr, off, D: tl.constexpr):
+        """Ask L1 for the rows of ``D`` elements at ``ptr + off``: a pointer a 128-byte line."""
+        LV: tl.constexpr = max(1, D * ptr.dtype.element_ty.primitive_bitwidth // 1024)
+        prefetch_l1(ptr + off[:, None] + (tl.arange(0, LV) * (D // LV))[None, :])
 
     @triton.jit
     def first_ids(table, k_lo, k_hi, BN: tl.constexpr, PAGE: tl.constexpr):

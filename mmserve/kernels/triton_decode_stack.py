@@ -112,7 +112,7 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # the keys' layout conversion, so a block waits for two L2 trips in a row). Not yet measured
 # on a GPU: off until it is (bench/NOTES.md, session 30). "k_t": the keys loaded in the QK
 # operand's orientation (``_kv_step``'s KT), so keys and values are in flight together and
-# the keys' conversion is one round; compile check 28 / 128 B spilled (serial / spread)
+# the keys' conversion is one round; compile check 28 / 76 B spilled (serial / spread)
 # against 48 / 0. Not yet measured either: off. "att_hoist": phase B's first group's
 # metadata and first block ids loaded once before the layer loop (1), and its first keys and
 # values asked into L1 before the queries' load (2): the SASS had five dependent L2 trips
@@ -202,7 +202,9 @@ if triton is not None:
         metadata and first block ids (``pre_*``, ``group_pre``'s, loaded before the layer
         loop) are used, not loaded; 2: and its first keys and values asked into L1."""
         groups, per = _att_split(B, att_tiles, HKV, P_ATT, SPREAD)
-        if (HOIST > 0) & (per <= 1):
+        if (HOIST > 0) & (per <= 1):  # each group whole in one program, the first from
+            # ``pre_*`` (without HOIST the plain loop below: written as one loop, its compiled
+            # code and spills are those measured, 48 B against 12 B in this form)
             if pid < groups:
                 attend_group(pid, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
@@ -210,7 +212,7 @@ if triton is not None:
                              stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
                              BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1,
                              KT, HOIST, pre_qlen, pre_ctx, pre_qstart, pre_blk)
-            for g in range(pid + P_ATT, groups, P_ATT):
+            for g in range(pid + P_ATT, groups, P_ATT):  # then every P_ATT-th after it
                 attend_group(g, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
                              part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
@@ -223,7 +225,8 @@ if triton is not None:
                              pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
                              part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
                              stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT)
+                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1,
+                             KT)
         elif pid < groups * per:  # the group's splits spread over its programs
             attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
                          sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,

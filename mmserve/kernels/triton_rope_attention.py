@@ -111,6 +111,15 @@ if triton is not None:
         qlen, ctx, qstart = seq_meta(seq, qlen_ptr, ctx_ptr, qstart_ptr)
         _, _, _, _, lo, hi, _, _ = tile_rows(seq, tile, 0, qlen_ptr, ctx_ptr, qstart_ptr, G, BM,
                                              BN, 0, True, qlen, ctx, qstart)
+        _, _, _, _, _, k_lo, k_hi = split_run(lo, hi, sub, per, SPLIT)
+        return qlen, ctx, qstart, first_ids(tables_ptr + seq * stride_bt, k_lo, k_hi, BN, PAGE)
+
+    @triton.jit
+    def split_run(lo, hi, sub, per, SPLIT: tl.constexpr):
+        """Program ``sub`` of ``per`` on a tile visiting keys ``lo .. hi - 1`` -> (the
+        tile's first and end split, whether the program runs the whole tile (one program
+        or one split), its run of splits ``j0 .. j1 - 1`` and their keys ``k_lo .. k_hi - 1``
+        (the tile's own when whole))."""
         first = lo // SPLIT
         last = tl.cdiv(hi, SPLIT)
         n = last - first
@@ -120,7 +129,7 @@ if triton is not None:
         whole = (per == 1) | (n == 1)
         k_lo = tl.where(whole, lo, tl.maximum(lo, j0 * SPLIT))
         k_hi = tl.where(whole, hi, tl.minimum(hi, j1 * SPLIT))
-        return qlen, ctx, qstart, first_ids(tables_ptr + seq * stride_bt, k_lo, k_hi, BN, PAGE)
+        return first, last, whole, j0, j1, k_lo, k_hi
 
     @triton.jit
     def attend_group(g, sub, per, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
@@ -159,11 +168,9 @@ if triton is not None:
             seq, tile, h, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, 0, PRE, pre_qlen, pre_ctx,
             pre_qstart)
         table = tables_ptr + seq * stride_bt
-        first = lo // SPLIT
-        last = tl.cdiv(hi, SPLIT)
-        n = last - first
+        first, last, whole, j0, j1, k_lo, k_hi = split_run(lo, hi, sub, per, SPLIT)
         if tile * BM < qlen * G:
-            if (per == 1) | (n == 1):  # every split here, merged in order
+            if whole:  # every split here, merged in order
                 if sub == 0:
                     if not ROPED:
                         rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
@@ -181,12 +188,7 @@ if triton is not None:
                                               pre_blk)
                     store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
             else:  # a run of consecutive splits a program, each split's state to ``part``
-                run = tl.cdiv(n, per)
-                j0 = first + sub * run
-                j1 = tl.minimum(j0 + run, last)
                 if j0 < j1:
-                    k_lo = tl.maximum(lo, j0 * SPLIT)
-                    k_hi = tl.minimum(hi, j1 * SPLIT)
                     if not ROPED:
                         rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
                                         qstart, qlen, tile, h, k_lo, k_hi, HQ, HKV, D, G, BM,
@@ -204,7 +206,7 @@ if triton is not None:
                     tl.debug_barrier()  # every thread's states stored, then counted
                     done = tl.atomic_add(count_ptr + layer * groups + g, j1 - j0,
                                          sem="acq_rel", scope="gpu")
-                    if done + (j1 - j0) == n:  # the group's last run to finish: merge all
+                    if done + (j1 - j0) == last - first:  # the group's last run: merge all
                         if RESET:  # the counter left at 0 for the next launch
                             tl.atomic_xchg(count_ptr + layer * groups + g, 0)
                         _, den, acc = merge_partials(part, first, last, BM, D, 4)
