@@ -38,7 +38,7 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
              KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True,
              EARLY=True, BKH=64, BKQ=64, TWICE=0, DEFER=True, G=36, GP=64, KS=5, ATT_STAGES=1,
              V_L1=False, KT=False, ATT_HOIST=0, LATE_RSTD=False,
-             QKV_HOIST=False)
+             QKV_HOIST=True)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile

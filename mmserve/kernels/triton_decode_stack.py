@@ -107,29 +107,30 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # spilled 84 / 140 B (serial / spread); unpipelined (1): 64 kB, 48 / 0 B. H200, SmolLM2-135M,
 # batch 1, 1 against the kernel's: 503.6 -> 494.0 us a replay at 120 cached tokens, 553.2 ->
 # 556.4 at 200, 612.9 -> 580.9 at 600; end to end 1,717-1,718 -> 1,727-1,728 tok/s
-# (session 30). "v_l1": the attention blocks' values asked into L1 before their keys are
-# loaded (``triton_attention._kv_step``'s V_L1: Triton issues the values' load only after
-# the keys' layout conversion, so a block waits for two L2 trips in a row). Not yet measured
-# on a GPU: off until it is (bench/NOTES.md, session 30). "k_t": the keys loaded in the QK
-# operand's orientation (``_kv_step``'s KT), so keys and values are in flight together and
-# the keys' conversion is one round; compile check 28 / 76 B spilled (serial / spread)
-# against 48 / 0. Not yet measured either: off. "att_hoist": phase B's first group's
-# metadata and first block ids loaded once before the layer loop (1), and its first keys and
-# values asked into L1 before the queries' load (2): the SASS had five dependent L2 trips
-# before a group's first keys (query count, then first row, context length, block ids,
-# keys), each an L2 trip since every grid barrier's acquire invalidates L1 (CCTL.IVALL).
-# Not yet measured: 0. "late_rstd": the normed phases (A, D) ask for their subtree sums
-# before the product and add them after it (``fused_tile``'s LATE_RSTD): the SASS issued
-# the K loop's first loads only after the sums' trip and tree. Not yet measured: off.
-# "qkv_hoist": phase A's rows' positions and cache slots loaded once before the layer loop
-# (``qkv_rope_tile``'s PRE_ROWS): the rope's cos/sin loads waited on the positions' trip
-# before the K loop's first loads were issued. Not yet measured: off.
+# (session 30). The settings below were built from the compiled code on the CPU box
+# (sm_90 SASS: every grid barrier's acquire invalidates L1, CCTL.IVALL) and measured in
+# session 31 by the engine's batch-1 step (graphs recaptured, 100 steps launched ahead),
+# H200, 3 alternated rounds, at 129-228 / 513-612 cached tokens; the stack's graph replayed
+# alone was no guide at these sizes (kq below: -14 us alone, +12 us inside the engine's
+# graph on another machine), and the settings do not add. "qkv_hoist": phase A's rows'
+# positions and cache slots loaded once before the layer loop (``qkv_rope_tile``'s
+# PRE_ROWS; the rope's cos/sin loads waited on the positions' trip before the K loop's
+# first loads were issued): 596.5 -> 581.0 / 633.7 -> 608.2 us, 1,665 -> 1,719 tok/s in
+# throughput.py on the same machine; on. "att_hoist": phase B's first group's metadata and
+# first block ids loaded once before the layer loop (1), and its first keys and values
+# asked into L1 before the queries' load (2): 1 alone as fast as qkv_hoist, 2 -10 / -14 us,
+# but qkv_hoist and 1 together 599.1 / 608.8 (no gain short); 0. "k_t": the keys loaded in
+# the QK operand's orientation (``triton_attention._kv_step``'s KT, keys and values in
+# flight together): +4.6 / -7.2 us; off. "v_l1": the values asked into L1 before the keys'
+# load (``_kv_step``'s V_L1): -3.8 / -15 us; off. "late_rstd": the normed phases (A, D) ask
+# for their subtree sums before the product and add them after it (``fused_tile``'s
+# LATE_RSTD): -1.1 / -15 us; off. All bits equal the default's (GPU tests, every setting).
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
           "gemm_stages": 5, "att_stages": 1, "v_l1": False,
           "k_t": False, "att_hoist": 0,
-          "late_rstd": False, "qkv_hoist": False}
+          "late_rstd": False, "qkv_hoist": True}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
