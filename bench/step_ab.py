@@ -1,0 +1,95 @@
+"""The engine's batch-1 decode step per decode-stack setting, alternated in one process:
+the measure to decide a stack setting by.
+
+Session 31 (bench/NOTES.md): the stack's graph replayed alone (``stack_profile.py``) is no
+guide to the engine's step at a few microseconds: one setting read -14 us alone and +12 us
+inside the engine's graph, and two settings that each saved ~16 us a step saved nothing
+together. This times what ``throughput.py``'s decode runs: per setting and round, the
+batch-1 graphs are captured anew, then ``--steps`` greedy steps, each launched from the last
+one's argmax on the device before the host reads that step's token (the engine's async
+scheduling), from each ``--starts`` position. Rounds run the settings in turn, odd rounds in
+reverse (no setting always first); the step is the mean over the steps.
+
+Usage (GPU): ``PYTHONPATH=$PWD python bench/step_ab.py --out $OUT/step_ab.json
+--variant 'qh_off={"qkv_hoist": false}' [--variant ...] [--starts 128 512]``. Starts 128
+give 129-228 cached tokens (the serial graph, as throughput.py's decode); 512, 513-612
+(the spread one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from mmserve.bench.engine_run import prompted_decoder
+from mmserve.kernels.triton_decode_stack import TUNING
+
+
+def settings_from(variants: list[str]) -> dict[str, dict]:
+    """["NAME=JSON", ...] -> {"default": {}, NAME: TUNING overrides, ...}."""
+    out: dict[str, dict] = {"default": {}}
+    for v in variants:
+        name, _, js = v.partition("=")
+        over = json.loads(js)
+        unknown = set(over) - set(TUNING)
+        if unknown:
+            raise SystemExit(f"{name}: not TUNING keys: {sorted(unknown)}")
+        out[name] = over
+    return out
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=JSON: triton_decode_stack.TUNING overrides")
+    ap.add_argument("--starts", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="step_ab.json")
+    args = ap.parse_args()
+    settings = settings_from(args.variant)
+    dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16)
+    base = dict(TUNING)
+    rows = []
+    try:
+        for rnd in range(args.rounds):
+            order = list(settings.items())
+            for name, over in order if rnd % 2 == 0 else order[::-1]:
+                TUNING.clear()
+                TUNING.update({**base, **over})
+                dec.capture((1,))
+                row: dict = {"setting": name, "round": rnd}
+                for start in args.starts:
+                    r = dec.decode(first, start, args.steps, graphs=True, ahead=True)
+                    row[f"step_us_{start}"] = r.seconds / r.steps * 1e6
+                    row[f"tokens_{start}"] = r.row0
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if not k.startswith("tokens")}),
+                      flush=True)
+    finally:
+        TUNING.clear()
+        TUNING.update(base)
+    same = {name: all(r[f"tokens_{s}"] == rows[0][f"tokens_{s}"] for s in args.starts
+                      for r in rows if r["setting"] == name) for name in settings}
+    report = {"model": args.model, "starts": args.starts, "steps": args.steps,
+              "settings": settings, "rows": rows, "same_tokens_as_default": same}
+    print(f"summary: the engine's batch-1 step (us), median of {args.rounds} rounds [each "
+          "round's], per start")
+    for name in settings:
+        rr = [r for r in rows if r["setting"] == name]
+        cols = []
+        for s in args.starts:
+            v = [round(r[f"step_us_{s}"], 1) for r in rr]
+            cols.append(f"{s}: {statistics.median(v):6.1f} {v}")
+        print(f"  {name:12s} " + "  ".join(cols) + f"  same tokens: {same[name]}")
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
