@@ -167,10 +167,10 @@ class PagedDecoder:
                       warmup: int) -> DecodeResult:
         """``decode`` with each step launched before the host reads the last one's tokens:
         its argmax, read in place (the next replay rewrites it only after the reads
-        queued before it), is written into pinned memory by a kernel behind an event and
-        is the next step's input ids; then the host waits for the event (the engine's
-        ``_launched``). A step's time is from one step's tokens on the host to the
-        next's."""
+        queued before it), is the next step's input ids, and the launch that copies them
+        in also writes them into pinned memory, behind an event; then the host waits for
+        the event (the engine's ``_launched`` and ``_launch_ahead``). A step's time is
+        from one step's tokens on the host to the next's."""
         b = len(first)
         host = torch.empty(b, dtype=torch.long, pin_memory=True)
         ready = torch.cuda.Event()
@@ -180,12 +180,13 @@ class PagedDecoder:
         t0 = time.perf_counter()
         for i in range(warmup + steps):
             picked = step.argmax[:b]
-            copy_flat(host, picked)
-            ready.record()
             pos = [p + 1 for p in pos]
             if i + 1 < warmup + steps:
                 step = self.graphs.run_verify([[0]] * b, pos, tables, BLOCK_SIZE,
-                                              input_ids=picked)
+                                              input_ids=picked, tokens_to=(host, ready))
+            else:  # no step after it: its own copy
+                copy_flat(host, picked)
+                ready.record()
             ready.synchronize()
             row0.append(int(host[0]))
             t1 = time.perf_counter()

@@ -195,14 +195,17 @@ class DecodeGraphs:
     @torch.inference_mode()
     def run_verify(self, tokens: list[list[int]], starts: list[int],
                    tables: np.ndarray | list[list[int]], block_size: int,
-                   input_ids: torch.Tensor | None = None) -> Replayed:
+                   input_ids: torch.Tensor | None = None,
+                   tokens_to: tuple[torch.Tensor, torch.cuda.Event] | None = None) -> Replayed:
         """Sequence ``i`` runs ``tokens[i]`` from position ``starts[i]`` -> the logits of
         ``n * q`` rows (its rows are ``i*q + j``), their argmax, and ``q``: views valid
         until the next run. With ``last_row_only``: ``n`` rows, row ``i`` for sequence
         ``i``'s last token. ``tables``: each sequence's block ids (lists, or an (n, >=
         blocks in use) int array, zero-padded). ``input_ids``: a decode step's (n,)
         tokens on the device, in place of ``tokens``' (whose lengths still say one token
-        a sequence)."""
+        a sequence). ``tokens_to``: (pinned (n,) buffer, event): the input copy's launch
+        also writes ``input_ids`` there (the last step's tokens on their way to the host:
+        one launch for both copies), and the event is recorded right after it."""
         n = len(tokens)
         longest = max(map(len, tokens))
         assert self.fits(n, longest), (n, longest)
@@ -219,9 +222,13 @@ class DecodeGraphs:
             view = self._views[bs] = (self._buf[:used], self._host[:used])
         if input_ids is not None:  # the first n elements of the buffer: the ids
             assert q == 1 and input_ids.shape == (n,), (q, input_ids.shape)
+        assert tokens_to is None or input_ids is not None
         # one kernel (no DMA copy: its hand-offs left the stream idle ~2-7 us each)
-        copy_flat(view[0], view[1], input_ids)
-        self._copied.record(self._current_stream())
+        copy_flat(view[0], view[1], input_ids, None if tokens_to is None else tokens_to[0])
+        stream = self._current_stream()
+        self._copied.record(stream)
+        if tokens_to is not None:
+            tokens_to[1].record(stream)
         key = (bs, q)
         graph, logits, argmax = self.graphs[key], self.logits[key], self.argmax[key]
         serial = self.serial.get(key)

@@ -17,6 +17,7 @@ from mmserve.engine.cuda_graphs import DecodeGraphs
 from mmserve.engine.kv_cache import KVCache
 from mmserve.engine.scheduler import ScheduledSeq
 from mmserve.kernels.attention import AttentionMetadata
+from mmserve.kernels.triton_copy import copy_flat
 from mmserve.models.base import CausalLM
 
 
@@ -71,18 +72,26 @@ class ModelRunner:
         return StepLogits(logits, rows, len(ids))
 
     @torch.inference_mode()
-    def run_ahead(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> StepLogits:
+    def run_ahead(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor,
+                  tokens_to: tuple[torch.Tensor, torch.cuda.Event] | None = None
+                  ) -> StepLogits:
         """A decode step of one token a sequence whose tokens are still on the device (the
         last step's greedy picks, not yet on the host: async scheduling) -> row ``i`` for
-        sequence ``i``. The same kernels and graphs as ``run``, so the same row bits."""
+        sequence ``i``. The same kernels and graphs as ``run``, so the same row bits.
+        ``tokens_to``: (pinned buffer, event): ``input_ids`` are copied there and the
+        event recorded before the step's work is queued (with a graph, by the launch that
+        copies the step's inputs)."""
         n = len(seqs)
         rows = [[i] for i in range(n)]
         if self.graphs is not None and self.graphs.fits(n):
             logits, argmax, q = self.graphs.run_verify(
                 [[0]] * n, [s.start for s in seqs],
                 [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
-                self.block_size, input_ids=input_ids)
+                self.block_size, input_ids=input_ids, tokens_to=tokens_to)
             return StepLogits(logits, rows, n * q, graph=True, argmax=argmax)
+        if tokens_to is not None:
+            copy_flat(tokens_to[0], input_ids)
+            tokens_to[1].record()
         meta = AttentionMetadata.build(
             [1] * n, [s.start + 1 for s in seqs],
             [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]

@@ -100,11 +100,13 @@ def whole_cache(kv) -> torch.Tensor | None:
     return kv if isinstance(kv, torch.Tensor) else getattr(kv, "data", None)
 
 
-def applies(x: torch.Tensor, kv, layers: nn.ModuleList) -> bool:
+def applies(x: torch.Tensor, kv, layers: nn.ModuleList, rows: int | None = None) -> bool:
     """Whether a step of ``x`` (N, H) runs as one persistent launch: at most ``MAX_ROWS``
     tokens, the model stacked its layers when it was placed (``ready``) and the step takes
-    the fused kernels."""
-    if not (_state["enabled"] and 0 < x.shape[0] <= _state["max_rows"] and ready(layers)
+    the fused kernels. ``rows``: the step's token count, where x is the embedding table
+    its rows will be gathered from (``run``'s ``ids``)."""
+    rows = x.shape[0] if rows is None else rows
+    if not (_state["enabled"] and 0 < rows <= _state["max_rows"] and ready(layers)
             and use_triton(x) and x.dtype == torch.bfloat16 and fused._fused_gemm(x, x.shape[-1])):
         return False
     cache = whole_cache(kv)
@@ -141,8 +143,11 @@ def ready(layers: nn.ModuleList) -> bool:
 
 
 def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, kv, rope, *,
-        heads: int, kv_heads: int, eps: float, scale: float) -> torch.Tensor:
-    """Every layer for the step's tokens x (N, H) -> the residual stream after the last."""
+        heads: int, kv_heads: int, eps: float, scale: float,
+        ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Every layer for the step's tokens x (N, H) -> the residual stream after the last.
+    ``ids``: the step's (N,) token ids, x the embedding table they index (the gather runs
+    in the stack's input kernel)."""
     from mmserve.kernels.triton_attention import paged_metadata
     from mmserve.kernels.triton_decode_stack import decode_stack
 
@@ -153,4 +158,4 @@ def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, k
     return decode_stack(x, stacked_weights(layers), cache, rope.cos, rope.sin, positions,
                         pm.slot_mapping, pm.block_tables, pm.context_lens, pm.query_start,
                         pm.query_lens, pm.max_query_len, heads=heads, kv_heads=kv_heads, eps=eps,
-                        scale=scale)
+                        scale=scale, ids=ids)

@@ -269,16 +269,25 @@ if triton is not None:
         return phase + 1
 
     @triton.jit
-    def _stack_input_kernel(x_ptr, xs_ptr, y_ptr, ps_ptr, nw_ptr, H, G, stride_x,
-                            GP: tl.constexpr):
+    def _stack_input_kernel(x_ptr, ids_ptr, xs_ptr, y_ptr, ps_ptr, nw_ptr, zero_ptr, H, G,
+                            stride_x, n_zero, GP: tl.constexpr, IDS: tl.constexpr,
+                            ZB: tl.constexpr):
         """Row ``program_id`` of the stack's input x: copied into the residual stream, and
         handed to layer 0's phase A as phase E hands a layer's output to the next
         (``norm_partials``' arithmetic): times the first input norm's weight, rounded, and
-        its 16-column subtree sums of squares."""
+        its 16-column subtree sums of squares. ``IDS``: x is row ``ids[row]`` of the
+        embedding table at ``x_ptr`` (the gather folded in: one launch fewer a step).
+        Program 0 also zeroes the ``n_zero`` int32 counters at ``zero_ptr`` (the grid
+        barrier's and phase B's; a memset launch fewer)."""
         row = tl.program_id(0).to(tl.int64)
+        if row == 0:
+            for z in range(0, n_zero, ZB):
+                zi = z + tl.arange(0, ZB)
+                tl.store(zero_ptr + zi, tl.zeros([ZB], tl.int32), mask=zi < n_zero)
+        src = tl.load(ids_ptr + row).to(tl.int64) if IDS else row
         col = tl.arange(0, GP)[:, None] * 16 + tl.arange(0, 16)[None, :]
         ok = col < H
-        x = tl.load(x_ptr + row * stride_x + col, mask=ok, other=0.0)
+        x = tl.load(x_ptr + src * stride_x + col, mask=ok, other=0.0)
         tl.store(xs_ptr + row * H + col, x, mask=ok)
         xf = x.to(tl.float32)
         g = tl.load(nw_ptr + col, mask=ok, other=0.0).to(tl.float32)
@@ -477,9 +486,12 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
                  query_lens: torch.Tensor, max_query_len: int, *, heads: int, kv_heads: int,
                  eps: float, scale: float, programs: int | None = None,
                  timing: torch.Tensor | None = None,
-                 scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                 scratch: dict[str, torch.Tensor] | None = None,
+                 ids: torch.Tensor | None = None) -> torch.Tensor:
     """Every layer for a step of at most ``MAX_ROWS`` tokens: x (N, H) -> the residual
-    stream after the last layer (N, H).
+    stream after the last layer (N, H). ``ids``: the step's (N,) token ids, and x the
+    embedding table (V, H) whose rows ``x[ids]`` are the input (gathered by the stack's
+    input kernel: no launch of its own).
 
     ``weights``: ``qkv`` (L, (Hq + 2 Hkv) D, H), ``o`` (L, H, Hq D), ``gate_up``
     (L, 2 I, H), ``down`` (L, H, I), ``input_norm``/``post_norm`` (L, H), contiguous.
@@ -501,8 +513,9 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     d = kv.shape[-1]
     inter = weights["down"].shape[-1]
     qkv_n = (heads + 2 * kv_heads) * d
-    n = x.shape[0]
+    n = x.shape[0] if ids is None else ids.shape[0]
     assert 0 < n <= MAX_ROWS and x.shape[1] == hidden and max_query_len <= n
+    assert ids is None or (ids.dim() == 1 and ids.is_contiguous())
     assert x.stride(1) == 1
     assert kv.is_contiguous() and kv.dtype == x.dtype
     assert all(w.is_contiguous() for w in weights.values())
@@ -516,10 +529,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         ysm = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
         psi = torch.empty(n_layers + 1, n, groups_h, dtype=torch.float32, device=dev)
         psm = torch.empty(n_layers, n, groups_h, dtype=torch.float32, device=dev)
-        _stack_input_kernel[(n,)](x, xs, ysi, psi, weights["input_norm"], hidden, groups_h,
-                                  x.stride(0), GP=triton.next_power_of_2(groups_h))
     else:
-        xs[0].copy_(x)
+        xs[0].copy_(x if ids is None else x[ids])
         ysi = ysm = psi = psm = xs  # never read
     mids = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
     # rope in phase A's epilogue (qkv_rope; a q or k tile holds pairs of a head's dims,
@@ -546,8 +557,15 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     # states meet in ``part``, the last to arrive (a count per layer and group) merges
     shared = TUNING["spread"] and (programs - workers) // groups > 1
     splits, part = split_states(groups if shared else 0, block_tables, kv.shape[3], d, dev)
-    counts = torch.zeros(1 + n_layers * groups, dtype=torch.int32, device=dev)
+    # zeroed by the input kernel (with "defer"; else here)
+    counts = (torch.empty if defer else torch.zeros)(1 + n_layers * groups, dtype=torch.int32,
+                                                     device=dev)
     counter = counts[:1]  # the grid barrier's
+    if defer:
+        _stack_input_kernel[(n,)](x, ids if ids is not None else counts, xs, ysi, psi,
+                                  weights["input_norm"], counts, hidden, groups_h, x.stride(0),
+                                  counts.numel(), GP=triton.next_power_of_2(groups_h),
+                                  IDS=ids is not None, ZB=256)
     line = 128 // x.element_size()  # elements a 128-byte L2 line holds
 
     def lines(numel: int) -> int:  # a prefetching program's share of a matrix's lines

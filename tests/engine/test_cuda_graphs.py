@@ -93,9 +93,10 @@ def test_serial_split_graphs_replay_short_contexts_with_the_same_bits(tiny_llama
 @torch.inference_mode()
 def test_steps_fed_from_the_last_argmax_on_the_device_equal_steps_fed_from_the_host(tiny_llama):
     """Async scheduling's decode: each step's input ids are the last step's argmax still
-    on the device (read in place from the graph's buffer by the step's copy kernel, the
-    tokens sent to pinned memory by another), against steps whose ids come from the host:
-    the same tokens, logits and KV bytes, at batch 1 and 3 (a padded graph)."""
+    on the device (read in place from the graph's buffer by the step's copy kernel, which
+    also sends them to pinned memory; the last step's by a copy of its own), against
+    steps whose ids come from the host: the same tokens, logits and KV bytes, at batch 1
+    and 3 (a padded graph)."""
     from mmserve.kernels import triton_copy
 
     model = tiny_llama()
@@ -114,19 +115,26 @@ def test_steps_fed_from_the_last_argmax_on_the_device_equal_steps_fed_from_the_h
             logits, top, _ = graphs[0].run_verify([[t] for t in toks[-1]], [i] * n, tables, PAGE)
             want_logits.append(logits.clone())
             toks.append(top[:n].tolist())
-        # ahead: the argmax view is the next step's input, copied out by a kernel
-        host = torch.empty(n, dtype=torch.long).pin_memory()
+        # ahead: the argmax view is the next step's input, and the launch that copies it
+        # in copies it out
+        host = torch.full((n,), -1, dtype=torch.long).pin_memory()
         logits, top, _ = graphs[1].run_verify([[t] for t in first], [0] * n, tables, PAGE)
         got = [first]
         for i in range(1, 41):
             assert torch.equal(logits, want_logits[i - 1]), (n, i)
             picked = top[:n]
-            triton_copy.copy_flat(host, picked)
+            sent = torch.cuda.Event()
             if i < 40:
                 logits, top, _ = graphs[1].run_verify([[0]] * n, [i] * n, tables, PAGE,
-                                                      input_ids=picked)
-            torch.cuda.synchronize()
+                                                      input_ids=picked, tokens_to=(host, sent))
+            else:
+                triton_copy.copy_flat(host, picked)
+                sent.record()
+            sent.synchronize()
             got.append(host.tolist())
+            host.fill_(-1)
         assert got == toks
         assert torch.equal(kvs[0], kvs[1])
-        assert triton_copy.launches() >= launches + 40 + 80  # inputs and tokens by kernel
+        # inputs by kernel: the host's 40 steps and the first ahead step, 39 steps that
+        # also sent the last step's tokens, and the last step's own copy
+        assert triton_copy.launches() >= launches + 40 + 1 + 39 + 1

@@ -1,6 +1,7 @@
 """The step's copy kernel (``triton_copy``): ``dst[:] = src`` with a head from another
-tensor, at sizes around a program's block; on CUDA between pinned host memory and the
-device, both ways, against ``Tensor.copy_`` (the DMA path it replaces)."""
+tensor (also written to a third: the tokens' way to the host), at sizes around a
+program's block; on CUDA between pinned host memory and the device, both ways, against
+``Tensor.copy_`` (the DMA path it replaces)."""
 
 from __future__ import annotations
 
@@ -21,18 +22,26 @@ def _expected(src: torch.Tensor, head: torch.Tensor | None) -> torch.Tensor:
 @needs_triton
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("heads", (None, 0, 1, "all"))
-def test_kernel_copies_and_takes_the_head(n, heads):
+@pytest.mark.parametrize("out", (False, True))
+def test_kernel_copies_and_takes_the_head(n, heads, out):
     from mmserve.kernels.triton_copy import BLOCK, _copy_kernel
 
+    if out and heads is None:
+        pytest.skip("the head's second copy needs a head")
     g = torch.Generator().manual_seed(n)
     src = torch.randint(-2**40, 2**40, (n,), generator=g).to(DEVICE)
     k = n if heads == "all" else heads
     head = None if k is None else torch.randint(0, 50_000, (k,), generator=g).to(DEVICE)
     dst = torch.full((n,), -7, dtype=torch.long, device=DEVICE)
     h = head if head is not None else src
-    _copy_kernel[(-(-n // BLOCK),)](dst, src, h, n, 0 if head is None else head.numel(),
-                                     BLOCK=BLOCK)
+    sent = torch.full((h.numel() + 3,), -5, dtype=torch.long, device=DEVICE)
+    _copy_kernel[(-(-n // BLOCK),)](dst, src, h, sent, n, 0 if head is None else head.numel(),
+                                     BLOCK=BLOCK, OUT=out)
     assert torch.equal(dst.cpu(), _expected(src, head).cpu())
+    # the second copy: the head's elements, nothing past them
+    k = head.numel() if out else 0
+    want = torch.cat([h[:k].cpu(), torch.full((h.numel() + 3 - k,), -5, dtype=torch.long)])
+    assert torch.equal(sent.cpu(), want)
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA: pinned host memory")
@@ -44,21 +53,25 @@ def test_pinned_host_to_device_and_back_by_the_kernel(n):
     host = torch.randint(-2**40, 2**40, (n,), generator=g).pin_memory()
     head = torch.randint(0, 50_000, (min(n, 3),), generator=g).cuda()
     dev = torch.full((n,), -7, dtype=torch.long, device="cuda")
+    sent = torch.full(head.shape, -3, dtype=torch.long).pin_memory()
     before = triton_copy.launches()
-    triton_copy.copy_flat(dev, host, head)
+    triton_copy.copy_flat(dev, host, head, sent)
     back = torch.full((n,), -9, dtype=torch.long).pin_memory()
     triton_copy.copy_flat(back, dev)
     torch.cuda.synchronize()
     assert triton_copy.launches() == before + 2  # the kernel ran, not the DMA fallback
     want = _expected(host, head.cpu())
     assert torch.equal(dev.cpu(), want) and torch.equal(back, want)
+    assert torch.equal(sent, head.cpu())  # the head also to the host, in the same launch
     # the DMA fallback computes the same
     triton_copy.set_copy_kernel(False)
     try:
         dev2 = torch.full((n,), -7, dtype=torch.long, device="cuda")
-        triton_copy.copy_flat(dev2, host, head)
+        sent2 = torch.full(head.shape, -3, dtype=torch.long).pin_memory()
+        triton_copy.copy_flat(dev2, host, head, sent2)
         torch.cuda.synchronize()
         assert triton_copy.launches() == before + 2 and torch.equal(dev2.cpu(), want)
+        assert torch.equal(sent2, head.cpu())
     finally:
         triton_copy.set_copy_kernel(True)
 
@@ -67,6 +80,6 @@ def test_without_a_kernel_it_is_a_plain_copy():
     from mmserve.kernels.triton_copy import copy_flat
 
     src, head = torch.arange(10), torch.tensor([70, 71])
-    dst = torch.zeros(10, dtype=torch.long)
-    copy_flat(dst, src, head)
-    assert dst.tolist() == [70, 71, *range(2, 10)]
+    dst, sent = torch.zeros(10, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+    copy_flat(dst, src, head, sent)
+    assert dst.tolist() == [70, 71, *range(2, 10)] and sent.tolist() == [70, 71]

@@ -24,24 +24,27 @@ def _layered(model, x, positions, meta, kv):
     return x
 
 
-def _launch(model, kv, x, positions, meta, programs):
+def _launch(model, kv, x, positions, meta, programs, ids=None):
     from mmserve.kernels.triton_attention import paged_metadata
     from mmserve.kernels.triton_decode_stack import decode_stack as launch
 
     pm = paged_metadata(meta, 16)
-    return launch(x, decode_stack.stacked_weights(model.layers), kv, model.rope.cos,
+    return launch(x if ids is None else model.embed_tokens.weight,
+                  decode_stack.stacked_weights(model.layers), kv, model.rope.cos,
                   model.rope.sin, positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
                   pm.query_start, pm.query_lens, pm.max_query_len, heads=model.num_heads,
                   kv_heads=model.num_kv_heads, eps=model.eps, scale=model.head_dim**-0.5,
-                  programs=programs)
+                  programs=programs, ids=ids)
 
 
-def _check(model, kv, x, positions, meta, programs, what: str = "", real=None) -> None:
+def _check(model, kv, x, positions, meta, programs, what: str = "", real=None,
+           ids=None) -> None:
     """One step: the one launch against the layered path (hidden state of the ``real``
-    rows, default all, and cache bytes); the cache then holds the layered path's bytes."""
+    rows, default all, and cache bytes); the cache then holds the layered path's bytes.
+    ``ids``: x's token ids, which the launch gathers from the embedding table itself."""
     kv_want = kv.clone()
     want = _layered(model, x, positions, meta, kv_want)
-    got = _launch(model, kv, x, positions, meta, programs)
+    got = _launch(model, kv, x, positions, meta, programs, ids)
     if real is not None:
         got, want = got[real], want[real]
     if ON_CUDA:
@@ -54,13 +57,15 @@ def _check(model, kv, x, positions, meta, programs, what: str = "", real=None) -
 
 
 def _check_seqs(model, kv, seqs, programs, what: str = "") -> None:
-    """A step of several sequences, each ``(block table, first position, tokens)``."""
+    """A step of several sequences, each ``(block table, first position, tokens)``: the
+    launch gathers the embedding rows from the ids (as the model's forward runs it), the
+    layers take the rows."""
     meta = AttentionMetadata.build([len(t) for _, _, t in seqs],
                                    [p + len(t) for _, p, t in seqs],
                                    [table for table, _, _ in seqs], 16, DEVICE)
     positions = torch.tensor([p + i for _, p, t in seqs for i in range(len(t))], device=DEVICE)
-    x = model.embed(torch.tensor([tok for _, _, t in seqs for tok in t], device=DEVICE))
-    _check(model, kv, x, positions, meta, programs, what)
+    ids = torch.tensor([tok for _, _, t in seqs for tok in t], device=DEVICE)
+    _check(model, kv, model.embed(ids), positions, meta, programs, what, ids=ids)
 
 
 def _check_step(model, runner, pos: int, token: int, programs, what: str = "") -> None:
