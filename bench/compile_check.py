@@ -38,7 +38,7 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
              KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True,
              EARLY=True, BKH=64, BKQ=64, TWICE=0, DEFER=True, G=36, GP=64, KS=5, ATT_STAGES=1,
              V_L1=False, KT=False, ATT_HOIST=0, LATE_RSTD=False,
-             QKV_HOIST=True)
+             QKV_HOIST=True, PDL=True)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
@@ -98,7 +98,8 @@ def main() -> None:
     print("decode stack, the norm from the rows (defer off):",
           report(kernel, {**STACK, "DEFER": False}, num_warps=4, num_stages=4))
     print("decode stack's input kernel:",
-          report(triton_decode_stack._stack_input_kernel, {"GP": 64}, num_warps=4))
+          report(triton_decode_stack._stack_input_kernel, {"GP": 64, "IDS": True, "ZB": 256, "TRIGGER": True},
+                 num_warps=4))
     print("decode stack, serial, loads after the products (early off):",
           report(kernel, {**STACK, "SPREAD": False, "EARLY": False}, num_warps=4, num_stages=4))
     print("decode stack, serial, K steps of 256 where K = 576 (bk_exact off):",

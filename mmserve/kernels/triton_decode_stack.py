@@ -48,6 +48,7 @@ import torch
 from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
 from mmserve.kernels.triton_attention import block_keys, split_keys, split_states
 from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode
+from mmserve.kernels.triton_pdl import pdl_args
 
 try:
     import triton
@@ -125,12 +126,19 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # load (``_kv_step``'s V_L1): -3.8 / -15 us; off. "late_rstd": the normed phases (A, D) ask
 # for their subtree sums before the product and add them after it (``fused_tile``'s
 # LATE_RSTD): -1.1 / -15 us; off. All bits equal the default's (GPU tests, every setting).
+# Session 32, on the new default (another machine, the same measure): v_l1 +0.8 / -0.2,
+# att_hoist 2 +12.8 / -1.3, late_rstd +3.7 / +2.4 us: still off; a probe of each key step
+# asking L1 for the next step's keys and values (the ids two steps ahead) read +6.5 /
+# +10.6 and was removed. "pdl": the stack launched by programmatic dependent launch, the
+# input kernel letting it launch at its own start, so the stack's prologue (the step's
+# metadata, layer 0's prefetch) overlaps it, then ``wait_only``: 560.3 -> 558.8 / 594.6 ->
+# 593.4 us (3 alternated rounds, each lower); on.
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
           "gemm_stages": 5, "att_stages": 1, "v_l1": False,
           "k_t": False, "att_hoist": 0,
-          "late_rstd": False, "qkv_hoist": True}
+          "late_rstd": False, "qkv_hoist": True, "pdl": True}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -142,6 +150,7 @@ MAX_ROWS = 16
 if triton is not None:
     from mmserve.kernels.triton_fused import fused_tile, pair_sum, qkv_rope_tile
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
+    from mmserve.kernels.triton_pdl import launch_next, wait_only
     from mmserve.kernels.triton_rope_attention import attend_group, group_pre
 
     @triton.jit
@@ -271,14 +280,18 @@ if triton is not None:
     @triton.jit
     def _stack_input_kernel(x_ptr, ids_ptr, xs_ptr, y_ptr, ps_ptr, nw_ptr, zero_ptr, H, G,
                             stride_x, n_zero, GP: tl.constexpr, IDS: tl.constexpr,
-                            ZB: tl.constexpr):
+                            ZB: tl.constexpr, TRIGGER: tl.constexpr):
         """Row ``program_id`` of the stack's input x: copied into the residual stream, and
         handed to layer 0's phase A as phase E hands a layer's output to the next
         (``norm_partials``' arithmetic): times the first input norm's weight, rounded, and
         its 16-column subtree sums of squares. ``IDS``: x is row ``ids[row]`` of the
         embedding table at ``x_ptr`` (the gather folded in: one launch fewer a step).
         Program 0 also zeroes the ``n_zero`` int32 counters at ``zero_ptr`` (the grid
-        barrier's and phase B's; a memset launch fewer)."""
+        barrier's and phase B's; a memset launch fewer). ``TRIGGER``: the stack (launched
+        with PDL) may launch at once: its programs' start and their loads of the step's
+        metadata overlap this kernel, and they wait for it before reading what it writes.
+        (This kernel itself is launched plainly: it reads the last kernel's token ids.)"""
+        launch_next(TRIGGER)
         row = tl.program_id(0).to(tl.int64)
         if row == 0:
             for z in range(0, n_zero, ZB):
@@ -318,7 +331,7 @@ if triton is not None:
         TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
         KS: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
         KT: tl.constexpr, ATT_HOIST: tl.constexpr, LATE_RSTD: tl.constexpr,
-        QKV_HOIST: tl.constexpr,
+        QKV_HOIST: tl.constexpr, PDL: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -349,6 +362,10 @@ if triton is not None:
                 _prefetch_layer(tl.cast(0, tl.int64), wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
                                 n1_ptr, n2_ptr, worker, WORKERS, H, Q, QKV, INTER, LINE,
                                 LQKV, LO, LGU, LD, LN)
+        # PDL: launched while the input kernel runs; what is read above (the step's
+        # metadata, the weights) was written before it, what is read below (the inputs,
+        # the zeroed counters) by it
+        wait_only(PDL)
         for layer in range(L):
             lw = tl.cast(layer, tl.int64)
             x_in = xs_ptr + lw * M * H  # (M, H) rows of each buffer, one buffer a layer
@@ -557,6 +574,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     # states meet in ``part``, the last to arrive (a count per layer and group) merges
     shared = TUNING["spread"] and (programs - workers) // groups > 1
     splits, part = split_states(groups if shared else 0, block_tables, kv.shape[3], d, dev)
+    # the stack launched by PDL (TUNING["pdl"]): while the input kernel runs
+    pdl = pdl_args(x) if TUNING["pdl"] else {"PDL": False, "launch_pdl": False}
     # zeroed by the input kernel (with "defer"; else here)
     counts = (torch.empty if defer else torch.zeros)(1 + n_layers * groups, dtype=torch.int32,
                                                      device=dev)
@@ -565,7 +584,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         _stack_input_kernel[(n,)](x, ids if ids is not None else counts, xs, ysi, psi,
                                   weights["input_norm"], counts, hidden, groups_h, x.stride(0),
                                   counts.numel(), GP=triton.next_power_of_2(groups_h),
-                                  IDS=ids is not None, ZB=256)
+                                  IDS=ids is not None, ZB=256, TRIGGER=pdl["PDL"])
     line = 128 // x.element_size()  # elements a 128-byte L2 line holds
 
     def lines(numel: int) -> int:  # a prefetching program's share of a matrix's lines
@@ -596,6 +615,6 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
         ATT_STAGES=TUNING["att_stages"] or 0, V_L1=TUNING["v_l1"], KT=TUNING["k_t"],
         ATT_HOIST=TUNING["att_hoist"], LATE_RSTD=TUNING["late_rstd"],
-        QKV_HOIST=TUNING["qkv_hoist"], num_warps=4,
+        QKV_HOIST=TUNING["qkv_hoist"], num_warps=4, **pdl,
         num_stages=TUNING["num_stages"])
     return xs[n_layers]

@@ -101,7 +101,7 @@ TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
            {"qkv_hoist": True},
            {"att_hoist": 2, "k_t": True, "late_rstd": True, "qkv_hoist": True},
            {"att_hoist": 2, "k_t": True, "late_rstd": True, "qkv_hoist": True,
-            "spread": False},
+            "spread": False}, {"pdl": False},
            {"twice": 1, "defer": False}, {"twice": 2}]  # the last two: the timing probes
 # ("defer" off: the normed phases norm from the rows, as the layered kernels do; "twice" 1
 # runs that row norm twice, so it is a probe of the rows' path only)
