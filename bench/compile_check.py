@@ -98,8 +98,8 @@ def main() -> None:
     print("decode stack, the norm from the rows (defer off):",
           report(kernel, {**STACK, "DEFER": False}, num_warps=4, num_stages=4))
     print("decode stack's input kernel:",
-          report(triton_decode_stack._stack_input_kernel, {"GP": 64, "IDS": True, "ZB": 256, "TRIGGER": True},
-                 num_warps=4))
+          report(triton_decode_stack._stack_input_kernel,
+                 {"GP": 64, "IDS": True, "ZB": 256, "TRIGGER": True}, num_warps=4))
     print("decode stack, serial, loads after the products (early off):",
           report(kernel, {**STACK, "SPREAD": False, "EARLY": False}, num_warps=4, num_stages=4))
     print("decode stack, serial, K steps of 256 where K = 576 (bk_exact off):",
