@@ -82,8 +82,8 @@ def copy_flat(dst: torch.Tensor, src: torch.Tensor, head: torch.Tensor | None = 
         dst.copy_(src, non_blocking=True)
         if head is not None:
             dst[: head.numel()].copy_(head, non_blocking=True)
-        if head_out is not None:
-            head_out.copy_(head, non_blocking=True)
+            if head_out is not None:
+                head_out.copy_(head, non_blocking=True)
         return
     if n == 0:
         return

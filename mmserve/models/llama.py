@@ -130,16 +130,17 @@ class LlamaForCausalLM(CausalLM):
         # the stack gathers the embedding rows in its input kernel (ids and the table);
         # embeddings given (image or audio spans) go in as rows
         ids = input_ids if inputs_embeds is None else None
-        x = self.embed_tokens.weight if ids is not None else inputs_embeds
-        if decode_stack.applies(x, kv_cache, self.layers,  # type: ignore[arg-type]
+        x: torch.Tensor = self.embed_tokens.weight if ids is not None else inputs_embeds  # type: ignore[assignment]
+        if decode_stack.applies(x, kv_cache, self.layers,
                                 rows=None if ids is None else ids.shape[0]):
             # a step of <= 16 tokens on CUDA: every layer in one persistent launch, the
             # same bits
-            x = decode_stack.run(x, self.layers, positions, meta, kv_cache, self.rope,  # type: ignore[arg-type]
+            x = decode_stack.run(x, self.layers, positions, meta, kv_cache, self.rope,
                                  heads=self.num_heads, kv_heads=self.num_kv_heads,
                                  eps=self.eps, scale=self.head_dim**-0.5, ids=ids)
         else:
-            x = self.embed(input_ids) if ids is not None else inputs_embeds  # type: ignore[arg-type]
+            if ids is not None:
+                x = self.embed(ids)
             for i, layer in enumerate(self.layers):
                 x = layer(x, positions, self.rope, meta, kv_layer(kv_cache, i))
         return rms_norm(x, self.norm, self.eps)
