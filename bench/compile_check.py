@@ -25,6 +25,7 @@ from mmserve.kernels import (
     triton_attention,
     triton_decode_stack,
     triton_fused,
+    triton_grid,
     triton_matmul,
     triton_rope_attention,
 )
@@ -38,7 +39,7 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
              KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True,
              EARLY=True, BKH=64, BKQ=64, TWICE=0, DEFER=True, G=36, GP=64, KS=5, ATT_STAGES=1,
              V_L1=False, KT=False, ATT_HOIST=0, LATE_RSTD=False,
-             QKV_HOIST=True, PDL=True)
+             QKV_HOIST=True, PDL=True, POLL="")
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
@@ -93,6 +94,11 @@ def main() -> None:
     for spread in (True, False):
         print(f"decode stack, spread={spread}:",
               report(kernel, {**STACK, "SPREAD": spread}, num_warps=4, num_stages=4))
+    for spread in (True, False):
+        print(f"decode stack, the barrier's wait as 4 relaxed loads in flight, spread={spread}:",
+              report(kernel, {**STACK, "SPREAD": spread,
+                              "POLL": triton_grid.poll_asm(4, 100, False)},
+                     num_warps=4, num_stages=4))
     print("decode stack, the K loops at the kernel's 4 stages (gemm_stages off):",
           report(kernel, {**STACK, "KS": 0}, num_warps=4, num_stages=4))
     print("decode stack, the norm from the rows (defer off):",

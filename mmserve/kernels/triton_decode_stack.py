@@ -43,11 +43,14 @@ A hint moves no bits.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
 from mmserve.kernels.triton_attention import block_keys, split_keys, split_states
 from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode
+from mmserve.kernels.triton_grid import poll_asm
 from mmserve.kernels.triton_pdl import pdl_args
 
 try:
@@ -132,13 +135,25 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # +10.6 and was removed. "pdl": the stack launched by programmatic dependent launch, the
 # input kernel letting it launch at its own start, so the stack's prologue (the step's
 # metadata, layer 0's prefetch) overlaps it, then ``wait_only``: 560.3 -> 558.8 / 594.6 ->
-# 593.4 us (3 alternated rounds, each lower); on.
+# 593.4 us (3 alternated rounds, each lower); on. "poll": the grid barrier's wait
+# (``triton_grid.poll_asm``'s (loads in flight, cycles between them, acquire)): one relaxed
+# load by thread 0 at a time instead of the acquire loop, which emptied the SM's L1 at every
+# poll (sound here: every read of another program's writes is ".cg"). Session 33, H200: the
+# barrier alone 1.126 -> 1.064 us at 96 programs; the engine's batch-1 step at 129-228
+# cached tokens 558.5 -> 547.3 and 571.2 -> 559.8 us (two machines, 3 rounds each), the
+# stack replayed alone at 200 554.7 -> 541.1. But at 513-612 (the kernel compiled with the
+# spread attention) 592.8 -> 614.0 and 591.1 -> 613.7 in the engine while the replay alone
+# read 572.2 -> 574.6 at 600 (not understood; the barrier counter on its own line did not
+# change it), so "poll_spread" is off: that kernel keeps the acquire loop. Not kept: 2-8
+# loads in flight and a spin between loads (slower alone and in the engine), acquire loads
+# in the same asm loop (the engine -2.3 / +28.8 us).
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
           "gemm_stages": 5, "att_stages": 1, "v_l1": False,
           "k_t": False, "att_hoist": 0,
-          "late_rstd": False, "qkv_hoist": True, "pdl": True}
+          "late_rstd": False, "qkv_hoist": True, "pdl": True, "poll": None,
+          "poll_spread": False}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -268,12 +283,13 @@ if triton is not None:
             tl.store(timing_ptr + idx, t)
 
     @triton.jit
-    def _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING: tl.constexpr):
-        """End phase number ``phase`` (0, 1, ...): the grid barrier after it, the program's
-        clock stamped before (its work done) and after (every program arrived) -> the
-        next phase's number."""
+    def _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING: tl.constexpr,
+                    POLL: tl.constexpr):
+        """End phase number ``phase`` (0, 1, ...): the grid barrier after it (``POLL``:
+        ``grid_sync``'s), the program's clock stamped before (its work done) and after
+        (every program arrived) -> the next phase's number."""
         _stamp(timing_ptr, 2 * phase, pid, TIMING)
-        grid_sync(counter_ptr, phase + 1, P)
+        grid_sync(counter_ptr, phase + 1, P, POLL)
         _stamp(timing_ptr, 2 * phase + 3, pid, TIMING)
         return phase + 1
 
@@ -331,7 +347,7 @@ if triton is not None:
         TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
         KS: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
         KT: tl.constexpr, ATT_HOIST: tl.constexpr, LATE_RSTD: tl.constexpr,
-        QKV_HOIST: tl.constexpr, PDL: tl.constexpr,
+        QKV_HOIST: tl.constexpr, PDL: tl.constexpr, POLL: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -394,7 +410,7 @@ if triton is not None:
                                not DEFER, False, False, False, ROUND, 16, BN, BKH, 8, CH, UNROLL,
                                ".cg", False, False, TWICE, DEFER, qkv, qkv,
                                psi_ptr + lw * M * G, G, GP, KS)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # B: per (sequence, kv head, query tile): attention over the cache, a long
             # context's splits spread over the group's programs; without QKV_ROPE first the
             # rope of the tile's queries and the rope + cache write of the keys and values
@@ -417,7 +433,7 @@ if triton is not None:
                         _prefetch_kv(kc + stride_kvl, vc + stride_kvl, tables_ptr, ctx_ptr, B,
                                      worker, WORKERS, stride_kb, stride_ks, stride_bt, HKV * D,
                                      PAGE, LINE, KV_ROWS, KV_LINES)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # C: mid = x + attn @ Wo.T (DEFER: and phase D's operand and subtree sums)
             for t in range(pid, (H + BN - 1) // BN, P):
                 fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H, Q, Q,
@@ -425,7 +441,7 @@ if triton is not None:
                            CH, UNROLL, ".cg", False, EARLY, TWICE, 2 * DEFER,
                            ysm_ptr + lw * M * H, n2_ptr + lw * H, psm_ptr + lw * M * G, G, GP,
                            KS)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
             a_gu = ysm_ptr + lw * M * H if DEFER else mid
             for t in range(pid, (INTER + BN - 1) // BN, P):
@@ -434,7 +450,7 @@ if triton is not None:
                            not DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL,
                            ".cg", ONE_DOT, False, TWICE, DEFER, act, act, psm_ptr + lw * M * G,
                            G, GP, KS, LATE_RSTD)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # E: x_next = mid + act @ Wd.T (DEFER: and the next phase A's operand and subtree
             # sums; after the last layer unread, made with its own norm weight)
             for t in range(pid, (H + BN - 1) // BN, P):
@@ -444,8 +460,21 @@ if triton is not None:
                            2 * DEFER, ysi_ptr + (lw + 1) * M * H,
                            n1_ptr + tl.minimum(lw + 1, L - 1) * H, psi_ptr + (lw + 1) * M * G,
                            G, GP, KS)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING)
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
         _stamp(timing_ptr, 3 + 10 * L, pid, TIMING, True)
+
+
+def _poll(x: torch.Tensor, spread: bool) -> str:
+    """The grid barrier's wait (``TUNING["poll"]``: (loads in flight, cycles between them,
+    acquire loads[, cycles before a load is issued again]), ``triton_grid.poll_asm``; in the
+    kernel compiled with the spread attention path (``spread``) only with
+    ``TUNING["poll_spread"]``; "": acquire loads one at a time, the only form the
+    interpreter runs)."""
+    if (not TUNING["poll"] or (spread and not TUNING["poll_spread"]) or not x.is_cuda
+            or os.environ.get("TRITON_INTERPRET") == "1"):
+        return ""
+    polls, spacing, acquire, *gap = TUNING["poll"]
+    return poll_asm(int(polls), int(spacing), bool(acquire), int(gap[0]) if gap else 0)
 
 
 def norm_rounds(hidden: int) -> int:
@@ -615,6 +644,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
         ATT_STAGES=TUNING["att_stages"] or 0, V_L1=TUNING["v_l1"], KT=TUNING["k_t"],
         ATT_HOIST=TUNING["att_hoist"], LATE_RSTD=TUNING["late_rstd"],
-        QKV_HOIST=TUNING["qkv_hoist"], num_warps=4, **pdl,
+        QKV_HOIST=TUNING["qkv_hoist"], POLL=_poll(x, bool(TUNING["spread"])), num_warps=4,
+        **pdl,
         num_stages=TUNING["num_stages"])
     return xs[n_layers]

@@ -14,6 +14,14 @@ Rules for the kernels that use it:
 - data written in the launch by other programs is read with ``cache_modifier=".cg"``
   (L2, not the SM's incoherent L1, which may hold a line from before the write).
 
+The wait is a loop of acquire loads (each one empties the SM's L1) unless the kernel passes
+``POLL``, ``poll_asm``'s PTX: with relaxed loads the L1 keeps what the program cached
+(launch constants: block tables, rope rows), which the rule above makes safe (and the
+loads a program issues after the wait follow a branch on the loaded value and a CTA
+barrier). H200 (bench/NOTES.md, session 33), 96 programs: 1.126 us a barrier for the
+acquire loop, 1.064 for one relaxed load in flight (1.102 acquire); two to eight loads in
+flight or a spin between loads were slower.
+
 Under the Triton interpreter programs run one after another, so only a grid of one
 program can pass a barrier there (tests use that to check the arithmetic on CPU).
 """
@@ -29,19 +37,59 @@ except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
 
+def poll_asm(polls: int, spacing: int, acquire: bool, gap: int = 0) -> str:
+    """PTX for ``grid_sync``'s wait: thread 0 loads the counter (``$1``) until it reaches
+    the target (``$2``) with ``polls`` loads in flight, issued ``spacing`` SM cycles apart
+    (meant to see the last arrival within a round trip / ``polls``: measured slower, the
+    counter's line then takes ``polls`` times the loads; bench/NOTES.md, session 33), then
+    every thread meets at ``bar.sync 0``. The loads
+    are ``ld.acquire.gpu`` (``acquire``) or ``ld.relaxed.gpu``: a relaxed wait orders
+    nothing by itself, so it is only for kernels whose every read of another program's
+    writes goes to L2 (``.cg``) and is issued after the wait (a branch on the loaded
+    value, then the CTA barrier). ``gap``: cycles spun after a load that saw too little,
+    before it is issued again (fewer loads on the counter's line). Output ``$0``: 0
+    (unused)."""
+    sem = "acquire" if acquire else "relaxed"
+    regs = ", ".join(f"%c{i}" for i in range(polls))
+    lines = ["{", ".reg .pred %p<2>;", ".reg .b32 %t;", f".reg .b32 {regs};",
+             ".reg .b64 %k<2>;", "mov.u32 $0, 0;", "mov.u32 %t, %tid.x;",
+             "setp.ne.u32 %p0, %t, 0;", "@%p0 bra $$D${:uid};"]
+    for i in range(polls):
+        if i:  # spin ``spacing`` cycles before the next load
+            lines += ["mov.u64 %k0, %clock64;", f"$$S{i}${{:uid}}:", "mov.u64 %k1, %clock64;",
+                      "sub.s64 %k1, %k1, %k0;", f"setp.lt.s64 %p1, %k1, {spacing};",
+                      f"@%p1 bra $$S{i}${{:uid}};"]
+        lines.append(f"ld.{sem}.gpu.global.b32 %c{i}, [$1];")
+    lines.append("$$L${:uid}:")
+    for i in range(polls):  # the oldest load's value, then that load again
+        lines += [f"setp.ge.s32 %p1, %c{i}, $2;", "@%p1 bra $$D${:uid};"]
+        if gap:
+            lines += ["mov.u64 %k0, %clock64;", f"$$G{i}${{:uid}}:", "mov.u64 %k1, %clock64;",
+                      "sub.s64 %k1, %k1, %k0;", f"setp.lt.s64 %p1, %k1, {gap};",
+                      f"@%p1 bra $$G{i}${{:uid}};"]
+        lines.append(f"ld.{sem}.gpu.global.b32 %c{i}, [$1];")
+    lines += ["bra $$L${:uid};", "$$D${:uid}:", "bar.sync 0;", "}"]
+    return "\n".join(lines)
+
+
 if triton is not None:
 
     @triton.jit
-    def grid_sync(counter_ptr, phase, programs):
+    def grid_sync(counter_ptr, phase, programs, POLL: tl.constexpr = ""):
         """Wait until every program of the grid has arrived at barrier number ``phase``
-        (1, 2, ... within a launch); a program's earlier writes are visible after it."""
+        (1, 2, ... within a launch); a program's earlier writes are visible after it.
+        ``POLL``: ``poll_asm``'s PTX for the wait (else a loop of acquire loads)."""
         tl.debug_barrier()  # the program's threads have all written
         tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
         target = phase * programs
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        while seen < target:
+        if POLL == "":
             seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
+            while seen < target:
+                seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+            tl.debug_barrier()
+        else:
+            tl.inline_asm_elementwise(POLL, "=r,l,r", [counter_ptr, target], dtype=tl.int32,
+                                      is_pure=False, pack=1)
 
     if os.environ.get("TRITON_INTERPRET") == "1":  # no inline PTX there; a hint changes nothing
 
