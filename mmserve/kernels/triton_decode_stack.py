@@ -152,7 +152,7 @@ TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
           "gemm_stages": 5, "att_stages": 1, "v_l1": False,
           "k_t": False, "att_hoist": 0,
-          "late_rstd": False, "qkv_hoist": True, "pdl": True, "poll": None,
+          "late_rstd": False, "qkv_hoist": True, "pdl": True, "poll": (1, 0, False),
           "poll_spread": False}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
