@@ -7,7 +7,9 @@ stack's own time, every other operation's, and the idle time between them, as me
 the traced steps. The untraced step time (the bench's number) is printed beside it.
 
 Usage (GPU): ``PYTHONPATH=$PWD python bench/step_trace.py [--model smollm2-135m]
-[--steps 40] [--out trace.json]``
+[--steps 40] [--start 128] [--tuning '{"poll": null}'] [--out trace.json]``: ``--start``
+the position the traced steps start from (512: the graphs of the spread attention),
+``--tuning`` ``triton_decode_stack.TUNING`` overrides for the whole run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mmserve.bench.engine_run import prompted_decoder
+from mmserve.kernels.triton_decode_stack import TUNING
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -77,15 +80,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--start", type=int, default=128)
+    ap.add_argument("--tuning", default="{}", help="JSON: triton_decode_stack.TUNING overrides")
     ap.add_argument("--out", default="step_trace.json")
     args = ap.parse_args()
-    dec, first, _ = prompted_decoder(args.model, 1024)
+    over = json.loads(args.tuning)
+    unknown = set(over) - set(TUNING)
+    if unknown:
+        raise SystemExit(f"not TUNING keys: {sorted(unknown)}")
+    TUNING.update(over)
+    dec, first, _ = prompted_decoder(args.model, max(1024, args.start + args.steps + 64))
     plain_ms, _ = dec.recaptured_step_ms(first)  # captures the batch-1 graphs
-    print(f"[{args.model}] untraced ahead step {plain_ms * 1e3:.1f} us "
-          f"({1e3 / plain_ms:.0f} tok/s)", flush=True)
-    dec.decode(first, 128, 5, graphs=True, ahead=True)
+    print(f"[{args.model}] untraced ahead step {plain_ms * 1e3:.1f} us at 128 "
+          f"({1e3 / plain_ms:.0f} tok/s); tuning {over}", flush=True)
+    dec.decode(first, args.start, 5, graphs=True, ahead=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        r = dec.decode(first, 128, args.steps, graphs=True, ahead=True)
+        r = dec.decode(first, args.start, args.steps, graphs=True, ahead=True)
     path = args.out + ".chrome.json"
     prof.export_chrome_trace(path)
     with open(path) as f:
@@ -97,7 +107,8 @@ def main() -> None:
     steps = per_step(ev, anchor)
     nxt = [st[0]["ts"] for st in steps[1:]] + [steps[-1][-1]["ts"] + steps[-1][-1]["dur"]]
     rep = summarize(steps[:-1], nxt[:-1])
-    rep.update(model=args.model, anchor=anchor, traced_step_ms=r.seconds / r.steps * 1e3,
+    rep.update(model=args.model, start=args.start, tuning=over, anchor=anchor,
+               traced_step_ms=r.seconds / r.steps * 1e3,
                untraced_step_ms=plain_ms, ops_per_step=len(steps[0]))
     print(f"traced step {rep['traced_step_ms'] * 1e3:.1f} us; device span {rep['span_us']:.1f} us"
           f" over {rep['steps']} steps, idle {rep['idle_us']:.1f} us", flush=True)
