@@ -2,18 +2,25 @@
 after another, so no grid of several programs can meet there).
 
 The barrier's two promises: no program leaves before all have arrived, and what a
-program wrote before it arrived is what the others read after they leave.
+program wrote before it arrived is what the others read after they leave. On CPU, every
+form of the wait's PTX (``poll_asm``) goes through Triton's sm_90 compile and ptxas.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
 
 import pytest
 import torch
 from triton_kit import ON_CUDA
 
-pytestmark = pytest.mark.skipif(not ON_CUDA, reason="needs CUDA + triton")
+needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="needs CUDA + triton")
+COMPILES = (importlib.util.find_spec("triton") is not None
+            and os.environ.get("TRITON_INTERPRET") != "1")  # jit functions, not interpreted
 
-if ON_CUDA:
+if ON_CUDA or COMPILES:
     import triton
     import triton.language as tl
 
@@ -43,6 +50,7 @@ if ON_CUDA:
 POLLS = [None, (1, 0, False), (1, 0, True), (4, 100, False), (4, 100, True), (8, 60, False)]
 
 
+@needs_cuda
 @pytest.mark.parametrize("poll", POLLS)
 @pytest.mark.parametrize("programs", [1, 7, 64, 1000])
 def test_grid_sync_orders_writes_and_reads(programs, poll):
@@ -57,3 +65,27 @@ def test_grid_sync_orders_writes_and_reads(programs, poll):
     torch.cuda.synchronize()
     assert int(counter) == rounds * programs
     assert err.tolist() == [0] * programs
+
+
+@pytest.mark.skipif(not COMPILES, reason="needs triton (not its interpreter)")
+@pytest.mark.parametrize("poll", POLLS[1:] + [(1, 0, False, 150), (2, 200, True, 50)])
+def test_poll_asm_compiles_for_sm90(poll, tmp_path):
+    """The wait's PTX in the barrier's kernel: Triton's sm_90 compile and ptxas take it, each
+    load of the counter is there (``polls`` issued before the loop, one again in it each),
+    with its memory order, and every thread meets at one CTA barrier after it."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {"counter_ptr": "*i32", "buf_ptr": "*i32", "err_ptr": "*i32", "R": "i32",
+           "P": "constexpr", "P2": "constexpr", "POLL": "constexpr"}
+    src = ASTSource(_rounds, signature=sig,
+                    constexprs={"P": 96, "P2": 128, "POLL": poll_asm(*poll)})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4}).asm["ptx"]
+    sem = "acquire" if poll[2] else "relaxed"
+    assert ptx.count(f"ld.{sem}.gpu.global.b32") == 2 * poll[0]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    path = tmp_path / "k.ptx"
+    path.write_text(ptx)
+    subprocess.run([ptxas, "-arch=sm_90a", str(path), "-o", str(tmp_path / "k.cubin")],
+                   check=True, capture_output=True)
