@@ -50,24 +50,23 @@ def poll_asm(polls: int, spacing: int, acquire: bool, gap: int = 0) -> str:
     before it is issued again (fewer loads on the counter's line). Output ``$0``: 0
     (unused)."""
     sem = "acquire" if acquire else "relaxed"
+    load = [f"ld.{sem}.gpu.global.b32 %c{i}, [$1];" for i in range(polls)]
+
+    def spin(label: str, cycles: int) -> list[str]:  # thread 0 idles ``cycles`` SM cycles
+        return ["mov.u64 %k0, %clock64;", f"$${label}${{:uid}}:", "mov.u64 %k1, %clock64;",
+                "sub.s64 %k1, %k1, %k0;", f"setp.lt.s64 %p1, %k1, {cycles};",
+                f"@%p1 bra $${label}${{:uid}};"]
+
     regs = ", ".join(f"%c{i}" for i in range(polls))
     lines = ["{", ".reg .pred %p<2>;", ".reg .b32 %t;", f".reg .b32 {regs};",
              ".reg .b64 %k<2>;", "mov.u32 $0, 0;", "mov.u32 %t, %tid.x;",
              "setp.ne.u32 %p0, %t, 0;", "@%p0 bra $$D${:uid};"]
-    for i in range(polls):
-        if i:  # spin ``spacing`` cycles before the next load
-            lines += ["mov.u64 %k0, %clock64;", f"$$S{i}${{:uid}}:", "mov.u64 %k1, %clock64;",
-                      "sub.s64 %k1, %k1, %k0;", f"setp.lt.s64 %p1, %k1, {spacing};",
-                      f"@%p1 bra $$S{i}${{:uid}};"]
-        lines.append(f"ld.{sem}.gpu.global.b32 %c{i}, [$1];")
+    for i in range(polls):  # ``spacing`` cycles between the first loads
+        lines += (spin(f"S{i}", spacing) if i else []) + [load[i]]
     lines.append("$$L${:uid}:")
     for i in range(polls):  # the oldest load's value, then that load again
         lines += [f"setp.ge.s32 %p1, %c{i}, $2;", "@%p1 bra $$D${:uid};"]
-        if gap:
-            lines += ["mov.u64 %k0, %clock64;", f"$$G{i}${{:uid}}:", "mov.u64 %k1, %clock64;",
-                      "sub.s64 %k1, %k1, %k0;", f"setp.lt.s64 %p1, %k1, {gap};",
-                      f"@%p1 bra $$G{i}${{:uid}};"]
-        lines.append(f"ld.{sem}.gpu.global.b32 %c{i}, [$1];")
+        lines += (spin(f"G{i}", gap) if gap else []) + [load[i]]
     lines += ["bra $$L${:uid};", "$$D${:uid}:", "bar.sync 0;", "}"]
     return "\n".join(lines)
 
