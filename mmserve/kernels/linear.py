@@ -11,6 +11,8 @@ same whether it is alone, in a decode batch of 64, or one of k+1 verify rows.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -18,7 +20,7 @@ from mmserve.kernels.triton_dispatch import use_triton
 
 ROW_TILE = 8  # rows per fixed-shape product; a verify step of k+1 <= 8 rows costs one tile
 
-_state = {"invariant": True}
+_state = {"invariant": True, "q8_head": os.environ.get("MMSERVE_Q8_HEAD", "1") != "0"}
 
 
 def set_batch_invariant(enabled: bool) -> None:
@@ -53,18 +55,28 @@ def cuda_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return F.linear(x, weight, bias)
 
 
-def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def set_q8_head(enabled: bool) -> None:
+    """Whether ``logits_linear`` reads an LM head's Q8_0 blocks where a model has them
+    (speed only: the same bits; ``MMSERVE_Q8_HEAD=0`` starts with it off)."""
+    _state["q8_head"] = enabled
+
+
+def logits_linear(x: torch.Tensor, weight: torch.Tensor, q8=None) -> torch.Tensor:
     """``linear(x, weight).float()``: the product in x's dtype, as float32 (the LM head).
 
     On CUDA's invariant path the GEMM stores its rounded result as float32 itself, the
-    same bits without the cast's launch after it."""
+    same bits without the cast's launch after it. ``q8``: ``weight`` as a ``q8.Q8Weight``
+    (checked bit for bit against it when the model was placed); up to
+    ``triton_matmul.Q8_MAX_ROWS`` rows the product reads it instead (the same bits, 1.125
+    bytes a weight instead of 2)."""
     if (x.device.type == "cuda" and _state["invariant"]
             and x.dtype in (torch.bfloat16, torch.float16) and use_triton(x)):
-        from mmserve.kernels.triton_matmul import invariant_linear
+        from mmserve.kernels.triton_matmul import Q8_MAX_ROWS, invariant_linear, q8_linear
 
+        if q8 is not None and _state["q8_head"] and x.numel() <= Q8_MAX_ROWS * x.shape[-1]:
+            return q8_linear(x, q8, float_out=True)
         return invariant_linear(x, weight, float_out=True)
     return linear(x, weight).float()
-
 
 def tiled_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int

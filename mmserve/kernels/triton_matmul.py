@@ -145,6 +145,47 @@ if triton is not None:
                  acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
+    @triton.jit
+    def _int8_float(q):
+        """int8 -> float32, exact, without the conversion unit (I2F runs at a quarter of
+        the FP32 rate on sm_90, and the Q8_0 head converts every weight): 2^23 + (q + 128)
+        is the float32 whose bits are 0x4B000000 + (q + 128); subtract 2^23 + 128."""
+        return (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+
+    @triton.jit
+    def _gemm_q8_kernel(a_ptr, q_ptr, s_ptr, o_ptr, M, N, K, stride_am, stride_om,
+                        BM: tl.constexpr, BN: tl.constexpr, QB: tl.constexpr,
+                        GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+                        LATE: tl.constexpr):
+        """``_gemm_kernel`` over a ``q8.Q8Weight`` (q (K / QB, N, QB) int8, s (K / QB, N)
+        float32 holding fp16 values): a K step a block, its weights ``d * q`` in float32
+        (exact) rounded to a's dtype (nearest even) before the product, so the product's
+        operands, and its chain of k16 steps, are those of ``_gemm_kernel`` on the
+        dequantized weight."""
+        rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
+        rk = tl.arange(0, QB)
+        a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
+        q_tile = q_ptr + rn.to(tl.int64)[:, None] * QB + rk[None, :]  # block 0's
+        s_cols = s_ptr + rn
+        wait_only(PDL)
+        if not LATE:
+            launch_next(PDL)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k in range(0, K, QB):  # block k / QB: its (N, QB) bytes start at k * N
+            kn = tl.cast(k, tl.int64) * N
+            a = tl.load(a_rows + (k + rk)[None, :], mask=rm[:, None] < M, other=0.0)
+            q = tl.load(q_tile + kn, mask=rn[:, None] < N, other=0)
+            s = tl.load(s_cols + kn // QB, mask=rn < N, other=0.0)
+            w = (_int8_float(q) * s.to(tl.float32)[:, None]).to(
+                a_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+            acc = tl.dot(a, tl.trans(w), acc)
+        if LATE:
+            launch_next(PDL)
+        if UPCAST:
+            acc = acc.to(a_ptr.dtype.element_ty)
+        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
+                 acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      config: TileConfig | None = None, float_out: bool = False,
                      late: bool = False) -> torch.Tensor:
@@ -171,5 +212,38 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),
             weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BM=cfg.bm, BN=cfg.bn,
             BK=cfg.bk, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
+            num_warps=cfg.warps, num_stages=cfg.stages, **gemm_pdl_args(a, late))
+    return out.view(*x.shape[:-1], n)
+
+
+# The Q8_0 LM head's tile at batch 1 (speed only; not yet measured on the H200: the bf16
+# head's 16x128 tile, a K step per 32-weight block, 8 stages to keep as many bytes in flight
+# as the bf16 tile's 5 steps of 64), and the most rows it takes: above, the half-precision
+# weight's GEMM (the same bits) keeps its tiles for prefill's many rows.
+Q8_TILE = TileConfig(16, 128, 32, 4, 8)
+Q8_MAX_ROWS = 16
+
+
+def q8_linear(x: torch.Tensor, weight, config: TileConfig | None = None,
+              float_out: bool = False, late: bool = False) -> torch.Tensor:
+    """``invariant_linear(x, weight.dequantize(x.dtype))`` from a ``q8.Q8Weight``: the same
+    bits, reading 1.125 bytes a weight instead of 2. ``config``: the tile (its ``bk`` must
+    be the block, 32)."""
+    from mmserve.kernels.q8 import BLOCK
+
+    n, k = weight.shape
+    assert x.shape[-1] == k and weight.q.is_contiguous() and weight.scale.is_contiguous()
+    a = x.reshape(-1, k)
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    m = a.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32 if float_out else x.dtype, device=x.device)
+    if m:
+        cfg = config or Q8_TILE
+        assert cfg.bk == BLOCK
+        tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
+        _gemm_q8_kernel[(tiles,)](
+            a, weight.q, weight.scale, out, m, n, k, a.stride(0), out.stride(0), BM=cfg.bm,
+            BN=cfg.bn, QB=BLOCK, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
             num_warps=cfg.warps, num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)

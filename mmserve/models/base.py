@@ -13,6 +13,7 @@ from torch import nn
 
 from mmserve.kernels.attention import AttentionMetadata, KVLike
 from mmserve.kernels.linear import logits_linear
+from mmserve.kernels.q8 import Q8Weight
 
 
 class CausalLM(nn.Module, ABC):
@@ -28,6 +29,8 @@ class CausalLM(nn.Module, ABC):
     vocab_size: int
     max_position_embeddings: int
     embed_tokens: nn.Embedding
+    # the LM head's weight as Q8_0 blocks, when it is exactly that (``attach_q8_head``)
+    lm_head_q8: Q8Weight | None = None
 
     @classmethod
     @abstractmethod
@@ -51,7 +54,7 @@ class CausalLM(nn.Module, ABC):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(M, H) -> (M, V) float32 logits."""
-        return logits_linear(hidden, self.lm_head_weight())
+        return logits_linear(hidden, self.lm_head_weight(), self.lm_head_q8)
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight
@@ -59,6 +62,15 @@ class CausalLM(nn.Module, ABC):
     def placed(self) -> None:
         """Called once the weights are on their device and dtype (``build_model``), before
         any CUDA graph holds their addresses: a family may lay them out anew here."""
+
+    def attach_q8_head(self, blocks: Q8Weight) -> bool:
+        """Let the LM head read ``blocks`` (``q8.factor_q8`` of its float32 weight, as a
+        GGUF's Q8_0 token embedding gives) if they dequantize to the placed weight bit for
+        bit; -> whether they do. Speed only: ``logits_linear`` computes the same bits."""
+        w = self.lm_head_weight().detach()
+        blocks = blocks.to(w.device)
+        self.lm_head_q8 = blocks if blocks.matches(w) else None
+        return self.lm_head_q8 is not None
 
 
 def load_into(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:

@@ -37,8 +37,17 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor],
     config = text_config(config)
     model = family(config).from_hf_config(config)
     model.load_hf_state_dict(state_dict)
+    # a GGUF's Q8_0 LM head (both shipped models'), found in the float32 weight: on CUDA in
+    # half precision the batch-1 product reads its blocks (kernels/q8.py: the same bits)
+    blocks = None
+    if torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        from mmserve.kernels.q8 import factor_q8
+
+        blocks = factor_q8(model.lm_head_weight().detach())
     model = model.to(device=device, dtype=dtype).eval()
     model.placed()
+    if blocks is not None:
+        model.attach_q8_head(blocks)
     return model
 
 

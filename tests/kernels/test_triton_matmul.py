@@ -79,3 +79,75 @@ def test_narrow_hidden_lm_head_rows_keep_their_bits():
         assert torch.equal(invariant_linear(x[:m], w, float_out=True)[0], base), m
     old = TileConfig(16, 32, 256, 4, 4)  # the tile it took before (session 25)
     assert torch.equal(invariant_linear(x[:1], w, config=old, float_out=True)[0], base)
+
+
+def _q8(n, k, seed):
+    """A random (n, k) weight as Q8_0 blocks (as the shipped GGUFs store their LM heads)."""
+    from mmserve.kernels.q8 import quantize_q8
+
+    torch.manual_seed(seed)
+    return quantize_q8(torch.randn(n, k) / k**0.5).to(DEVICE)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1000, 576), (5, 384, 640), (16, 130, 64), (17, 256, 96)])
+def test_q8_linear_matches_f_linear_on_its_dequantized_weight(m, n, k):
+    from mmserve.kernels.triton_matmul import q8_linear
+
+    w8 = _q8(n, k, m + n)
+    x = _rand(m, k)
+    w = w8.dequantize(DTYPE)
+    got = q8_linear(x, w8)
+    assert got.dtype == DTYPE and got.shape == (m, n)
+    want = F.linear(x.double(), w.double())
+    torch.testing.assert_close(got.double(), want, atol=TOL, rtol=TOL)
+    assert torch.equal(q8_linear(x, w8, float_out=True), got.float())
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the interpreter's form of the bits test below")
+def test_q8_linear_is_the_gemm_at_its_tile_on_the_interpreter():
+    """float32 (the interpreter's): dequantizing is exact, so with the same tile shape the
+    two kernels hand numpy the same operands."""
+    from mmserve.kernels.triton_matmul import Q8_TILE, invariant_linear, q8_linear
+
+    w8 = _q8(300, 576, 3)
+    x = _rand(5, 576)
+    assert torch.equal(q8_linear(x, w8),
+                       invariant_linear(x, w8.dequantize(DTYPE), config=Q8_TILE))
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="bits: the interpreter's numpy matmul varies by shape")
+@pytest.mark.parametrize("n,k", [(49152, 576), (4096, 640), (1000, 2048)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_q8_linear_has_the_half_weights_bits(n, k, dtype):
+    """Rows 1-16 (the batch-1 logits, a verify block): the bits of the half-precision
+    weight's GEMM at its own tiles (wider K steps), as float32 logits and as dtype."""
+    from mmserve.kernels.triton_matmul import TileConfig, invariant_linear, q8_linear
+
+    w8 = _q8(n, k, n + k)
+    w = w8.dequantize(dtype)
+    torch.manual_seed(k)
+    x = _rand(16, k).to(dtype)
+    for m in (1, 2, 7, 16):
+        want = invariant_linear(x[:m], w, float_out=True)
+        assert torch.equal(q8_linear(x[:m], w8, float_out=True), want), m
+        assert torch.equal(q8_linear(x[:m], w8), invariant_linear(x[:m], w)), m
+    for cfg in (TileConfig(16, 64, 32, 4, 4), TileConfig(16, 256, 32, 8, 6),
+                TileConfig(64, 64, 32, 4, 3)):
+        assert torch.equal(q8_linear(x, w8, config=cfg, float_out=True),
+                           invariant_linear(x, w, float_out=True)), cfg
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="the Q8_0 LM head is a CUDA path")
+def test_logits_linear_reads_q8_blocks_up_to_16_rows_with_the_same_bits():
+    from mmserve.kernels import linear
+
+    w8 = _q8(4096, 576, 7)
+    w = w8.dequantize(torch.bfloat16)
+    x = _rand(40, 576)
+    for m in (1, 16, 17, 40):  # 17 and 40: the half weight's GEMM
+        assert torch.equal(linear.logits_linear(x[:m], w, w8), linear.logits_linear(x[:m], w))
+    try:
+        linear.set_q8_head(False)
+        assert torch.equal(linear.logits_linear(x[:1], w, w8), linear.logits_linear(x[:1], w))
+    finally:
+        linear.set_q8_head(True)
