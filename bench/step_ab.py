@@ -13,7 +13,9 @@ reverse (no setting always first); the step is the mean over the steps.
 Usage (GPU): ``PYTHONPATH=$PWD python bench/step_ab.py --out $OUT/step_ab.json
 --variant 'qh_off={"qkv_hoist": false}' [--variant ...] [--starts 128 512]``. Starts 128
 give 129-228 cached tokens (the serial graph, as throughput.py's decode); 512, 513-612
-(the spread one).
+(the spread one). ``--q8-head``: the LM head's random weight as Q8_0 blocks (as the shipped
+GGUFs store theirs), and a setting may then set ``"q8_head": false`` (the head from its
+bf16 weight: ``linear.set_q8_head``) beside the stack's keys.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ import statistics
 import torch
 
 from mmserve.bench.engine_run import prompted_decoder
+from mmserve.kernels.linear import set_q8_head
 from mmserve.kernels.triton_decode_stack import TUNING
+
+EXTRA = {"q8_head"}  # keys that are not the stack's TUNING
 
 
 def settings_from(variants: list[str]) -> dict[str, dict]:
@@ -34,7 +39,7 @@ def settings_from(variants: list[str]) -> dict[str, dict]:
     for v in variants:
         name, _, js = v.partition("=")
         over = json.loads(js)
-        unknown = set(over) - set(TUNING)
+        unknown = set(over) - set(TUNING) - EXTRA
         if unknown:
             raise SystemExit(f"{name}: not TUNING keys: {sorted(unknown)}")
         out[name] = over
@@ -51,9 +56,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="step_ab.json")
+    ap.add_argument("--q8-head", action="store_true",
+                    help="the LM head's weight as Q8_0 blocks (a setting's q8_head switches it)")
     args = ap.parse_args()
     settings = settings_from(args.variant)
-    dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16)
+    dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16,
+                                     q8_head=args.q8_head)
     base = dict(TUNING)
     rows = []
     try:
@@ -61,7 +69,8 @@ def main() -> None:
             order = list(settings.items())
             for name, over in order if rnd % 2 == 0 else order[::-1]:
                 TUNING.clear()
-                TUNING.update({**base, **over})
+                TUNING.update({**base, **{k: v for k, v in over.items() if k not in EXTRA}})
+                set_q8_head(bool(over.get("q8_head", True)))
                 dec.capture((1,))
                 row: dict = {"setting": name, "round": rnd}
                 for start in args.starts:
@@ -74,10 +83,12 @@ def main() -> None:
     finally:
         TUNING.clear()
         TUNING.update(base)
+        set_q8_head(True)
     same = {name: all(r[f"tokens_{s}"] == rows[0][f"tokens_{s}"] for s in args.starts
                       for r in rows if r["setting"] == name) for name in settings}
-    report = {"model": args.model, "starts": args.starts, "steps": args.steps,
-              "settings": settings, "rows": rows, "same_tokens_as_default": same}
+    report = {"model": args.model, "q8_head": args.q8_head, "starts": args.starts,
+              "steps": args.steps, "settings": settings, "rows": rows,
+              "same_tokens_as_default": same}
     print(f"summary: the engine's batch-1 step (us), median of {args.rounds} rounds [each "
           "round's], per start")
     for name in settings:

@@ -27,7 +27,11 @@ def parse() -> argparse.Namespace:
                    help="invariant (fused, the engine path) | layered (no one-launch "
                    "decode stack) | nopdl (PDL off) | unfused | cublas | "
                    "fp8kv "
-                   "(invariant over an fp8 e4m3 KV cache, as --kv-cache-dtype fp8_e4m3)")
+                   "(invariant over an fp8 e4m3 KV cache, as --kv-cache-dtype fp8_e4m3) | "
+                   "bf16head (invariant, the LM head from its bf16 weight: with --q8-head)")
+    p.add_argument("--q8-head", action="store_true",
+                   help="the LM head's random weight rounded to Q8_0 blocks, as the shipped "
+                   "GGUFs store theirs (the engine's head then reads the blocks)")
     p.add_argument("--no-hf", dest="hf", action="store_false")
     p.add_argument("--hf-batch-sizes", nargs="+", type=int, default=list(d.hf_batch_sizes))
     p.add_argument("--hf-new-tokens", type=int, default=d.hf_new_tokens)

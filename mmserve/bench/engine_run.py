@@ -63,16 +63,34 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
 
 
-def random_cuda_model(name: str) -> tuple[CausalLM, dict]:
+def random_cuda_model(name: str, q8_head: bool = False) -> tuple[CausalLM, dict]:
     """The named benchmark shape (``bench.shapes``) with HF's random init, as the engine's
-    bf16 model on CUDA -> (model, its config)."""
+    bf16 model on CUDA -> (model, its config). ``q8_head``: its LM head's weight rounded to
+    Q8_0 blocks first (``q8_head_weights``)."""
     from mmserve.bench.hf_run import build_hf_model
     from mmserve.bench.shapes import shape
     from mmserve.models.registry import build_model
 
     cfg = shape(name)
     hf = build_hf_model(cfg)
-    return build_model(cfg, hf.state_dict(), torch.bfloat16, "cuda"), cfg
+    sd = q8_head_weights(hf) if q8_head else hf.state_dict()
+    return build_model(cfg, sd, torch.bfloat16, "cuda"), cfg
+
+
+def q8_head_weights(hf) -> dict[str, torch.Tensor]:
+    """The HF model's state dict with its LM head's weight (a tied model's embedding) rounded
+    to Q8_0 blocks, as both shipped GGUFs store theirs: in float32 (exact, so ``build_model``
+    finds the blocks and the engine's head reads them), and written into ``hf`` in its
+    dtype, so the HF baselines run the same weights."""
+    from mmserve.kernels.q8 import quantize_q8
+
+    sd = hf.state_dict()
+    head = hf.get_output_embeddings().weight
+    key = "model.embed_tokens.weight" if hf.config.tie_word_embeddings else "lm_head.weight"
+    w = quantize_q8(sd[key]).dequantize(torch.float32)
+    with torch.no_grad():
+        head.copy_(w)
+    return {**sd, key: w}
 
 
 def kv_nbytes(kv: KVLike) -> int:
@@ -221,10 +239,11 @@ class PagedDecoder:
                 "ttft_ms_all": [t * 1e3 for t in times]}
 
 
-def prompted_decoder(name: str, max_len: int = 512) -> tuple[PagedDecoder, list[int], dict]:
-    """A model shape (random bf16 weights) at batch 1 after a fixed 128-token prompt ->
-    (decoder, first tokens, the shape's config)."""
-    model, cfg = random_cuda_model(name)
+def prompted_decoder(name: str, max_len: int = 512,
+                     q8_head: bool = False) -> tuple[PagedDecoder, list[int], dict]:
+    """A model shape (random bf16 weights; ``q8_head``: the LM head's as Q8_0 blocks) at
+    batch 1 after a fixed 128-token prompt -> (decoder, first tokens, the shape's config)."""
+    model, cfg = random_cuda_model(name, q8_head)
     dec = PagedDecoder(model, 1, max_len)
     first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
                                        generator=torch.Generator().manual_seed(0)).tolist()])

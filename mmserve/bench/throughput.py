@@ -27,7 +27,7 @@ from mmserve.bench.report import plot, table
 from mmserve.bench.shapes import SHAPES, shape
 from mmserve.kernels.fp8 import FP8_DTYPE
 
-VARIANTS = ("invariant", "layered", "nopdl", "unfused", "cublas", "fp8kv")
+VARIANTS = ("invariant", "layered", "nopdl", "unfused", "cublas", "fp8kv", "bf16head")
 # Variants whose KV cache is not in the model's dtype. Such a cache is lossy, so their tokens
 # are scored against the reference variant instead of being required to equal them.
 KV_DTYPES: dict[str, torch.dtype] = {"fp8kv": FP8_DTYPE}
@@ -46,8 +46,12 @@ class ThroughputConfig:
     # "fp8kv": "invariant" over the engine's fp8 e4m3 KV cache (--kv-cache-dtype fp8_e4m3);
     # "nopdl": "invariant" with programmatic dependent launch off (kernels.triton_pdl);
     # "layered": "invariant" with one-token steps layer by layer, not as the one
-    # persistent launch of kernels.decode_stack
-    variants: tuple[str, ...] = VARIANTS
+    # persistent launch of kernels.decode_stack; "bf16head": "invariant" with the LM head
+    # read from its bf16 weight where the model has Q8_0 blocks of it (q8_head)
+    variants: tuple[str, ...] = ("invariant", "layered", "nopdl", "unfused", "cublas", "fp8kv")
+    # the LM head's random weight rounded to Q8_0 blocks, as the shipped GGUFs store theirs
+    # (the engine's head then reads the blocks: kernels/q8.py)
+    q8_head: bool = False
     eager_steps: int = 32  # batch-1 decode without graphs (0: skip)
     # graph decode as the engine's async scheduling runs it on CUDA: each step launched
     # from the last one's argmax on the device before the host reads its tokens (False:
@@ -68,6 +72,8 @@ class ThroughputConfig:
         for v in self.variants:
             if v not in VARIANTS:
                 raise ValueError(f"variant {v!r}: use one of {', '.join(VARIANTS)}")
+        if "bf16head" in self.variants and not self.q8_head:
+            raise ValueError("variant bf16head is the Q8_0 head's reference: set q8_head")
         if min(self.batch_sizes) < 1 or self.prompt_len < 1 or self.decode_steps < 1:
             raise ValueError("batch sizes, prompt_len and decode_steps must be >= 1")
 
@@ -92,7 +98,9 @@ def run_throughput(args: Any) -> dict:
     torch.manual_seed(cfg.seed)
     tiles = load_tile_configs(cfg.gemm_configs)
     result: dict = {"gemm_tile_configs": tiles, "config": asdict(cfg), "machine": machine(),
-                    "weights": "random (bf16)",
+                    "weights": "random (bf16)" + ("; the LM head's weight rounded to Q8_0 "
+                                                  "blocks, as the shipped GGUFs store it"
+                                                  if cfg.q8_head else ""),
                     "bandwidth": copy_bandwidth(), "models": {}}
     bw = max(result["bandwidth"]["gb_s"]) * 1e9
     for name in cfg.models:
@@ -131,13 +139,14 @@ def write(cfg: ThroughputConfig, result: dict) -> None:
 
 
 def run_shape(cfg: ThroughputConfig, name: str, bandwidth: float) -> dict:
-    from mmserve.bench.engine_run import PagedDecoder, weight_bytes
+    from mmserve.bench.engine_run import PagedDecoder, q8_head_weights, weight_bytes
     from mmserve.bench.hf_run import build_hf_model
     from mmserve.models.registry import build_model
 
     config = shape(name)
     hf = build_hf_model(config)
-    model = build_model(config, hf.state_dict(), torch.bfloat16, "cuda")  # shares tensors
+    sd = q8_head_weights(hf) if cfg.q8_head else hf.state_dict()
+    model = build_model(config, sd, torch.bfloat16, "cuda")  # shares tensors
     wbytes = weight_bytes(model)
     out: dict = {"config": config, "weight_bytes": wbytes,
                  "roofline_tok_s": bandwidth / wbytes, "engine": {}}
@@ -210,10 +219,11 @@ def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict
     """One variant on ``dec`` (whose KV dtype the caller chose); fp8kv is the engine path."""
     from mmserve.kernels.decode_stack import decode_stack_enabled, set_decode_stack_enabled
     from mmserve.kernels.fused import set_fused_enabled
-    from mmserve.kernels.linear import set_batch_invariant
+    from mmserve.kernels.linear import set_batch_invariant, set_q8_head
     from mmserve.kernels.triton_pdl import set_pdl_enabled
 
     set_batch_invariant(variant != "cublas")
+    set_q8_head(variant != "bf16head")
     set_fused_enabled(variant != "unfused")
     set_pdl_enabled(variant != "nopdl")
     stack = decode_stack_enabled()
@@ -222,6 +232,7 @@ def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict
         return measure_engine(cfg, dec, vocab)
     finally:
         set_batch_invariant(True)
+        set_q8_head(True)
         set_fused_enabled(True)
         set_pdl_enabled(True)
         set_decode_stack_enabled(stack)

@@ -34,6 +34,34 @@ def test_config_from_namespace_and_validation():
         ThroughputConfig(variants=("fp8",))
     assert "fp8kv" in ThroughputConfig().variants
     assert ThroughputConfig.from_args({"variants": ["fp8kv"]}).variants == ("fp8kv",)
+    with pytest.raises(ValueError, match="q8_head"):  # nothing to compare it with
+        ThroughputConfig(variants=("invariant", "bf16head"))
+    assert ThroughputConfig(variants=("bf16head",), q8_head=True).q8_head
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_q8_head_weights_round_the_lm_head_to_q8_0_in_both_models(tied):
+    """The benchmark's --q8-head: the LM head's weight (a tied model's embedding) as exact
+    Q8_0 values in the state dict, the same values in the HF model (its baselines)."""
+    transformers = pytest.importorskip("transformers")
+    from mmserve.bench.engine_run import q8_head_weights
+    from mmserve.kernels.q8 import factor_q8
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1,
+                                   vocab_size=100, tie_word_embeddings=tied)
+    hf = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    before = hf.state_dict()
+    key = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    other = "lm_head.weight" if tied else "model.embed_tokens.weight"
+    untouched = {k: v.clone() for k, v in before.items() if k not in (key, other)}
+    sd = q8_head_weights(hf)
+    assert sd[key].dtype == torch.float32 and factor_q8(sd[key]) is not None
+    assert torch.equal(hf.get_output_embeddings().weight, sd[key].bfloat16())
+    assert all(torch.equal(sd[k], v) for k, v in untouched.items())
+    if not tied:  # the embedding is another matrix: left as it was
+        assert factor_q8(sd[other].float()) is None
 
 
 def test_variants_grouped_by_kv_dtype_in_order():
