@@ -58,6 +58,10 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
         elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr", "ps_ptr", "psi_ptr",
                       "psm_ptr"):
             types[name] = "*fp32"
+        elif name == "q_ptr":  # the Q8_0 head's values (its scales are "s_ptr": float32)
+            types[name] = "*i8"
+        elif name == "s_ptr":
+            types[name] = "*fp32"
         elif name.endswith("_ptr"):
             types[name] = "*fp8e4nv" if fp8 and name in ("k_ptr", "v_ptr") else "*bf16"
         elif name in ("eps", "scale_log2", "offset"):
@@ -161,6 +165,13 @@ def main() -> None:
                      {"HQ": hq, "HKV": hkv, "D": d, "NORM": norm, "HAS_BIAS": False,
                       "ROUND": 1, "BM": 16, "BN": 16, "BK": 256, "GROUP_M": 8, "CH": 64,
                       "UNROLL": 8, "PDL": True}, num_warps=2, num_stages=4))
+    # the LM head from Q8_0 blocks at its tile (triton_matmul.Q8_TILE)
+    cfg = triton_matmul.Q8_TILE
+    print(f"Q8_0 GEMM, {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps} warps, {cfg.stages} stages:",
+          report(triton_matmul._gemm_q8_kernel,
+                 {"BM": cfg.bm, "BN": cfg.bn, "QB": cfg.bk, "GROUP_M": 8, "UPCAST": True,
+                  "PDL": True, "LATE": False, "FMA": True},
+                 num_warps=cfg.warps, num_stages=cfg.stages))
     # rope + cache write + attention in one launch (the layered path's), both shapes
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
         print(f"rope + attention, HQ={hq} HKV={hkv} D={d}:",

@@ -18,6 +18,7 @@ tests/kernels/test_triton_matmul.py.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -146,17 +147,28 @@ if triton is not None:
 
 
     @triton.jit
-    def _int8_float(q):
-        """int8 -> float32, exact, without the conversion unit (I2F runs at a quarter of
-        the FP32 rate on sm_90, and the Q8_0 head converts every weight): 2^23 + (q + 128)
-        is the float32 whose bits are 0x4B000000 + (q + 128); subtract 2^23 + 128."""
-        return (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+    def _q8_dequant(q, d, dtype: tl.constexpr, FMA: tl.constexpr):
+        """``d * q`` (q int8 (BN, QB), d float32 (BN,)) rounded to ``dtype``: exact in
+        float32, then rounded once (nearest even), as ``Q8Weight.dequantize``. Without the
+        conversion unit (I2F runs at a quarter of the FP32 rate on sm_90, and the head
+        converts every weight): the bits 0x4B400000 + q are the float32 f = 3 * 2^22 + q
+        exactly (|q| < 2^22 keeps f in [2^23, 2^24), where floats step by 1), and
+        ``FMA``: one fma(f, d, -d * 3 * 2^22) a weight, which is d * q before its one
+        rounding (d * 3 * 2^22 is exact: 11 + 2 significant bits; so the exact sum is
+        d * q, which float32 holds: 11 + 7 bits); else (the interpreter, whose fma rounds
+        the product first) (f - 3 * 2^22) * d."""
+        f = (q.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
+        if FMA:
+            w = tl.fma(f, d[:, None], (d * -12582912.0)[:, None])
+        else:
+            w = (f - 12582912.0) * d[:, None]
+        return w.to(dtype, fp_downcast_rounding="rtne")
 
     @triton.jit
     def _gemm_q8_kernel(a_ptr, q_ptr, s_ptr, o_ptr, M, N, K, stride_am, stride_om,
                         BM: tl.constexpr, BN: tl.constexpr, QB: tl.constexpr,
                         GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-                        LATE: tl.constexpr):
+                        LATE: tl.constexpr, FMA: tl.constexpr):
         """``_gemm_kernel`` over a ``q8.Q8Weight`` (q (K / QB, N, QB) int8, s (K / QB, N)
         float32 holding fp16 values): a K step a block, its weights ``d * q`` in float32
         (exact) rounded to a's dtype (nearest even) before the product, so the product's
@@ -176,8 +188,7 @@ if triton is not None:
             a = tl.load(a_rows + (k + rk)[None, :], mask=rm[:, None] < M, other=0.0)
             q = tl.load(q_tile + kn, mask=rn[:, None] < N, other=0)
             s = tl.load(s_cols + kn // QB, mask=rn < N, other=0.0)
-            w = (_int8_float(q) * s.to(tl.float32)[:, None]).to(
-                a_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+            w = _q8_dequant(q, s.to(tl.float32), a_ptr.dtype.element_ty, FMA)
             acc = tl.dot(a, tl.trans(w), acc)
         if LATE:
             launch_next(PDL)
@@ -245,5 +256,6 @@ def q8_linear(x: torch.Tensor, weight, config: TileConfig | None = None,
         _gemm_q8_kernel[(tiles,)](
             a, weight.q, weight.scale, out, m, n, k, a.stride(0), out.stride(0), BM=cfg.bm,
             BN=cfg.bn, QB=BLOCK, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
-            num_warps=cfg.warps, num_stages=cfg.stages, **gemm_pdl_args(a, late))
+            FMA=os.environ.get("TRITON_INTERPRET") != "1", num_warps=cfg.warps,
+            num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)

@@ -145,3 +145,18 @@ def test_the_default_model_reads_its_lm_head_as_q8_on_cuda(default_model_dir):
         finally:
             linear.set_q8_head(True)
         assert torch.equal(on, off), m
+
+
+def test_the_kernels_dequantize_arithmetic_is_exact_for_every_scale_and_value():
+    """``triton_matmul._q8_dequant`` on CUDA: f = the float32 of bits 0x4B400000 + q, then
+    fma(f, d, -(d * 3 * 2^22)) with one rounding. Emulated exactly in float64 (every
+    operand and the exact sum fit) for every positive finite fp16 scale and every q: the
+    float32 it rounds to is d * q, and -(d * 3 * 2^22) is exact in float32 too."""
+    q = torch.arange(-127, 128, dtype=torch.int32)
+    f = (q + 0x4B400000).view(torch.float32)
+    assert torch.equal(f.double(), 12582912.0 + q.double())
+    d = torch.arange(1, 0x7C00, dtype=torch.int16).view(torch.float16).float()  # > 0, finite
+    c = d * -12582912.0
+    assert torch.equal(c.double(), d.double() * -12582912.0)
+    fma = (f.double()[None, :] * d.double()[:, None] + c.double()[:, None]).float()
+    assert torch.equal(fma, d[:, None] * q.float()[None, :])
