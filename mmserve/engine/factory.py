@@ -39,6 +39,7 @@ def model_name(config: EngineConfig) -> str:
 
 
 def create_engine(config: EngineConfig) -> LLMEngine:
+    from mmserve.kernels.triton_matmul import Q8_MAX_ROWS
     from mmserve.models.hub import resolve_model
     from mmserve.models.registry import load_model
     from mmserve.models.tokenizer import Tokenizer
@@ -52,6 +53,12 @@ def create_engine(config: EngineConfig) -> LLMEngine:
     model = load_model(path, dtype, device)
     tokenizer = Tokenizer(path)
     log.info("loaded %s from %s in %.2fs", model_name(config), path, time.perf_counter() - start)
+    if model.lm_head_q8 is not None:
+        log.info("LM head: read from its Q8_0 blocks up to %d rows (%.1f MB against %.1f MB "
+                 "of %s; the same bits)", Q8_MAX_ROWS,
+                 sum(t.numel() * t.element_size() for t in model.lm_head_q8) / 1e6,
+                 model.lm_head_weight().numel() * model.lm_head_weight().element_size() / 1e6,
+                 str(dtype).removeprefix("torch."))
     limit = config.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_LEN_CAP)
     if limit > model.max_position_embeddings:
         raise ValueError(f"max_model_len {limit} exceeds the model's context of "

@@ -59,23 +59,28 @@ class Q8Weight(NamedTuple):
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
-def factor_q8(weight: torch.Tensor) -> Q8Weight | None:
+def factor_q8(weight: torch.Tensor, rows: int = 8192) -> Q8Weight | None:
     """``weight`` (N, K) float32 as Q8_0 blocks, if it is exactly some: each block of
     ``BLOCK`` along K is ``d * q`` with d an fp16 value and q integers in [-127, 127]
     (llama.cpp's Q8_0 sets d = amax / 127, so the largest |q| is 127 and d = amax / 127
-    exactly). None when any element is not reproduced exactly."""
+    exactly). None when any element is not reproduced exactly. Worked ``rows`` rows at a
+    time (a vocabulary's float32 intermediates stay small; the first rows that fail end
+    it)."""
     if weight.dim() != 2 or weight.dtype != torch.float32 or weight.shape[1] % BLOCK:
         return None
     n, k = weight.shape
-    b = weight.detach().reshape(n, k // BLOCK, BLOCK)
-    d = b.abs().amax(-1) / 127
-    if not bool(torch.isfinite(d).all()) or not torch.equal(d.half().float(), d):
-        return None
-    q = torch.where(d[..., None] > 0, b / torch.where(d > 0, d, 1.0)[..., None], 0.0)
-    if not torch.equal(q.round(), q) or not torch.equal(q * d[..., None], b):
-        return None
-    return Q8Weight(q.to(torch.int8).permute(1, 0, 2).contiguous(), d.t().contiguous())
-
+    qs, ds = [], []
+    for r in range(0, n, rows):
+        b = weight[r:r + rows].detach().reshape(-1, k // BLOCK, BLOCK)
+        d = b.abs().amax(-1) / 127
+        if not bool(torch.isfinite(d).all()) or not torch.equal(d.half().float(), d):
+            return None
+        q = torch.where(d[..., None] > 0, b / torch.where(d > 0, d, 1.0)[..., None], 0.0)
+        if not torch.equal(q.round(), q) or not torch.equal(q * d[..., None], b):
+            return None
+        qs.append(q.to(torch.int8))
+        ds.append(d)
+    return Q8Weight(torch.cat(qs).permute(1, 0, 2).contiguous(), torch.cat(ds).t().contiguous())
 
 def quantize_q8(weight: torch.Tensor) -> Q8Weight:
     """(N, K) float -> Q8_0 blocks as llama.cpp's ``quantize_row_q8_0`` makes them (d the

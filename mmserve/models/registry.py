@@ -43,7 +43,7 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor],
     if torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         from mmserve.kernels.q8 import factor_q8
 
-        blocks = factor_q8(model.lm_head_weight().detach())
+        blocks = factor_q8(model.lm_head_weight().detach().to(device))  # there: fast
     model = model.to(device=device, dtype=dtype).eval()
     model.placed()
     if blocks is not None:

@@ -1,0 +1,32 @@
+# Prepared in session 34, NOT RUN: no device machine was lent in that session. The next
+# session's first call for the Q8_0 LM head (kernels/q8.py, triton_matmul.q8_linear); carry
+# [".whl"]. About 6 minutes.
+# 1. its GPU tests: q8_linear's bits against the bf16 weight's GEMM at its own tiles (rows
+#    1-16, bf16 and fp16, three widths), logits_linear's switch (the real-model tests need
+#    the GGUF: s34b.sh);
+# 2. the head alone per tile, each call on its own weight copy (bench/lm_head_q8.py):
+#    SmolLM2-135M's vocabulary (49,152 x 576) and Gemma-3-270M's (262,144 x 640);
+# 3. the engine's batch-1 step with the random LM head as Q8_0 blocks, read as blocks
+#    against the bf16 weight (step_ab.py --q8-head, 3 alternated rounds, tokens compared);
+# 4. throughput.py batch 1 with --q8-head, invariant against bf16head, two runs.
+# Prediction (bench/NOTES.md, session 34): the head 16.8 -> ~9.5-10.5 us alone; the step
+# -6 to -8 us at both contexts; batch 1 ~+1.2-1.5 %.
+export PYTHONUNBUFFERED=1
+mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+export PYTHONPATH=$PWD:/tmp/site
+t0=$(date +%s)
+timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts= --tb=short \
+  tests/kernels/test_triton_matmul.py tests/kernels/test_q8.py -k "not default_model" 2>&1 | tail -5
+echo "tests $(( $(date +%s) - t0 )) s"
+timeout 150 python3 bench/lm_head_q8.py --out $OUT/lm_head_q8.json --rounds 3 2>&1 | grep -v Warn | tail -16
+echo "head $(( $(date +%s) - t0 )) s"
+timeout 150 python3 bench/step_ab.py --q8-head --out $OUT/step_ab_q8.json --rounds 3 \
+  --variant 'bf16head={"q8_head": false}' 2>&1 | grep -v Warn | tail -3
+echo "step_ab $(( $(date +%s) - t0 )) s"
+for r in 1 2; do
+  timeout 100 python3 bench/throughput.py --models smollm2-135m --batch-sizes 1 --eager-steps 0 \
+    --no-hf --q8-head --variants invariant bf16head --prefill-len 256 --out-dir $OUT/tp_q8_$r \
+    2>&1 | grep -v Warn | grep -E "invariant|bf16head|row 0" | tail -3
+  rm -f $OUT/tp_q8_$r/*.png
+  echo "tp $r $(( $(date +%s) - t0 )) s"
+done

@@ -1,0 +1,16 @@
+# Prepared in session 34, NOT RUN (no device lent). The real default model's Q8_0 head on the
+# GPU: run right after a call that carried .carry/smol.part00 and copied it to /tmp (as
+# session 32's s32b.sh / s32c.sh), carrying .carry/smol.part01 and .whl. The model is
+# converted from the GGUF on the machine; its LM head must come up with its blocks attached
+# and give the bf16 weight's logits (test_q8.py's CUDA test), and the engine's async tests
+# run through the blocks.
+export PYTHONUNBUFFERED=1
+mkdir -p /tmp/mmhome/downloads && cat /tmp/smol.part00 .carry/smol.part01 > /tmp/mmhome/downloads/SmolLM2-135M-Instruct.Q4_1.gguf
+sha256sum /tmp/mmhome/downloads/SmolLM2-135M-Instruct.Q4_1.gguf | grep -q b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 && echo "gguf ok"
+export MMSERVE_HOME=/tmp/mmhome
+mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+export PYTHONPATH=$PWD:/tmp/site
+t0=$(date +%s)
+timeout 500 python3 -m pytest -q -p no:cacheprovider -o addopts= --tb=short \
+  tests/kernels/test_q8.py tests/engine/test_async_scheduling.py 2>&1 | tail -8
+echo "tests $(( $(date +%s) - t0 )) s"
