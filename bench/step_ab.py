@@ -60,6 +60,8 @@ def main() -> None:
                     help="the LM head's weight as Q8_0 blocks (a setting's q8_head switches it)")
     args = ap.parse_args()
     settings = settings_from(args.variant)
+    if not args.q8_head and any("q8_head" in over for over in settings.values()):
+        raise SystemExit("a q8_head setting needs --q8-head (the head's blocks to switch)")
     dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16,
                                      q8_head=args.q8_head)
     base = dict(TUNING)

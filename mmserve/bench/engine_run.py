@@ -74,7 +74,10 @@ def random_cuda_model(name: str, q8_head: bool = False) -> tuple[CausalLM, dict]
     cfg = shape(name)
     hf = build_hf_model(cfg)
     sd = q8_head_weights(hf) if q8_head else hf.state_dict()
-    return build_model(cfg, sd, torch.bfloat16, "cuda"), cfg
+    model = build_model(cfg, sd, torch.bfloat16, "cuda")
+    if q8_head and model.q8_head() is None:
+        raise RuntimeError("the LM head's Q8_0 blocks were not attached")
+    return model, cfg
 
 
 def q8_head_weights(hf) -> dict[str, torch.Tensor]:

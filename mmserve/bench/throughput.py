@@ -147,6 +147,8 @@ def run_shape(cfg: ThroughputConfig, name: str, bandwidth: float) -> dict:
     hf = build_hf_model(config)
     sd = q8_head_weights(hf) if cfg.q8_head else hf.state_dict()
     model = build_model(config, sd, torch.bfloat16, "cuda")  # shares tensors
+    if cfg.q8_head and model.q8_head() is None:
+        raise RuntimeError("the LM head's Q8_0 blocks were not attached")
     wbytes = weight_bytes(model)
     out: dict = {"config": config, "weight_bytes": wbytes,
                  "roofline_tok_s": bandwidth / wbytes, "engine": {}}

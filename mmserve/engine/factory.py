@@ -53,10 +53,11 @@ def create_engine(config: EngineConfig) -> LLMEngine:
     model = load_model(path, dtype, device)
     tokenizer = Tokenizer(path)
     log.info("loaded %s from %s in %.2fs", model_name(config), path, time.perf_counter() - start)
-    if model.lm_head_q8 is not None:
+    head = model.q8_head()
+    if head is not None:
         log.info("LM head: read from its Q8_0 blocks up to %d rows (%.1f MB against %.1f MB "
                  "of %s; the same bits)", Q8_MAX_ROWS,
-                 sum(t.numel() * t.element_size() for t in model.lm_head_q8) / 1e6,
+                 sum(t.numel() * t.element_size() for t in head) / 1e6,
                  model.lm_head_weight().numel() * model.lm_head_weight().element_size() / 1e6,
                  str(dtype).removeprefix("torch."))
     limit = config.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_LEN_CAP)

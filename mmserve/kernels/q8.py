@@ -33,7 +33,8 @@ class Q8Weight(NamedTuple):
     asynchronously, and the kernel's pipeline then waited on each block's scales;
     compiled for sm_90, a plain load and a shared-memory round trip in every K step):
     block-major, so a tile of a program's columns over one block is one contiguous run of
-    bytes, and its scales one contiguous vector."""
+    bytes, and its scales one contiguous vector. A block whose scale is 0 has q = 0 (the
+    kernel's fma gives +0 there whatever q is)."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -43,6 +44,8 @@ class Q8Weight(NamedTuple):
         return self.scale.shape[1], self.scale.shape[0] * BLOCK
 
     def to(self, device: torch.device | str) -> Q8Weight:
+        if self.q.device == torch.device(device) and self.scale.device == self.q.device:
+            return self
         return Q8Weight(self.q.to(device), self.scale.to(device))
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
@@ -50,11 +53,16 @@ class Q8Weight(NamedTuple):
         w = self.q.float() * self.scale.float()[:, :, None]  # (K / B, N, B)
         return w.permute(1, 0, 2).reshape(self.shape).to(dtype)
 
-    def matches(self, weight: torch.Tensor) -> bool:
-        """Whether the blocks dequantize to ``weight`` (its dtype) bit for bit."""
-        return (tuple(weight.shape) == self.shape
-                and torch.equal(_bits(self.dequantize(weight.dtype)), _bits(weight)))
-
+    def matches(self, weight: torch.Tensor, rows: int = 8192) -> bool:
+        """Whether the blocks dequantize to ``weight`` (its dtype) bit for bit (``rows`` rows
+        compared at a time)."""
+        if tuple(weight.shape) != self.shape:
+            return False
+        for r in range(0, self.shape[0], rows):
+            part = Q8Weight(self.q[:, r:r + rows], self.scale[:, r:r + rows])
+            if not torch.equal(_bits(part.dequantize(weight.dtype)), _bits(weight[r:r + rows])):
+                return False
+        return True
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
@@ -76,9 +84,12 @@ def factor_q8(weight: torch.Tensor, rows: int = 8192) -> Q8Weight | None:
         if not bool(torch.isfinite(d).all()) or not torch.equal(d.half().float(), d):
             return None
         q = torch.where(d[..., None] > 0, b / torch.where(d > 0, d, 1.0)[..., None], 0.0)
-        if not torch.equal(q.round(), q) or not torch.equal(q * d[..., None], b):
+        if not torch.equal(q.round(), q):
             return None
-        qs.append(q.to(torch.int8))
+        q = q.to(torch.int8)  # rebuilt as the kernel will: a -0.0 in the weight fails here
+        if not torch.equal(_bits(q.float() * d[..., None]), _bits(b)):
+            return None
+        qs.append(q)
         ds.append(d)
     return Q8Weight(torch.cat(qs).permute(1, 0, 2).contiguous(), torch.cat(ds).t().contiguous())
 
@@ -91,5 +102,6 @@ def quantize_q8(weight: torch.Tensor) -> Q8Weight:
     amax = b.abs().amax(-1)
     inv = torch.where(amax > 0, 127 / torch.where(amax > 0, amax, 1.0), 0.0)
     q = (b * inv[..., None]).round().clamp(-127, 127)
-    return Q8Weight(q.to(torch.int8).permute(1, 0, 2).contiguous(),
-                    (amax / 127).half().float().t().contiguous())
+    d = (amax / 127).half().float()
+    q = torch.where(d[..., None] > 0, q, 0.0)  # an amax under fp16's range: a zero block
+    return Q8Weight(q.to(torch.int8).permute(1, 0, 2).contiguous(), d.t().contiguous())

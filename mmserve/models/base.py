@@ -29,8 +29,10 @@ class CausalLM(nn.Module, ABC):
     vocab_size: int
     max_position_embeddings: int
     embed_tokens: nn.Embedding
-    # the LM head's weight as Q8_0 blocks, when it is exactly that (``attach_q8_head``)
+    # the LM head's weight as Q8_0 blocks, when it is exactly that (``attach_q8_head``), and
+    # which weight they were checked against (id, address, dtype, version)
     lm_head_q8: Q8Weight | None = None
+    _q8_checked: tuple | None = None
 
     @classmethod
     @abstractmethod
@@ -54,7 +56,7 @@ class CausalLM(nn.Module, ABC):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(M, H) -> (M, V) float32 logits."""
-        return logits_linear(hidden, self.lm_head_weight(), self.lm_head_q8)
+        return logits_linear(hidden, self.lm_head_weight(), self.q8_head())
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight
@@ -67,10 +69,23 @@ class CausalLM(nn.Module, ABC):
         """Let the LM head read ``blocks`` (``q8.factor_q8`` of its float32 weight, as a
         GGUF's Q8_0 token embedding gives) if they dequantize to the placed weight bit for
         bit; -> whether they do. Speed only: ``logits_linear`` computes the same bits."""
-        w = self.lm_head_weight().detach()
+        w = self.lm_head_weight()
         blocks = blocks.to(w.device)
-        self.lm_head_q8 = blocks if blocks.matches(w) else None
-        return self.lm_head_q8 is not None
+        ok = blocks.matches(w.detach())
+        self.lm_head_q8 = blocks if ok else None
+        self._q8_checked = _weight_key(w) if ok else None
+        return ok
+
+    def q8_head(self) -> Q8Weight | None:
+        """The attached blocks while the LM head's weight is still the one they were checked
+        against (not moved, cast, replaced or written in place since), else None."""
+        if self.lm_head_q8 is None or self._q8_checked != _weight_key(self.lm_head_weight()):
+            return None
+        return self.lm_head_q8
+
+
+def _weight_key(w: torch.Tensor) -> tuple:
+    return id(w), w.data_ptr(), w.dtype, w._version
 
 
 def load_into(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:

@@ -91,6 +91,26 @@ def test_factor_q8_refuses_what_it_cannot_reproduce(case):
     assert factor_q8(w) is None
 
 
+def test_a_block_too_small_for_an_fp16_scale_is_zeros():
+    """An amax below fp16's range rounds the scale to 0: its values are 0 too (the kernel
+    makes +0 of a zero scale whatever q is), and the factoring takes it back."""
+    w = torch.randn(2, 2 * BLOCK)
+    w[1, :BLOCK] *= 1e-9
+    blocks = quantize_q8(w)
+    assert blocks.scale[0, 1] == 0 and bool((blocks.q[0, 1] == 0).all())
+    deq = blocks.dequantize(torch.float32)
+    assert not bool(torch.signbit(deq[1, :BLOCK]).any())
+    back = factor_q8(deq)
+    assert back is not None and torch.equal(back.q, blocks.q)
+
+
+def test_a_negative_zero_is_refused():
+    """-0.0 is not d * q for an int8 q (the kernel would make +0): not reproduced, refused."""
+    w = quantize_q8(torch.randn(2, BLOCK)).dequantize(torch.float32)
+    w[0, 3] = -0.0
+    assert factor_q8(w) is None
+
+
 def test_a_block_of_zeros_factors_and_dequantizes_to_zeros():
     w = quantize_q8(torch.randn(4, 2 * BLOCK)).dequantize(torch.float32)
     w[2, BLOCK:] = 0.0
@@ -123,7 +143,25 @@ def test_attach_q8_head_takes_only_blocks_with_the_weights_bits(tiny_llama):
     want = model.compute_logits(h)
     blocks = factor_q8(w32)
     assert blocks is not None and model.attach_q8_head(blocks)
+    assert model.q8_head() is blocks
     assert torch.equal(model.compute_logits(h), want)
+
+
+def test_the_blocks_are_dropped_when_the_weight_changes(tiny_llama):
+    """Written in place, cast or replaced after the blocks were checked: ``q8_head`` gives
+    None (the product reads the weight), so the blocks never stand for another weight."""
+    model = tiny_llama("cpu")
+    head = model.lm_head_weight()
+    w32 = quantize_q8(head.float()).dequantize(torch.float32)
+    head.data.copy_(w32.bfloat16())
+    blocks = factor_q8(w32)
+    assert model.attach_q8_head(blocks) and model.q8_head() is blocks
+    with torch.no_grad():
+        model.lm_head_weight().mul_(1.0)  # in place: the weight's version moves
+    assert model.q8_head() is None
+    assert model.attach_q8_head(blocks) and model.q8_head() is blocks
+    model.half()  # cast: another tensor, another dtype
+    assert model.q8_head() is None
 
 ON_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 

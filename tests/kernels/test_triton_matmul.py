@@ -9,6 +9,26 @@ from triton_kit import DEVICE, DTYPE, ON_CUDA, TOL, needs_triton
 
 pytestmark = needs_triton
 
+try:
+    import triton
+    import triton.language as tl
+
+    from mmserve.kernels.triton_matmul import _q8_dequant
+except ImportError:  # CPU-only installs: every test here skips
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _dequant_kernel(q_ptr, d_ptr, o_ptr, QB: tl.constexpr, BN: tl.constexpr,
+                        FMA: tl.constexpr):
+        """``_q8_dequant`` alone: (programs x BN scales) x QB values."""
+        rn = tl.program_id(0) * BN + tl.arange(0, BN)
+        rk = tl.arange(0, QB)
+        q = tl.load(q_ptr + rn[:, None] * QB + rk[None, :])
+        w = _q8_dequant(q, tl.load(d_ptr + rn), o_ptr.dtype.element_ty, FMA)
+        tl.store(o_ptr + rn[:, None] * QB + rk[None, :], w)
+
 
 def _rand(*shape):
     return torch.randn(*shape, device=DEVICE).to(DTYPE)
@@ -151,3 +171,28 @@ def test_logits_linear_reads_q8_blocks_up_to_16_rows_with_the_same_bits():
         assert torch.equal(linear.logits_linear(x[:1], w, w8), linear.logits_linear(x[:1], w))
     finally:
         linear.set_q8_head(True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_q8_dequant_is_the_rounded_float32_product_for_every_scale(dtype):
+    """``_q8_dequant`` itself (the kernel's fma form on CUDA, its two-op form under the
+    interpreter) over every fp16 scale from 0 through the subnormals to the largest (every
+    11th on CPU) and every int8 value: the bits of ``(q * d).to(dtype)`` (a zero scale with
+    q = 0, as ``Q8Weight`` keeps them)."""
+    if not ON_CUDA and dtype != torch.float32:
+        pytest.skip("the interpreter runs float32")
+    from mmserve.kernels.triton_matmul import _interpreting
+
+    kernel = _dequant_kernel
+    d = torch.arange(0, 0x7C00, 1 if ON_CUDA else 11, dtype=torch.int16).view(torch.float16)
+    d = d.float()
+    d = torch.cat([d, d.new_zeros((-d.numel()) % 64)])  # whole programs of 64 scales
+    q = torch.arange(-127, 129, dtype=torch.int16).clamp(max=127).to(torch.int8)
+    q = q[None, :].repeat(d.numel(), 1)  # every value (127 twice: 256 a row)
+    q[d == 0] = 0
+    want = (q.float() * d[:, None]).to(dtype)
+    out = torch.empty(want.shape, dtype=dtype, device=DEVICE)
+    kernel[(d.numel() // 64,)](q.to(DEVICE), d.to(DEVICE), out, QB=256, BN=64,
+                               FMA=not _interpreting())
+    bits = {2: torch.int16, 4: torch.int32}[want.element_size()]
+    assert torch.equal(out.cpu().view(bits), want.view(bits))
