@@ -9,7 +9,8 @@ the L2 between two uses of one), and the time is the graph's replay over the cal
 Rounds alternate the variants (odd rounds reversed); the figure is the median.
 
 Usage (GPU): ``PYTHONPATH=$PWD python bench/lm_head_q8.py --out $OUT/lm_head_q8.json``
-[``--shapes 49152x576 262144x640``] [``--rounds 3``] [``--rows 1``]
+[``--shapes 49152x576 262144x640``] [``--rounds 3``] [``--rows 1``] (``--rows`` above 16: the
+64-row tiles, for a wider ``Q8_MAX_ROWS``)
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ T = TileConfig
 # Q8_0 tiles to try (bk is the block, 32): the default first
 Q8_TILES = [Q8_TILE, T(16, 64, 32, 4, 8), T(16, 128, 32, 8, 8), T(16, 256, 32, 8, 6),
             T(16, 128, 32, 4, 12), T(16, 64, 32, 2, 8), T(16, 256, 32, 4, 6)]
+# for 17-64 rows (batch 32-64 decode: the bf16 head still streams 56.6 MB a step there;
+# triton_matmul.Q8_MAX_ROWS is 16 until these are measured)
+Q8_TILES_WIDE = [T(64, 128, 32, 4, 6), T(64, 64, 32, 4, 8), T(32, 128, 32, 4, 8),
+                 T(64, 128, 32, 8, 6)]
 
 
 def _copies(nbytes: int) -> int:
@@ -47,7 +52,7 @@ def measure_shape(n: int, k: int, rows: int, rounds: int, calls: int) -> dict:
     w8s = [w8] + [type(w8)(w8.q.clone(), w8.scale.clone()) for _ in range(_copies(q8_bytes) - 1)]
     variants = {"bf16": (lambda i: invariant_linear(x, ws[i % len(ws)], float_out=True),
                          w.numel() * 2)}
-    for cfg in Q8_TILES:
+    for cfg in Q8_TILES if rows <= 16 else Q8_TILES_WIDE:
         variants["q8 " + "x".join(str(v) for v in cfg)] = (
             lambda i, c=cfg: q8_linear(x, w8s[i % len(w8s)], config=c, float_out=True), q8_bytes)
     bits = {name: bool(torch.equal(fn(0), want)) for name, (fn, _) in variants.items()}

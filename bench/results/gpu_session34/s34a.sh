@@ -5,7 +5,8 @@
 #    1-16, bf16 and fp16, three widths), logits_linear's switch (the real-model tests need
 #    the GGUF: s34b.sh);
 # 2. the head alone per tile, each call on its own weight copy (bench/lm_head_q8.py):
-#    SmolLM2-135M's vocabulary (49,152 x 576) and Gemma-3-270M's (262,144 x 640);
+#    SmolLM2-135M's vocabulary (49,152 x 576) and Gemma-3-270M's (262,144 x 640), 1 row;
+#    and 64 rows at SmolLM2's (the 64-row tiles, for a Q8_MAX_ROWS above 16);
 # 3. the engine's batch-1 step with the random LM head as Q8_0 blocks, read as blocks
 #    against the bf16 weight (step_ab.py --q8-head, 3 alternated rounds, tokens compared);
 # 4. throughput.py batch 1 with --q8-head, invariant against bf16head, two runs.
@@ -19,6 +20,8 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts= --tb=short \
   tests/kernels/test_triton_matmul.py tests/kernels/test_q8.py -k "not default_model" 2>&1 | tail -5
 echo "tests $(( $(date +%s) - t0 )) s"
 timeout 150 python3 bench/lm_head_q8.py --out $OUT/lm_head_q8.json --rounds 3 2>&1 | grep -v Warn | tail -16
+timeout 90 python3 bench/lm_head_q8.py --rows 64 --shapes 49152x576 --out $OUT/lm_head_q8_64.json \
+  --rounds 3 2>&1 | grep -v Warn | tail -5
 echo "head $(( $(date +%s) - t0 )) s"
 timeout 150 python3 bench/step_ab.py --q8-head --out $OUT/step_ab_q8.json --rounds 3 \
   --variant 'bf16head={"q8_head": false}' 2>&1 | grep -v Warn | tail -3
