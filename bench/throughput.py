@@ -2,6 +2,10 @@
 ``ThroughputConfig`` fields). Usage, on the GPU machine from the repo root:
 
     PYTHONPATH=$PWD python bench/throughput.py --models smollm2-135m llama3-8b --out-dir out
+
+``--models`` takes the benchmark shapes (random weights) and the hub's models by name (real
+weights from their GGUFs, as the server loads them; with ``--no-hf``), e.g.
+``--models smollm2-135m-instruct --no-hf --variants invariant bf16head``.
 """
 
 from __future__ import annotations

@@ -66,14 +66,22 @@ class ThroughputConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from mmserve.models.hub import KNOWN_MODELS
+
         for m in self.models:
-            if m not in SHAPES:
-                raise ValueError(f"unknown model shape {m!r}; known: {', '.join(SHAPES)}")
+            if m not in SHAPES and m not in KNOWN_MODELS:
+                raise ValueError(f"unknown model shape {m!r}; known: {', '.join(SHAPES)} "
+                                 f"(random weights), {', '.join(KNOWN_MODELS)} (real weights)")
+        if self.hf and any(m in KNOWN_MODELS for m in self.models):
+            raise ValueError("the HF baselines run random shapes only: --no-hf with a real "
+                             "model")
         for v in self.variants:
             if v not in VARIANTS:
                 raise ValueError(f"variant {v!r}: use one of {', '.join(VARIANTS)}")
-        if "bf16head" in self.variants and not self.q8_head:
-            raise ValueError("variant bf16head is the Q8_0 head's reference: set q8_head")
+        if "bf16head" in self.variants and not (
+                self.q8_head or any(m in KNOWN_MODELS for m in self.models)):
+            raise ValueError("variant bf16head is the Q8_0 head's reference: set q8_head (or "
+                             "run a real model: the shipped GGUFs' heads are Q8_0)")
         if min(self.batch_sizes) < 1 or self.prompt_len < 1 or self.decode_steps < 1:
             raise ValueError("batch sizes, prompt_len and decode_steps must be >= 1")
 
@@ -98,9 +106,10 @@ def run_throughput(args: Any) -> dict:
     torch.manual_seed(cfg.seed)
     tiles = load_tile_configs(cfg.gemm_configs)
     result: dict = {"gemm_tile_configs": tiles, "config": asdict(cfg), "machine": machine(),
-                    "weights": "random (bf16)" + ("; the LM head's weight rounded to Q8_0 "
-                                                  "blocks, as the shipped GGUFs store it"
-                                                  if cfg.q8_head else ""),
+                    "weights": "random (bf16) for the shapes" + (
+                        "; their LM head's weight rounded to Q8_0 blocks, as the shipped "
+                        "GGUFs store it" if cfg.q8_head else "") + "; real for the hub's "
+                        "models (each model's own line)",
                     "bandwidth": copy_bandwidth(), "models": {}}
     bw = max(result["bandwidth"]["gb_s"]) * 1e9
     for name in cfg.models:
@@ -143,20 +152,32 @@ def run_shape(cfg: ThroughputConfig, name: str, bandwidth: float) -> dict:
     from mmserve.bench.hf_run import build_hf_model
     from mmserve.models.registry import build_model
 
-    config = shape(name)
-    hf = build_hf_model(config)
-    sd = q8_head_weights(hf) if cfg.q8_head else hf.state_dict()
-    model = build_model(config, sd, torch.bfloat16, "cuda")  # shares tensors
-    if cfg.q8_head and model.q8_head() is None:
-        raise RuntimeError("the LM head's Q8_0 blocks were not attached")
+    hf = None
+    if name in SHAPES:
+        config = shape(name)
+        hf = build_hf_model(config)
+        sd = q8_head_weights(hf) if cfg.q8_head else hf.state_dict()
+        model = build_model(config, sd, torch.bfloat16, "cuda")  # shares tensors
+        if cfg.q8_head and model.q8_head() is None:
+            raise RuntimeError("the LM head's Q8_0 blocks were not attached")
+    else:  # a real model as the server loads it (its GGUF converted once, bf16 on CUDA)
+        from mmserve.models.hub import resolve_model
+        from mmserve.models.registry import load_model
+        from mmserve.models.weights import load_config
+
+        path = resolve_model(name)
+        config = load_config(path)
+        model = load_model(path, torch.bfloat16, "cuda")
     wbytes = weight_bytes(model)
-    out: dict = {"config": config, "weight_bytes": wbytes,
+    out: dict = {"weights": "random (bf16)" if hf is not None else f"real ({name}, bf16)",
+                 "lm_head_q8": model.q8_head() is not None,
+                 "config": config, "weight_bytes": wbytes,
                  "roofline_tok_s": bandwidth / wbytes, "engine": {}}
     max_len = max(cfg.prompt_len + cfg.decode_steps + 8, cfg.prefill_len + 8)
     make_decoder = partial(PagedDecoder, model, max(cfg.batch_sizes), max_len)
     out["engine"] = run_engine_variants(cfg, name, make_decoder, config["vocab_size"])
     out.update(row0_comparison(out["engine"], str(cfg.batch_sizes[0])))
-    if cfg.hf:
+    if cfg.hf and hf is not None:
         print(f"[{name}] HF transformers", flush=True)
         out["hf"] = hf_variants(cfg, hf, config["vocab_size"])
     del hf, model, make_decoder  # the partial holds the model too

@@ -37,6 +37,12 @@ def test_config_from_namespace_and_validation():
     with pytest.raises(ValueError, match="q8_head"):  # nothing to compare it with
         ThroughputConfig(variants=("invariant", "bf16head"))
     assert ThroughputConfig(variants=("bf16head",), q8_head=True).q8_head
+    # the real default model (weights from its GGUF): no HF baseline for it
+    real = ThroughputConfig(models=("smollm2-135m-instruct",), hf=False,
+                            variants=("invariant", "bf16head"))
+    assert real.models == ("smollm2-135m-instruct",)
+    with pytest.raises(ValueError, match="no-hf"):
+        ThroughputConfig(models=("smollm2-135m-instruct",))
 
 
 @pytest.mark.parametrize("tied", [True, False])
