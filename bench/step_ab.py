@@ -15,7 +15,9 @@ Usage (GPU): ``PYTHONPATH=$PWD python bench/step_ab.py --out $OUT/step_ab.json
 give 129-228 cached tokens (the serial graph, as throughput.py's decode); 512, 513-612
 (the spread one). ``--q8-head``: the LM head's random weight as Q8_0 blocks (as the shipped
 GGUFs store theirs), and a setting may then set ``"q8_head": false`` (the head from its
-bf16 weight: ``linear.set_q8_head``) beside the stack's keys.
+bf16 weight: ``linear.set_q8_head``) or ``"q8_early": N`` (``triton_matmul.Q8_EARLY``: its
+programs ask L2 for their first N blocks before waiting on the final norm) beside the
+stack's keys.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import torch
 from mmserve.bench.engine_run import prompted_decoder
 from mmserve.kernels.linear import set_q8_head
 from mmserve.kernels.triton_decode_stack import TUNING
+from mmserve.kernels.triton_matmul import Q8_EARLY
 
-EXTRA = {"q8_head"}  # keys that are not the stack's TUNING
+EXTRA = {"q8_head", "q8_early"}  # keys that are not the stack's TUNING
 
 
 def settings_from(variants: list[str]) -> dict[str, dict]:
@@ -60,8 +63,8 @@ def main() -> None:
                     help="the LM head's weight as Q8_0 blocks (a setting's q8_head switches it)")
     args = ap.parse_args()
     settings = settings_from(args.variant)
-    if not args.q8_head and any("q8_head" in over for over in settings.values()):
-        raise SystemExit("a q8_head setting needs --q8-head (the head's blocks to switch)")
+    if not args.q8_head and any(EXTRA & set(over) for over in settings.values()):
+        raise SystemExit("q8_head / q8_early settings need --q8-head (the head's blocks)")
     dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16,
                                      q8_head=args.q8_head)
     base = dict(TUNING)
@@ -73,6 +76,7 @@ def main() -> None:
                 TUNING.clear()
                 TUNING.update({**base, **{k: v for k, v in over.items() if k not in EXTRA}})
                 set_q8_head(bool(over.get("q8_head", True)))
+                Q8_EARLY["blocks"] = int(over.get("q8_early", 0))
                 dec.capture((1,))
                 row: dict = {"setting": name, "round": rnd}
                 for start in args.starts:
@@ -86,6 +90,7 @@ def main() -> None:
         TUNING.clear()
         TUNING.update(base)
         set_q8_head(True)
+        Q8_EARLY["blocks"] = 0
     same = {name: all(r[f"tokens_{s}"] == rows[0][f"tokens_{s}"] for s in args.starts
                       for r in rows if r["setting"] == name) for name in settings}
     report = {"model": args.model, "q8_head": args.q8_head, "starts": args.starts,

@@ -95,6 +95,7 @@ def pick_config(m: int, n: int, k: int | None = None) -> TileConfig:
 
 
 if triton is not None:
+    from mmserve.kernels.triton_grid import prefetch_l2
     from mmserve.kernels.triton_pdl import launch_next, wait_only
 
     @triton.jit
@@ -168,7 +169,8 @@ if triton is not None:
     def _gemm_q8_kernel(a_ptr, q_ptr, s_ptr, o_ptr, M, N, K, stride_am, stride_om,
                         BM: tl.constexpr, BN: tl.constexpr, QB: tl.constexpr,
                         GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-                        LATE: tl.constexpr, FMA: tl.constexpr):
+                        LATE: tl.constexpr, FMA: tl.constexpr, EARLY: tl.constexpr = 0,
+                        EARLY_LINES: tl.constexpr = 1):
         """``_gemm_kernel`` over a ``q8.Q8Weight`` (q (K / QB, N, QB) int8, s (K / QB, N)
         float32 holding fp16 values): a K step a block, its weights ``d * q`` in float32
         (exact) rounded to a's dtype (nearest even) before the product, so the product's
@@ -179,6 +181,13 @@ if triton is not None:
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         q_tile = q_ptr + rn.to(tl.int64)[:, None] * QB + rk[None, :]  # block 0's
         s_cols = s_ptr + rn
+        if EARLY > 0:  # the first EARLY blocks' lines asked of L2 before the wait (the weights
+            # do not depend on the kernel before: under PDL this overlaps its end)
+            _, pid_n = tile_ids(tl.program_id(0), M, N, BM, BN, GROUP_M)
+            TILE: tl.constexpr = BN * QB // 128  # a block's tile: this many 128-byte lines
+            line = tl.minimum(tl.arange(0, EARLY_LINES), EARLY * TILE - 1).to(tl.int64)
+            at = ((line // TILE) * N + pid_n * BN) * QB + (line % TILE) * 128
+            prefetch_l2(q_ptr + tl.minimum(at, tl.cast(N, tl.int64) * K - 1))
         wait_only(PDL)
         if not LATE:
             launch_next(PDL)
@@ -241,6 +250,9 @@ def _interpreting() -> bool:
 # weight's GEMM (the same bits) keeps its tiles for prefill's many rows.
 Q8_TILE = TileConfig(16, 128, 32, 4, 8)
 Q8_MAX_ROWS = 16
+# K blocks of its tile each program asks L2 for before waiting on the kernel before it (the
+# final norm under PDL; 0: none). A hint, no bits move; not yet measured, so off.
+Q8_EARLY = {"blocks": 0}
 
 
 def q8_linear(x: torch.Tensor, weight, config: TileConfig | None = None,
@@ -259,11 +271,14 @@ def q8_linear(x: torch.Tensor, weight, config: TileConfig | None = None,
     out = torch.empty(m, n, dtype=torch.float32 if float_out else x.dtype, device=x.device)
     if m:
         cfg = config or Q8_TILE
-        assert cfg.bk == BLOCK
+        assert cfg.bk == BLOCK and cfg.bn * BLOCK % 128 == 0
+        early = int(Q8_EARLY["blocks"])
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
         _gemm_q8_kernel[(tiles,)](
             a, weight.q, weight.scale, out, m, n, k, a.stride(0), out.stride(0), BM=cfg.bm,
             BN=cfg.bn, QB=BLOCK, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
-            FMA=not _interpreting(), num_warps=cfg.warps,
+            FMA=not _interpreting(), EARLY=early,
+            EARLY_LINES=triton.next_power_of_2(max(1, early * cfg.bn * BLOCK // 128)),
+            num_warps=cfg.warps,
             num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)

@@ -196,3 +196,19 @@ def test_q8_dequant_is_the_rounded_float32_product_for_every_scale(dtype):
                                FMA=not _interpreting())
     bits = {2: torch.int16, 4: torch.int32}[want.element_size()]
     assert torch.equal(out.cpu().view(bits), want.view(bits))
+
+
+@pytest.mark.parametrize("early", [1, 3, 64])
+def test_q8_linear_asking_l2_before_the_wait_moves_no_bits(early):
+    """``Q8_EARLY``: each program asks L2 for its first blocks before waiting on the kernel
+    before it (a hint; 64 blocks: more than K has, the addresses clamped to the weight)."""
+    from mmserve.kernels import triton_matmul
+
+    w8 = _q8(1000, 576, 11)
+    x = _rand(3, 576)
+    want = triton_matmul.q8_linear(x, w8, float_out=True)
+    try:
+        triton_matmul.Q8_EARLY["blocks"] = early
+        assert torch.equal(triton_matmul.q8_linear(x, w8, float_out=True), want)
+    finally:
+        triton_matmul.Q8_EARLY["blocks"] = 0

@@ -8,7 +8,9 @@
 #    SmolLM2-135M's vocabulary (49,152 x 576) and Gemma-3-270M's (262,144 x 640), 1 row;
 #    and 64 rows at SmolLM2's (the 64-row tiles, for a Q8_MAX_ROWS above 16);
 # 3. the engine's batch-1 step with the random LM head as Q8_0 blocks, read as blocks
-#    against the bf16 weight (step_ab.py --q8-head, 3 alternated rounds, tokens compared);
+#    against the bf16 weight, and with its programs asking L2 for their first 4 / all 18
+#    blocks before waiting on the final norm (Q8_EARLY; step_ab.py --q8-head, 3 alternated
+#    rounds, tokens compared);
 # 4. throughput.py batch 1 with --q8-head, invariant against bf16head, two runs.
 # Prediction (bench/NOTES.md, session 34): the head 16.8 -> ~9.5-10.5 us alone; the step
 # -6 to -8 us at both contexts; batch 1 ~+1.2-1.5 %.
@@ -23,8 +25,9 @@ timeout 150 python3 bench/lm_head_q8.py --out $OUT/lm_head_q8.json --rounds 3 2>
 timeout 90 python3 bench/lm_head_q8.py --rows 64 --shapes 49152x576 --out $OUT/lm_head_q8_64.json \
   --rounds 3 2>&1 | grep -v Warn | tail -5
 echo "head $(( $(date +%s) - t0 )) s"
-timeout 150 python3 bench/step_ab.py --q8-head --out $OUT/step_ab_q8.json --rounds 3 \
-  --variant 'bf16head={"q8_head": false}' 2>&1 | grep -v Warn | tail -3
+timeout 240 python3 bench/step_ab.py --q8-head --out $OUT/step_ab_q8.json --rounds 3 \
+  --variant 'bf16head={"q8_head": false}' --variant 'early4={"q8_early": 4}' \
+  --variant 'early18={"q8_early": 18}' 2>&1 | grep -v Warn | tail -5
 echo "step_ab $(( $(date +%s) - t0 )) s"
 for r in 1 2; do
   timeout 100 python3 bench/throughput.py --models smollm2-135m --batch-sizes 1 --eager-steps 0 \
