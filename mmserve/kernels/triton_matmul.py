@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import torch
 
+from mmserve.kernels.q8 import BLOCK, Q8Weight
 from mmserve.kernels.triton_pdl import gemm_pdl_args
 
 try:
@@ -255,13 +256,11 @@ Q8_MAX_ROWS = 16
 Q8_EARLY = {"blocks": 0}
 
 
-def q8_linear(x: torch.Tensor, weight, config: TileConfig | None = None,
+def q8_linear(x: torch.Tensor, weight: Q8Weight, config: TileConfig | None = None,
               float_out: bool = False, late: bool = False) -> torch.Tensor:
     """``invariant_linear(x, weight.dequantize(x.dtype))`` from a ``q8.Q8Weight``: the same
     bits, reading 1.125 bytes a weight instead of 2. ``config``: the tile (its ``bk`` must
     be the block, 32)."""
-    from mmserve.kernels.q8 import BLOCK
-
     n, k = weight.shape
     assert x.shape[-1] == k and weight.q.is_contiguous() and weight.scale.is_contiguous()
     a = x.reshape(-1, k)
