@@ -138,3 +138,41 @@ def test_steps_fed_from_the_last_argmax_on_the_device_equal_steps_fed_from_the_h
         # inputs by kernel: the host's 40 steps and the first ahead step, 39 steps that
         # also sent the last step's tokens, and the last step's own copy
         assert triton_copy.launches() >= launches + 40 + 1 + 39 + 1
+
+
+@torch.inference_mode()
+def test_graphs_reading_the_q8_head_equal_graphs_reading_the_bf16_head(tiny_llama):
+    """The LM head as Q8_0 blocks (a GGUF's storage) inside the captured decode graphs, at
+    batch 1 and 3 (padded): the logits, tokens and KV bytes of graphs captured with the
+    head read from its bf16 weight."""
+    from mmserve.kernels import linear
+    from mmserve.kernels.q8 import factor_q8, quantize_q8
+
+    model = tiny_llama()
+    head = model.lm_head_weight()
+    w32 = quantize_q8(head.float()).dequantize(torch.float32)
+    head.data.copy_(w32.to(head.dtype))
+    blocks = factor_q8(w32)
+    assert blocks is not None and model.attach_q8_head(blocks)
+    for n in (1, 3):
+        runs = []
+        for q8 in (True, False):
+            linear.set_q8_head(q8)
+            try:
+                kv = make_kv(model, 64, torch.bfloat16)
+                graphs = DecodeGraphs(model, kv, 20, (1, 4))
+                graphs.capture()
+                tables = np.arange(1, 1 + 20 * n).reshape(n, 20).astype(np.int64)
+                toks, logits_seen = [[7 + 31 * i for i in range(n)]], []
+                for i in range(24):
+                    logits, top, _ = graphs.run_verify([[t] for t in toks[-1]], [i] * n,
+                                                       tables, PAGE)
+                    logits_seen.append(logits.clone())
+                    toks.append(top[:n].tolist())
+                runs.append((toks, logits_seen, kv.clone()))
+            finally:
+                linear.set_q8_head(True)
+        (toks_a, logits_a, kv_a), (toks_b, logits_b, kv_b) = runs
+        assert toks_a == toks_b, n
+        assert all(torch.equal(a, b) for a, b in zip(logits_a, logits_b, strict=True)), n
+        assert torch.equal(kv_a, kv_b), n

@@ -2,8 +2,9 @@
 # session's first call for the Q8_0 LM head (kernels/q8.py, triton_matmul.q8_linear); carry
 # [".whl"]. About 6 minutes.
 # 1. its GPU tests: q8_linear's bits against the bf16 weight's GEMM at its own tiles (rows
-#    1-16, bf16 and fp16, three widths), logits_linear's switch (the real-model tests need
-#    the GGUF: s34b.sh);
+#    1-16, bf16 and fp16, three widths), _q8_dequant over every fp16 scale and int8 value,
+#    logits_linear's switch, the decode graphs with the blocks against the bf16 head (the
+#    real-model tests need the GGUF: s34b.sh);
 # 2. the head alone per tile, each call on its own weight copy (bench/lm_head_q8.py):
 #    SmolLM2-135M's vocabulary (49,152 x 576) and Gemma-3-270M's (262,144 x 640), 1 row;
 #    and 64 rows at SmolLM2's (the 64-row tiles, for a Q8_MAX_ROWS above 16);
@@ -19,7 +20,8 @@ mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compil
 export PYTHONPATH=$PWD:/tmp/site
 t0=$(date +%s)
 timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts= --tb=short \
-  tests/kernels/test_triton_matmul.py tests/kernels/test_q8.py -k "not default_model" 2>&1 | tail -5
+  tests/kernels/test_triton_matmul.py tests/kernels/test_q8.py tests/engine/test_cuda_graphs.py \
+  -k "not default_model" 2>&1 | tail -5
 echo "tests $(( $(date +%s) - t0 )) s"
 timeout 150 python3 bench/lm_head_q8.py --out $OUT/lm_head_q8.json --rounds 3 2>&1 | grep -v Warn | tail -16
 timeout 90 python3 bench/lm_head_q8.py --rows 64 --shapes 49152x576 --out $OUT/lm_head_q8_64.json \
