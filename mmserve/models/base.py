@@ -85,7 +85,8 @@ class CausalLM(nn.Module, ABC):
 
 
 def _weight_key(w: torch.Tensor) -> tuple:
-    return id(w), w.data_ptr(), w.dtype, w._version
+    # a model built under inference_mode has inference tensors, which keep no version
+    return id(w), w.data_ptr(), w.dtype, None if w.is_inference() else w._version
 
 
 def load_into(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:

@@ -163,6 +163,21 @@ def test_the_blocks_are_dropped_when_the_weight_changes(tiny_llama):
     model.half()  # cast: another tensor, another dtype
     assert model.q8_head() is None
 
+def test_a_model_built_under_inference_mode_keeps_its_blocks(tiny_llama):
+    """Built under ``torch.inference_mode`` (the benchmarks do), the weights are inference
+    tensors, which keep no version counter: the blocks still attach and are read."""
+    with torch.inference_mode():
+        model = tiny_llama("cpu")
+        head = model.lm_head_weight()
+        assert head.is_inference()
+        w32 = quantize_q8(head.float()).dequantize(torch.float32)
+        head.copy_(w32.bfloat16())
+        blocks = factor_q8(w32)
+        assert blocks is not None and model.attach_q8_head(blocks)
+        assert model.q8_head() is blocks
+        model.compute_logits(torch.randn(2, head.shape[1]).bfloat16())
+
+
 ON_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 
 
