@@ -78,6 +78,7 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor, q8=None) -> torch.Tenso
         return invariant_linear(x, weight, float_out=True)
     return linear(x, weight).float()
 
+
 def tiled_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int
 ) -> torch.Tensor:

@@ -207,6 +207,17 @@ if triton is not None:
         tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+def _rows_and_out(x: torch.Tensor, n: int, float_out: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., K) as (M, K) rows with unit column stride, and the (M, n) output (float32 with
+    ``float_out``, else x's dtype)."""
+    a = x.reshape(-1, x.shape[-1])
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    out = torch.empty(a.shape[0], n, dtype=torch.float32 if float_out else x.dtype,
+                      device=x.device)
+    return a, out
+
+
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      config: TileConfig | None = None, float_out: bool = False,
                      late: bool = False) -> torch.Tensor:
@@ -220,12 +231,9 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     """
     k = x.shape[-1]
     n = weight.shape[0]
-    a = x.reshape(-1, k)
-    if a.stride(-1) != 1:
-        a = a.contiguous()
     assert weight.stride(-1) == 1 and weight.shape[1] == k
+    a, out = _rows_and_out(x, n, float_out)
     m = a.shape[0]
-    out = torch.empty(m, n, dtype=torch.float32 if float_out else x.dtype, device=x.device)
     if m:
         cfg = config or pick_config(m, n, k)
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
@@ -263,11 +271,8 @@ def q8_linear(x: torch.Tensor, weight: Q8Weight, config: TileConfig | None = Non
     be the block, 32)."""
     n, k = weight.shape
     assert x.shape[-1] == k and weight.q.is_contiguous() and weight.scale.is_contiguous()
-    a = x.reshape(-1, k)
-    if a.stride(-1) != 1:
-        a = a.contiguous()
+    a, out = _rows_and_out(x, n, float_out)
     m = a.shape[0]
-    out = torch.empty(m, n, dtype=torch.float32 if float_out else x.dtype, device=x.device)
     if m:
         cfg = config or Q8_TILE
         assert cfg.bk == BLOCK and cfg.bn * BLOCK % 128 == 0

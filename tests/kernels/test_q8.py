@@ -3,12 +3,11 @@ checked against the GGUF files' own bytes and against the ``gguf`` package's qua
 
 from __future__ import annotations
 
-import importlib.util
-
 import gguf
 import numpy as np
 import pytest
 import torch
+from triton_kit import ON_CUDA
 
 from mmserve.kernels.q8 import BLOCK, Q8Weight, factor_q8, quantize_q8
 from mmserve.models.weights import load_state_dict
@@ -176,9 +175,6 @@ def test_a_model_built_under_inference_mode_keeps_its_blocks(tiny_llama):
         assert blocks is not None and model.attach_q8_head(blocks)
         assert model.q8_head() is blocks
         model.compute_logits(torch.randn(2, head.shape[1]).bfloat16())
-
-
-ON_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="the Q8_0 LM head is a CUDA path")
