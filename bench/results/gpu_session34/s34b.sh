@@ -12,7 +12,7 @@ export MMSERVE_HOME=/tmp/mmhome
 mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 export PYTHONPATH=$PWD:/tmp/site
 t0=$(date +%s)
-timeout 500 python3 -m pytest -q -p no:cacheprovider -o addopts= --tb=short \
+timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts= --tb=short \
   tests/kernels/test_q8.py tests/engine/test_async_scheduling.py 2>&1 | tail -8
 echo "tests $(( $(date +%s) - t0 )) s"
 for r in 1 2; do
