@@ -58,7 +58,8 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
         elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr", "ps_ptr", "psi_ptr",
                       "psm_ptr"):
             types[name] = "*fp32"
-        elif name == "q_ptr":  # the Q8_0 head's values (its scales are "s_ptr": float32)
+        elif name == "q_ptr" and "s_ptr" in fn.arg_names:  # the Q8_0 head's values (the
+            # attention kernels' q_ptr is bf16), its scales "s_ptr" float32
             types[name] = "*i8"
         elif name == "s_ptr":
             types[name] = "*fp32"
@@ -170,7 +171,7 @@ def main() -> None:
     print(f"Q8_0 GEMM, {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps} warps, {cfg.stages} stages:",
           report(triton_matmul._gemm_q8_kernel,
                  {"BM": cfg.bm, "BN": cfg.bn, "QB": cfg.bk, "GROUP_M": 8, "UPCAST": True,
-                  "PDL": True, "LATE": False, "FMA": True},
+                  "PDL": True, "LATE": False, "FMA": True, "EARLY": 0, "EARLY_LINES": 1},
                  num_warps=cfg.warps, num_stages=cfg.stages))
     # rope + cache write + attention in one launch (the layered path's), both shapes
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):

@@ -158,13 +158,25 @@ if triton is not None:
         ``FMA``: one fma(f, d, -d * 3 * 2^22) a weight, which is d * q before its one
         rounding (d * 3 * 2^22 is exact: 11 + 2 significant bits; so the exact sum is
         d * q, which float32 holds: 11 + 7 bits); else (the interpreter, whose fma rounds
-        the product first) (f - 3 * 2^22) * d."""
+        the product first) (f - 3 * 2^22) * d.
+
+        The result passes an identity asm with a side effect (compiled, not interpreted):
+        Triton sizes a dot operand's registers by the narrowest load it can trace the
+        operand back to, and from the int8 load it picks kWidth 4, which on sm_90's
+        mma.sync sends k 2-3 of every 4 to the block's second k16 product: other k16 sums
+        than the bf16 GEMM's, other bits (session 35, H200). The asm stops that trace:
+        kWidth 2, the bf16 GEMM's groups (and 198 instructions a K step against 228)."""
         f = (q.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
         if FMA:
             w = tl.fma(f, d[:, None], (d * -12582912.0)[:, None])
         else:
             w = (f - 12582912.0) * d[:, None]
-        return w.to(dtype, fp_downcast_rounding="rtne")
+        w = w.to(dtype, fp_downcast_rounding="rtne")
+        if FMA:  # 32 bits a register: two halves, or one float32
+            w = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=w.dtype,
+                                          is_pure=False,
+                                          pack=32 // w.dtype.primitive_bitwidth)
+        return w
 
     @triton.jit
     def _gemm_q8_kernel(a_ptr, q_ptr, s_ptr, o_ptr, M, N, K, stride_am, stride_om,
