@@ -3,14 +3,11 @@ checked against the GGUF files' own bytes and against the ``gguf`` package's qua
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import gguf
 import numpy as np
 import pytest
 import torch
-from triton_kit import ON_CUDA
+from triton_kit import COMPILES, ON_CUDA
 
 from mmserve.kernels.q8 import BLOCK, Q8Weight, factor_q8, quantize_q8
 from mmserve.models.weights import load_state_dict
@@ -214,10 +211,6 @@ def test_the_kernels_dequantize_arithmetic_is_exact_for_every_scale_and_value():
     assert torch.equal(c.double(), d.double() * -12582912.0)
     fma = (f.double()[None, :] * d.double()[:, None] + c.double()[:, None]).float()
     assert torch.equal(fma, d[:, None] * q.float()[None, :])
-
-
-COMPILES = (importlib.util.find_spec("triton") is not None
-            and os.environ.get("TRITON_INTERPRET") != "1")  # jit functions, not interpreted
 
 
 def _dot_kwidths(fn, constexprs: dict, **options) -> set[str]:

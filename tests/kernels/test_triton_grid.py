@@ -8,17 +8,14 @@ form of the wait's PTX (``poll_asm``) goes through Triton's sm_90 compile and pt
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 
 import pytest
 import torch
-from triton_kit import ON_CUDA
+from triton_kit import COMPILES, ON_CUDA
 
 needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="needs CUDA + triton")
-COMPILES = (importlib.util.find_spec("triton") is not None
-            and os.environ.get("TRITON_INTERPRET") != "1")  # jit functions, not interpreted
 
 if ON_CUDA or COMPILES:
     import triton
