@@ -17,7 +17,9 @@ give 129-228 cached tokens (the serial graph, as throughput.py's decode); 512, 5
 GGUFs store theirs), and a setting may then set ``"q8_head": false`` (the head from its
 bf16 weight: ``linear.set_q8_head``) or ``"q8_early": N`` (``triton_matmul.Q8_EARLY``: its
 programs ask L2 for their first N blocks before waiting on the final norm) beside the
-stack's keys.
+stack's keys. ``"o_groups": true``: the o product summed by kv-head group
+(``fused.set_o_groups``: other bits, so other tokens; with the stack's "o_fuse", phase C
+inside phase B at batch 1).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ import statistics
 import torch
 
 from mmserve.bench.engine_run import prompted_decoder
+from mmserve.kernels.fused import set_o_groups
 from mmserve.kernels.linear import set_q8_head
 from mmserve.kernels.triton_decode_stack import TUNING
 from mmserve.kernels.triton_matmul import Q8_EARLY
 
-EXTRA = {"q8_head", "q8_early"}  # keys that are not the stack's TUNING
+EXTRA = {"q8_head", "q8_early", "o_groups"}  # keys that are not the stack's TUNING
+Q8_KEYS = {"q8_head", "q8_early"}  # those that need --q8-head
 
 
 def settings_from(variants: list[str]) -> dict[str, dict]:
@@ -63,7 +67,7 @@ def main() -> None:
                     help="the LM head's weight as Q8_0 blocks (a setting's q8_head switches it)")
     args = ap.parse_args()
     settings = settings_from(args.variant)
-    if not args.q8_head and any(EXTRA & set(over) for over in settings.values()):
+    if not args.q8_head and any(Q8_KEYS & set(over) for over in settings.values()):
         raise SystemExit("q8_head / q8_early settings need --q8-head (the head's blocks)")
     dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16,
                                      q8_head=args.q8_head)
@@ -77,6 +81,7 @@ def main() -> None:
                 TUNING.update({**base, **{k: v for k, v in over.items() if k not in EXTRA}})
                 set_q8_head(bool(over.get("q8_head", True)))
                 Q8_EARLY["blocks"] = int(over.get("q8_early", 0))
+                set_o_groups(bool(over.get("o_groups", False)))
                 dec.capture((1,))
                 row: dict = {"setting": name, "round": rnd}
                 for start in args.starts:
@@ -91,6 +96,7 @@ def main() -> None:
         TUNING.update(base)
         set_q8_head(True)
         Q8_EARLY["blocks"] = 0
+        set_o_groups(False)
     same = {name: all(r[f"tokens_{s}"] == rows[0][f"tokens_{s}"] for s in args.starts
                       for r in rows if r["setting"] == name) for name in settings}
     report = {"model": args.model, "q8_head": args.q8_head, "starts": args.starts,

@@ -80,13 +80,33 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: 
     return linear(rms_norm(x, norm_weight, eps, offset), weight, bias)
 
 
-def linear_residual(x: torch.Tensor, weight: torch.Tensor,
-                    residual: torch.Tensor) -> torch.Tensor:
-    """``residual + linear(x, weight)``, the same bits fused or not; x (M, K) -> (M, N)."""
+def set_o_groups(on: bool) -> None:
+    """The attention's o product summed by kv-head group (``o_segments``) in the Triton
+    paths, the decode stack's and the layered kernels' alike: an arithmetic, so switched
+    for the whole process (tests, benchmarks; ``MMSERVE_O_GROUPS``)."""
+    _state["o_groups"] = on
+
+
+def o_segments(kv_heads: int) -> int:
+    """Chains the o product's K is summed in (``triton_fused._gemm``'s ``segments``): one
+    per kv head with ``set_o_groups`` on (each head group's attention rows times their o
+    columns a chain of its own, the chains added in head order: the decode stack can then
+    start a group's product in its attention phase, ``triton_decode_stack``), else 1."""
+    return kv_heads if _state["o_groups"] else 1
+
+
+_state["o_groups"] = os.environ.get("MMSERVE_O_GROUPS", "0") == "1"
+
+
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                    segments: int = 1) -> torch.Tensor:
+    """``residual + linear(x, weight)``, the same bits fused or not; x (M, K) -> (M, N).
+    ``segments``: the fused kernel's K chains (``o_segments``; the composition's product
+    is torch's or the plain GEMM's, whose order is its own)."""
     if _fused_gemm(x, None):
         from mmserve.kernels import triton_fused
 
-        return triton_fused.linear_residual(x, weight, residual)
+        return triton_fused.linear_residual(x, weight, residual, segments=segments)
     return residual + linear(x, weight)
 
 

@@ -146,24 +146,41 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # read 572.2 -> 574.6 at 600 (not understood; the barrier counter on its own line did not
 # change it), so "poll_spread" is off: that kernel keeps the acquire loop. Not kept: 2-8
 # loads in flight and a spin between loads (slower alone and in the engine), acquire loads
-# in the same asm loop (the engine -2.3 / +28.8 us).
+# in the same asm loop (the engine -2.3 / +28.8 us). "no_c": a timing probe, never a
+# setting (wrong bits): 1 phase C (the o product) and its barrier skipped, 2 and phase D
+# norming from the row itself: what a layer without the o phase could gain at most (the o
+# product split by kv head into the attention phase, phase D summing the partials).
+# "o_fuse": with the o product summed by kv-head group (``fused.set_o_groups``, an
+# arithmetic of every path), the serial kernel runs phase C inside phase B for a step of
+# one sequence whose queries fit one attention tile (batch-1 decodes, short verify blocks):
+# ``_attention_o_phase``, one grid barrier a layer fewer; the same bits as phases B and C.
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
           "gemm_stages": 5, "att_stages": 1, "v_l1": False,
           "k_t": False, "att_hoist": 0,
           "late_rstd": False, "qkv_hoist": True, "pdl": True, "poll": (1, 0, False),
-          "poll_spread": False}
+          "poll_spread": False, "no_c": 0, "o_fuse": True}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
 # sequences, a verify block of 16, a short prompt chunk) costs the GEMM phases what one
 # token does.
 MAX_ROWS = 16
+# The o product's output columns an item of the attention phase takes when phase C runs
+# in it ("o_fuse"): SmolLM2-135M's 576 in 9 tiles, 27 items with its 3 kv heads
+O_COLS = 64
 
 
 if triton is not None:
-    from mmserve.kernels.triton_fused import fused_tile, pair_sum, qkv_rope_tile
+    from mmserve.kernels.triton_fused import (
+        _round,
+        _tile_products,
+        fused_tile,
+        norm_partials,
+        pair_sum,
+        qkv_rope_tile,
+    )
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
     from mmserve.kernels.triton_pdl import launch_next, wait_only
     from mmserve.kernels.triton_rope_attention import attend_group, group_pre
@@ -261,6 +278,69 @@ if triton is not None:
                          HOIST, pre_qlen, pre_ctx, pre_qstart, pre_blk)
 
     @triton.jit
+    def _attention_o_phase(pid, layer, lw, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
+                           slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr,
+                           count_ptr, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks,
+                           stride_kh, stride_bt, x_in, mid, wo, po_ptr, co_ptr, ysm, g_ptr, psm,
+                           M, G, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                           H: tl.constexpr, PAGE: tl.constexpr, P_ATT: tl.constexpr,
+                           BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
+                           TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
+                           ROPED: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
+                           KT: tl.constexpr, SEGO: tl.constexpr, BNO: tl.constexpr,
+                           BKO: tl.constexpr, KS: tl.constexpr, DEFER: tl.constexpr):
+        """Phases B and C as one, for a step of one sequence whose queries fit one tile
+        (the o product summed by kv-head group, ``SEGO`` = its K a group). Item (h, j) of
+        ``HKV`` x ``H // BNO``: kv head h's attention (``attend_group``, whole in order;
+        every item of h computes the same rows, the same bits), then that group's chain
+        of the o product for output columns j (its ``SEGO`` attention columns times those
+        o columns, from zero) to ``po_ptr``; the last of the HKV items of j to count
+        (``co_ptr``, per layer and j) adds the groups' chains in head order
+        (``_tile_products``' SEG arithmetic), rounds, adds the residual and stores ``mid``
+        (DEFER: and phase D's operand and subtree sums), as phase C's ``fused_tile``."""
+        NT: tl.constexpr = H // BNO
+        ITEMS: tl.constexpr = HKV * (H // BNO)
+        Q: tl.constexpr = HQ * D
+        rm = tl.arange(0, TK)
+        row_ok = rm < M
+        for it in range(pid, ITEMS, P_ATT):
+            h = it // NT
+            j = it % NT
+            attend_group(h, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
+                         slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr,
+                         count_ptr, HKV, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks,
+                         stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN, SPLIT, TK, ROUND,
+                         ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT)
+            tl.debug_barrier()  # the program's own attention rows, read back below
+            rn = j * BNO + tl.arange(0, BNO)
+            a_rows = attn + rm.to(tl.int64)[:, None] * Q + h * SEGO
+            w_rows = wo + rn.to(tl.int64)[:, None] * Q + h * SEGO
+            acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, H, SEGO, wo, 0.0,
+                                    False, False, TK, BNO, BKO, ".cg", KS)
+            po = po_ptr + (lw * HKV * TK) * H
+            tl.store(po + (h * TK + rm.to(tl.int64))[:, None] * H + rn[None, :], acc,
+                     mask=row_ok[:, None])
+            tl.debug_barrier()  # every thread's chain stored, then counted
+            done = tl.atomic_add(co_ptr + layer * NT + j, 1, sem="acq_rel", scope="gpu")
+            if done == HKV - 1:  # the column tile's last group: the sum and the epilogue
+                for c in tl.static_range(BNO // 16):
+                    cols = j * BNO + c * 16 + tl.arange(0, 16)
+                    ok = row_ok[:, None] & (cols[None, :] < H)
+                    gw = tl.load(g_ptr + cols)
+                    r = tl.load(x_in + rm.to(tl.int64)[:, None] * H + cols[None, :], mask=ok,
+                                other=0.0, cache_modifier=".cg")
+                    tot = tl.zeros([TK, 16], dtype=tl.float32)
+                    for h2 in tl.static_range(HKV):
+                        tot = tot + tl.load(
+                            po + (h2 * TK + rm.to(tl.int64))[:, None] * H + cols[None, :],
+                            mask=ok, other=0.0, cache_modifier=".cg")
+                    out = (_round(tot, ROUND) + r.to(tl.float32)).to(mid.dtype.element_ty)
+                    tl.store(mid + rm.to(tl.int64)[:, None] * H + cols[None, :], out, mask=ok)
+                    if DEFER:
+                        norm_partials(out.to(tl.float32), ysm, gw, psm, rm, cols, row_ok, ok,
+                                      j * (BNO // 16) + c, G, H, 0.0)
+
+    @triton.jit
     def _att_split(B, att_tiles, HKV: tl.constexpr, P_ATT: tl.constexpr, SPREAD: tl.constexpr):
         """Phase B's (sequence, kv head, query tile) groups and the programs each gets."""
         groups = B * HKV * att_tiles
@@ -332,7 +412,7 @@ if triton is not None:
         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr,
         kv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
         qlen_ptr, counter_ptr, timing_ptr, part_ptr, count_ptr, ysi_ptr, ysm_ptr, psi_ptr,
-        psm_ptr, L, M, B, att_tiles, SPLITS, eps, scale_log2,
+        psm_ptr, po_ptr, co_ptr, L, M, B, att_tiles, SPLITS, eps, scale_log2,
         stride_kvl, stride_kv2, stride_kb, stride_ks, stride_kh, stride_bt,
         H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
         INTER: tl.constexpr, PAGE: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
@@ -348,6 +428,8 @@ if triton is not None:
         KS: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
         KT: tl.constexpr, ATT_HOIST: tl.constexpr, LATE_RSTD: tl.constexpr,
         QKV_HOIST: tl.constexpr, PDL: tl.constexpr, POLL: tl.constexpr,
+        NO_C: tl.constexpr = 0, SEGO: tl.constexpr = 0, OFUSE: tl.constexpr = False,
+        BNO: tl.constexpr = 64, BKO: tl.constexpr = 64,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -416,14 +498,32 @@ if triton is not None:
             # rope of the tile's queries and the rope + cache write of the keys and values
             # it reads (the write and the read then need only a barrier of the program's
             # own threads)
+            # OFUSE: a step of one sequence in one query tile runs phase C in phase B
+            # (``_attention_o_phase``: one barrier fewer a layer)
+            if OFUSE:
+                ofuse = B * att_tiles == 1
+            else:
+                ofuse = False
             if pid < P - WORKERS:
-                _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
-                                 pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-                                 part_ptr, count_ptr, B, att_tiles, SPLITS, scale_log2,
-                                 stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE,
-                                 P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND, ATT_PREFETCH,
-                                 SPREAD, QKV_ROPE, ATT_STAGES, V_L1, KT, ATT_HOIST,
-                                 pre_qlen, pre_ctx, pre_qstart, pre_blk)
+                if ofuse:
+                    _attention_o_phase(pid, layer, lw, qkv, qrot, attn, kc, vc, cos_ptr,
+                                       sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr,
+                                       qstart_ptr, qlen_ptr, part_ptr, count_ptr, att_tiles,
+                                       SPLITS, scale_log2, stride_kb, stride_ks, stride_kh,
+                                       stride_bt, x_in, mid, wo_ptr + lw * H * Q, po_ptr,
+                                       co_ptr, ysm_ptr + lw * M * H, n2_ptr + lw * H,
+                                       psm_ptr + lw * M * G, M, G, HQ, HKV, D, H, PAGE,
+                                       P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND,
+                                       ATT_PREFETCH, QKV_ROPE, ATT_STAGES, V_L1, KT, SEGO,
+                                       BNO, BKO, KS, DEFER)
+                else:
+                    _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
+                                     pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
+                                     qlen_ptr, part_ptr, count_ptr, B, att_tiles, SPLITS,
+                                     scale_log2, stride_kb, stride_ks, stride_kh, stride_bt,
+                                     HQ, HKV, D, PAGE, P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK,
+                                     ROUND, ATT_PREFETCH, SPREAD, QKV_ROPE, ATT_STAGES, V_L1,
+                                     KT, ATT_HOIST, pre_qlen, pre_ctx, pre_qstart, pre_blk)
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
@@ -435,21 +535,26 @@ if triton is not None:
                                      PAGE, LINE, KV_ROWS, KV_LINES)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # C: mid = x + attn @ Wo.T (DEFER: and phase D's operand and subtree sums)
-            for t in range(pid, (H + BN - 1) // BN, P):
-                fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H, Q, Q,
-                           H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN, BKQ, 8,
-                           CH, UNROLL, ".cg", False, EARLY, TWICE, 2 * DEFER,
-                           ysm_ptr + lw * M * H, n2_ptr + lw * H, psm_ptr + lw * M * G, G, GP,
-                           KS)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
-            # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T
-            a_gu = ysm_ptr + lw * M * H if DEFER else mid
+            # (NO_C, a timing probe with wrong bits: phase C and its barrier skipped)
+            # (SEGO: the product's K summed by kv-head group, ``_tile_products``' SEG)
+            if (NO_C == 0) and not ofuse:
+                for t in range(pid, (H + BN - 1) // BN, P):
+                    fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H,
+                               Q, Q, H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN,
+                               BKQ, 8, CH, UNROLL, ".cg", False, EARLY, TWICE, 2 * DEFER,
+                               ysm_ptr + lw * M * H, n2_ptr + lw * H, psm_ptr + lw * M * G, G,
+                               GP, KS, SEG=SEGO)
+                phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
+            # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T (NO_C 2: the norm from
+            # the row itself, as a phase D summing the o product's partials would)
+            D_DEFER: tl.constexpr = DEFER and NO_C < 2
+            a_gu = ysm_ptr + lw * M * H if D_DEFER else mid
             for t in range(pid, (INTER + BN - 1) // BN, P):
                 fused_tile(t, a_gu, wgu_ptr + lw * 2 * INTER * H, act, act, act,
                            n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
-                           not DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL,
-                           ".cg", ONE_DOT, False, TWICE, DEFER, act, act, psm_ptr + lw * M * G,
-                           G, GP, KS, LATE_RSTD)
+                           not D_DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL,
+                           ".cg", ONE_DOT, False, TWICE, D_DEFER, act, act,
+                           psm_ptr + lw * M * G, G, GP, KS, LATE_RSTD)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # E: x_next = mid + act @ Wd.T (DEFER: and the next phase A's operand and subtree
             # sums; after the last layer unread, made with its own norm weight)
@@ -553,7 +658,9 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     timer (ns) at its start and end (the last two slots); for benchmarks.
     ``scratch``: a dict that receives every layer's intermediates (``xs`` (L + 1, N, H):
     the residual stream before each layer and after the last; ``qkv``, ``attn``, ``mids``
-    (after the attention's residual), ``act`` (silu * up)); for debugging tools.
+    (after the attention's residual), ``act`` (silu * up); where phase C runs in phase B,
+    ``o_counts`` (L, H / O_COLS): the attention items each o column tile counted); for
+    debugging tools and tests.
     """
     n_layers, _, hidden = weights["qkv"].shape
     d = kv.shape[-1]
@@ -605,10 +712,28 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     splits, part = split_states(groups if shared else 0, block_tables, kv.shape[3], d, dev)
     # the stack launched by PDL (TUNING["pdl"]): while the input kernel runs
     pdl = pdl_args(x) if TUNING["pdl"] else {"PDL": False, "launch_pdl": False}
+    # the o product summed by kv-head group (``fused.o_segments``, an arithmetic of every
+    # path), and then with "o_fuse", in the serial kernel, a step of one sequence in one
+    # query tile runs phase C in phase B (``_attention_o_phase``): the groups' chains meet
+    # in ``po``, a count per layer and o column tile
+    from mmserve.kernels.fused import o_segments
+
+    segs = o_segments(kv_heads)
+    sego = heads * d // segs if segs > 1 else 0
+    ofuse = (sego > 0 and bool(TUNING["o_fuse"]) and not TUNING["spread"]
+             and hidden % O_COLS == 0)
+    o_tiles = hidden // O_COLS if ofuse else 0
+    o_step = k_step(heads * d, TUNING["bk"])  # the o product's K step (one that divides a
+    while sego and sego % o_step:  # group, when summed by group)
+        o_step //= 2
+    po = (torch.empty(n_layers * kv_heads * MAX_ROWS * hidden, dtype=torch.float32, device=dev)
+          if ofuse else xs)
     # zeroed by the input kernel (with "defer"; else here)
-    counts = (torch.empty if defer else torch.zeros)(1 + n_layers * groups, dtype=torch.int32,
-                                                     device=dev)
+    counts = (torch.empty if defer else torch.zeros)(
+        1 + n_layers * groups + n_layers * o_tiles, dtype=torch.int32, device=dev)
     counter = counts[:1]  # the grid barrier's
+    if scratch is not None and ofuse:  # after the launch: the items each o tile counted
+        scratch["o_counts"] = counts[1 + n_layers * groups:].view(n_layers, o_tiles)
     if defer:
         _stack_input_kernel[(n,)](x, ids if ids is not None else counts, xs, ysi, psi,
                                   weights["input_norm"], counts, hidden, groups_h, x.stride(0),
@@ -623,8 +748,9 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         xs, mids, qkv, qrot, attn, act, weights["qkv"], weights["o"], weights["gate_up"],
         weights["down"], weights["input_norm"], weights["post_norm"], kv, cos, sin,
         positions, slot_mapping, block_tables, context_lens, query_start, query_lens, counter,
-        timing if timing is not None else counter, part, counts[1:], ysi, ysm, psi, psm,
-        n_layers, n, context_lens.shape[0], att_tiles, splits, eps, scale * 1.4426950408889634,
+        timing if timing is not None else counter, part, counts[1:], ysi, ysm, psi, psm, po,
+        counts[1 + n_layers * groups:], n_layers, n, context_lens.shape[0], att_tiles, splits,
+        eps, scale * 1.4426950408889634,
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
         block_tables.stride(0),
         H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
@@ -639,12 +765,14 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
         ATT_PREFETCH=TUNING["att_prefetch"], SPREAD=TUNING["spread"],
         ONE_DOT=TUNING["gated_one_dot"], QKV_ROPE=roped, EARLY=TUNING["early"],
-        BKH=k_step(hidden, TUNING["bk"]), BKQ=k_step(heads * d, TUNING["bk"]),
+        BKH=k_step(hidden, TUNING["bk"]), BKQ=o_step,
         TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
         GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
         ATT_STAGES=TUNING["att_stages"] or 0, V_L1=TUNING["v_l1"], KT=TUNING["k_t"],
         ATT_HOIST=TUNING["att_hoist"], LATE_RSTD=TUNING["late_rstd"],
-        QKV_HOIST=TUNING["qkv_hoist"], POLL=_poll(x, bool(TUNING["spread"])), num_warps=4,
+        QKV_HOIST=TUNING["qkv_hoist"], POLL=_poll(x, bool(TUNING["spread"])),
+        NO_C=TUNING["no_c"], SEGO=sego, OFUSE=ofuse, BNO=O_COLS,
+        BKO=o_step, num_warps=4,
         **pdl,
         num_stages=TUNING["num_stages"])
     return xs[n_layers]

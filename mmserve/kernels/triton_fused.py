@@ -270,13 +270,13 @@ if triton is not None:
                            GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                            CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                           LATE: tl.constexpr):
+                           LATE: tl.constexpr, SEG: tl.constexpr = 0):
         wait_only(PDL)
         if not LATE:  # else the next kernel launches once this program's tile is done
             launch_next(PDL)
         fused_tile(tl.program_id(0), a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K,
                    UP, stride_am, stride_wn, stride_om, stride_rm, eps, offset, NORM, HAS_BIAS,
-                   RESIDUAL, GATED, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "")
+                   RESIDUAL, GATED, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "", SEG=SEG)
         if LATE:
             launch_next(PDL)
 
@@ -297,17 +297,25 @@ if triton is not None:
     def _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, nw_ptr, offset,
                        NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr, ACT_CACHE: tl.constexpr,
-                       STAGES: tl.constexpr = 0):
+                       STAGES: tl.constexpr = 0, SEG: tl.constexpr = 0):
         """The K loop of a tile: (BM, BN) fp32 products of the rows at ``a_rows`` (with
         NORM times ``offset`` + the norm weight, rounded to the activations' dtype; the
         row's 1 / rms is the caller's, on the accumulator) with the weight rows at
         ``w_rows`` (and ``u_rows`` when GATED), one chain of k16 steps in ascending order.
         ``rn`` (BN,): the weight rows' indices below ``N`` (the rows the tile may read).
-        ``STAGES``: the loop's pipeline depth (0: the kernel's; speed only)."""
+        ``STAGES``: the loop's pipeline depth (0: the kernel's; speed only). ``SEG`` (not
+        GATED; a multiple of BK dividing K): K in segments of SEG, each its own chain from
+        zero, the chains added in order to a total that starts at zero (``seg_sum``'s
+        arithmetic: ``((0 + c0) + c1) + ...``)."""
         rk = tl.arange(0, BK)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+        tot = tl.zeros([BM, BN], dtype=tl.float32)
         for k in tl.range(0, K, BK, num_stages=STAGES if STAGES > 0 else None):
+            if SEG > 0:  # a segment starts: the last one's chain into the total
+                new = (k % SEG) == 0
+                tot = tl.where(new & (k > 0), tot + acc, tot)
+                acc = tl.where(new, 0.0, acc)
             kk = k + rk
             k_ok = kk < K
             a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
@@ -321,6 +329,9 @@ if triton is not None:
             if GATED:
                 u = tl.load(u_rows + kk[None, :], mask=w_ok, other=0.0)
                 acc_u = tl.dot(a, tl.trans(u), acc_u)
+        if SEG > 0:
+            tl.static_assert(not GATED)
+            acc = tot + acc
         return acc, acc_u
 
     @triton.jit
@@ -366,7 +377,7 @@ if triton is not None:
                    ONE_DOT: tl.constexpr = False, EARLY: tl.constexpr = False,
                    TWICE: tl.constexpr = 0, DEFER: tl.constexpr = 0, y_ptr=None, g_ptr=None,
                    ps_ptr=None, G=1, GP: tl.constexpr = 64, STAGES: tl.constexpr = 0,
-                   LATE_RSTD: tl.constexpr = False):
+                   LATE_RSTD: tl.constexpr = False, SEG: tl.constexpr = 0):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
         written by other programs of the launch, from L2). ``ONE_DOT`` (GATED): the gate
@@ -383,7 +394,8 @@ if triton is not None:
         ``g_ptr`` into ``y_ptr`` (row stride ``stride_om``), its subtree into ``ps_ptr``.
         ``LATE_RSTD`` (DEFER 1, speed only): the subtree sums asked for before the product
         and added after it, so the K loop's first loads are not issued behind their trip
-        and tree (the same tree, so the same bits)."""
+        and tree (the same tree, so the same bits). ``SEG`` (not GATED): K in segments
+        (``_tile_products``'; the o product summed by kv-head group, ``o_segment``)."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         row_ok = rm < M
         out_ok = row_ok[:, None] & (rn[None, :] < N)
@@ -419,7 +431,8 @@ if triton is not None:
             acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
         else:
             acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, nw_ptr,
-                                        offset, NORM, GATED, BM, BN, BK, ACT_CACHE, STAGES)
+                                        offset, NORM, GATED, BM, BN, BK, ACT_CACHE, STAGES,
+                                        SEG)
         if LATE_RSTD and DEFER == 1:
             rstd = rstd_of(pair_sum(ps, GP), K, eps)
         if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
@@ -663,9 +676,11 @@ if triton is not None:
 def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
           norm: tuple[torch.Tensor, float, float] | None = None,
           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-          gated: bool = False, late: bool = False) -> torch.Tensor:
+          gated: bool = False, late: bool = False, segments: int = 1) -> torch.Tensor:
     """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated);
-    ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits."""
+    ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits;
+    ``segments`` > 1 (not gated): K in that many equal chains added in order
+    (``_tile_products``' SEG; the K step then divides a segment)."""
     k = x.shape[-1]
     a = x.reshape(-1, k)  # (M, K)
     if a.stride(-1) != 1:
@@ -688,13 +703,22 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         assert res.stride(-1) == 1 and res.dtype == x.dtype
     assert norm is None or k <= NORM_MAX_K, k  # the norm tree's counter levels
     nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
+    seg = 0
+    if segments > 1:
+        assert not gated and k % segments == 0, (k, segments)
+        seg = k // segments
+        bk = cfg.bk
+        while bk > 16 and seg % bk:
+            bk //= 2
+        assert seg % bk == 0, (seg, cfg.bk)
+        cfg = cfg._replace(bk=bk)
     tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
     _fused_gemm_kernel[(tiles,)](
         a, weight, out, bias if bias is not None else out, res, nw, m, n, k, n,
         a.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset,
         NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
         GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
-        CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps,
+        CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), SEG=seg, num_warps=cfg.warps,
         num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)
 
@@ -711,10 +735,13 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: 
 
 
 def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                    config: TileConfig | None = None, late: bool = False) -> torch.Tensor:
+                    config: TileConfig | None = None, late: bool = False,
+                    segments: int = 1) -> torch.Tensor:
     """``residual + linear(x, weight)`` in one launch; x (..., K), residual (..., N).
-    ``late``: the PDL trigger after the tile (``_gemm``)."""
-    return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late)
+    ``late``: the PDL trigger after the tile (``_gemm``); ``segments``: K summed in that
+    many chains (``_gemm``'s; the o product by kv-head group, ``fused.o_segments``)."""
+    return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late,
+                 segments=segments)
 
 
 def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,

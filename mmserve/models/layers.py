@@ -22,6 +22,7 @@ from mmserve.kernels.fused import (
     linear_residual,
     norm_gate_up_silu,
     norm_linear,
+    o_segments,
     qkv_rope,
     rope_attention,
     rope_write_kv,
@@ -68,7 +69,7 @@ class SelfAttention(nn.Module):
                               positions, rope, meta, kv)
         else:
             out = paged_attention(q, kv, meta, self.scale, self.window).reshape(-1, self.q_size)
-        return linear_residual(out, self.o_weight, x)
+        return linear_residual(out, self.o_weight, x, o_segments(self.kv_heads))
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
                meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:

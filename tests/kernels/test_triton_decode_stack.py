@@ -24,7 +24,7 @@ def _layered(model, x, positions, meta, kv):
     return x
 
 
-def _launch(model, kv, x, positions, meta, programs, ids=None):
+def _launch(model, kv, x, positions, meta, programs, ids=None, scratch=None):
     from mmserve.kernels.triton_attention import paged_metadata
     from mmserve.kernels.triton_decode_stack import decode_stack as launch
 
@@ -34,17 +34,18 @@ def _launch(model, kv, x, positions, meta, programs, ids=None):
                   model.rope.sin, positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
                   pm.query_start, pm.query_lens, pm.max_query_len, heads=model.num_heads,
                   kv_heads=model.num_kv_heads, eps=model.eps, scale=model.head_dim**-0.5,
-                  programs=programs, ids=ids)
+                  programs=programs, ids=ids, scratch=scratch)
 
 
 def _check(model, kv, x, positions, meta, programs, what: str = "", real=None,
-           ids=None) -> None:
+           ids=None, scratch=None) -> None:
     """One step: the one launch against the layered path (hidden state of the ``real``
     rows, default all, and cache bytes); the cache then holds the layered path's bytes.
-    ``ids``: x's token ids, which the launch gathers from the embedding table itself."""
+    ``ids``: x's token ids, which the launch gathers from the embedding table itself;
+    ``scratch``: the launch's (``decode_stack``'s)."""
     kv_want = kv.clone()
     want = _layered(model, x, positions, meta, kv_want)
-    got = _launch(model, kv, x, positions, meta, programs, ids)
+    got = _launch(model, kv, x, positions, meta, programs, ids, scratch)
     if real is not None:
         got, want = got[real], want[real]
     if ON_CUDA:
@@ -56,7 +57,7 @@ def _check(model, kv, x, positions, meta, programs, what: str = "", real=None,
         kv.copy_(kv_want)
 
 
-def _check_seqs(model, kv, seqs, programs, what: str = "") -> None:
+def _check_seqs(model, kv, seqs, programs, what: str = "", scratch=None) -> None:
     """A step of several sequences, each ``(block table, first position, tokens)``: the
     launch gathers the embedding rows from the ids (as the model's forward runs it), the
     layers take the rows."""
@@ -65,7 +66,8 @@ def _check_seqs(model, kv, seqs, programs, what: str = "") -> None:
                                    [table for table, _, _ in seqs], 16, DEVICE)
     positions = torch.tensor([p + i for _, p, t in seqs for i in range(len(t))], device=DEVICE)
     ids = torch.tensor([tok for _, _, t in seqs for tok in t], device=DEVICE)
-    _check(model, kv, model.embed(ids), positions, meta, programs, what, ids=ids)
+    _check(model, kv, model.embed(ids), positions, meta, programs, what, ids=ids,
+           scratch=scratch)
 
 
 def _check_step(model, runner, pos: int, token: int, programs, what: str = "") -> None:
@@ -138,6 +140,48 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
                     f"step {step}")
 
 
+@needs_triton
+@torch.inference_mode()
+@pytest.mark.parametrize("tuning", [{"spread": False}, {"spread": False, "o_fuse": False},
+                                    {"spread": True}, {"spread": False, "qkv_rope": False}])
+def test_decode_stack_with_the_o_product_by_kv_head_group(tiny_llama, tuning, monkeypatch):
+    """With the o product summed by kv-head group (``fused.set_o_groups``, on both paths),
+    the stack still equals the layered path: decode steps and a verify block of one
+    sequence (the serial kernel runs phase C inside the attention phase: every o tile
+    counted by every kv head's item, ``o_counts``), then a step of two sequences (phase C
+    on its own, its K loop in the groups' chains)."""
+    from mmserve.kernels import fused
+
+    _tune(monkeypatch, tuning)
+    monkeypatch.setitem(fused._state, "o_groups", True)
+    model = _model(tiny_llama)
+    runner = SequenceRunner(model, max_len=2 * 256)
+    rng = np.random.default_rng(5)
+    blocks = rng.permutation(len(runner.table)).tolist()
+    table, other = blocks[:16], blocks[16:]
+    prompt = rng.integers(0, 1000, 150).tolist()  # two key splits
+    runner.table = other
+    runner.step(prompt[:20], 0)
+    runner.table = table
+    runner.step(prompt, 0)
+    programs = None if ON_CUDA else 1
+    fuses = not tuning["spread"] and tuning.get("o_fuse", True)
+    pos = len(prompt)
+    for step in range(3):
+        scratch: dict = {}
+        tokens = rng.integers(0, 1000, 1 if step < 2 else 4).tolist()  # the last: a verify
+        _check_seqs(model, runner.kv, [(table, pos, tokens)], programs, f"step {step}",
+                    scratch)
+        pos += len(tokens)
+        assert ("o_counts" in scratch) == fuses
+        if fuses:
+            assert (scratch["o_counts"] == model.num_kv_heads).all(), step
+    scratch = {}
+    _check_seqs(model, runner.kv, [(table, pos, [7]), (other, 20, [8])], programs,
+                "two sequences", scratch)
+    assert not scratch.get("o_counts", torch.zeros(1)).any()  # no item ran phase C
+
+
 def _grouped_model(heads: int, kv_heads: int, head_dim: int, positions: int = 512, *,
                    hidden: int = 64, inter: int = 96, layers: int = 1):
     """A random Llama whose kv heads each serve ``heads // kv_heads`` query heads (one
@@ -178,19 +222,25 @@ def test_decode_stack_equals_the_layers_at_smollm2_widths(prompt, rope, monkeypa
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA (bf16 bits; minutes under the interpreter)")
-@pytest.mark.parametrize("rope", ROPE_MODES)
-def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, monkeypatch):
+@pytest.mark.parametrize("rope,o_groups", [(ROPE_MODES[0], False), (ROPE_MODES[1], False),
+                                           ({**ROPE_MODES[0], "spread": False}, True),
+                                           ({**ROPE_MODES[1], "spread": False}, True)])
+def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, o_groups, monkeypatch):
     """The whole SmolLM2-135M shape (30 layers, random weights), 128 teacher-forced decode
     steps after a 128-token prompt (contexts 129-256: two key splits, which the graphs run
     in one program each): every step's stack launch equals the layered one-row step, last
     hidden state and every layer's cache bytes (``bench/stack_vs_layers.py``). A rounding
     difference in one phase shows here only now and then: the in-register queries of
     session 21 moved one attention output element at 4 of these steps (one of ~900 layer
-    steps), which the narrower tests above never hit."""
+    steps), which the narrower tests above never hit. ``o_groups``: the o product summed by
+    kv-head group on both paths, in the serial kernel (phase C inside phase B each step)."""
     import sys
     from pathlib import Path
 
+    from mmserve.kernels import fused
+
     _tune(monkeypatch, rope)
+    monkeypatch.setitem(fused._state, "o_groups", o_groups)
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
     import stack_vs_layers
 
