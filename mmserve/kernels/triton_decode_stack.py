@@ -154,13 +154,16 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # arithmetic of every path), the serial kernel runs phase C inside phase B for a step of
 # one sequence whose queries fit one attention tile (batch-1 decodes, short verify blocks):
 # ``_attention_o_phase``, one grid barrier a layer fewer; the same bits as phases B and C.
+# 1: a column tile's last item adds the groups' chains; 2: phase D adds them in its K loop
+# (``_gate_up_from_chains``: no count waited on, no last item's trips; phase D's operand,
+# its norm and ``mid`` computed from the chains, the same bits).
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
           "gemm_stages": 5, "att_stages": 1, "v_l1": False,
           "k_t": False, "att_hoist": 0,
           "late_rstd": False, "qkv_hoist": True, "pdl": True, "poll": (1, 0, False),
-          "poll_spread": False, "no_c": 0, "o_fuse": True}
+          "poll_spread": False, "no_c": 0, "o_fuse": 1}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -175,11 +178,14 @@ O_COLS = 64
 if triton is not None:
     from mmserve.kernels.triton_fused import (
         _round,
+        _silu,
         _tile_products,
+        _tree_level,
         fused_tile,
         norm_partials,
         pair_sum,
         qkv_rope_tile,
+        rstd_of,
     )
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
     from mmserve.kernels.triton_pdl import launch_next, wait_only
@@ -288,7 +294,8 @@ if triton is not None:
                            TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
                            ROPED: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
                            KT: tl.constexpr, SEGO: tl.constexpr, BNO: tl.constexpr,
-                           BKO: tl.constexpr, KS: tl.constexpr, DEFER: tl.constexpr):
+                           BKO: tl.constexpr, KS: tl.constexpr, DEFER: tl.constexpr,
+                           SUM_IN_D: tl.constexpr = False):
         """Phases B and C as one, for a step of one sequence whose queries fit one tile
         (the o product summed by kv-head group, ``SEGO`` = its K a group). Item (h, j) of
         ``HKV`` x ``H // BNO``: kv head h's attention (``attend_group``, whole in order;
@@ -297,7 +304,9 @@ if triton is not None:
         o columns, from zero) to ``po_ptr``; the last of the HKV items of j to count
         (``co_ptr``, per layer and j) adds the groups' chains in head order
         (``_tile_products``' SEG arithmetic), rounds, adds the residual and stores ``mid``
-        (DEFER: and phase D's operand and subtree sums), as phase C's ``fused_tile``."""
+        (DEFER: and phase D's operand and subtree sums), as phase C's ``fused_tile``.
+        ``SUM_IN_D``: no item sums; phase D adds the chains itself (``_gate_up_from_chains``;
+        the count is still kept, never waited on: tests read it)."""
         NT: tl.constexpr = H // BNO
         ITEMS: tl.constexpr = HKV * (H // BNO)
         Q: tl.constexpr = HQ * D
@@ -321,24 +330,97 @@ if triton is not None:
             tl.store(po + (h * TK + rm.to(tl.int64))[:, None] * H + rn[None, :], acc,
                      mask=row_ok[:, None])
             tl.debug_barrier()  # every thread's chain stored, then counted
-            done = tl.atomic_add(co_ptr + layer * NT + j, 1, sem="acq_rel", scope="gpu")
-            if done == HKV - 1:  # the column tile's last group: the sum and the epilogue
-                for c in tl.static_range(BNO // 16):
-                    cols = j * BNO + c * 16 + tl.arange(0, 16)
-                    ok = row_ok[:, None] & (cols[None, :] < H)
-                    gw = tl.load(g_ptr + cols)
-                    r = tl.load(x_in + rm.to(tl.int64)[:, None] * H + cols[None, :], mask=ok,
-                                other=0.0, cache_modifier=".cg")
-                    tot = tl.zeros([TK, 16], dtype=tl.float32)
-                    for h2 in tl.static_range(HKV):
-                        tot = tot + tl.load(
-                            po + (h2 * TK + rm.to(tl.int64))[:, None] * H + cols[None, :],
-                            mask=ok, other=0.0, cache_modifier=".cg")
-                    out = (_round(tot, ROUND) + r.to(tl.float32)).to(mid.dtype.element_ty)
-                    tl.store(mid + rm.to(tl.int64)[:, None] * H + cols[None, :], out, mask=ok)
-                    if DEFER:
-                        norm_partials(out.to(tl.float32), ysm, gw, psm, rm, cols, row_ok, ok,
-                                      j * (BNO // 16) + c, G, H, 0.0)
+            if SUM_IN_D:
+                tl.atomic_add(co_ptr + layer * NT + j, 1, sem="relaxed", scope="gpu")
+            else:
+                done = tl.atomic_add(co_ptr + layer * NT + j, 1, sem="acq_rel", scope="gpu")
+                if done == HKV - 1:  # the column tile's last group: the sum and the epilogue
+                    for c in tl.static_range(BNO // 16):
+                        cols = j * BNO + c * 16 + tl.arange(0, 16)
+                        ok = row_ok[:, None] & (cols[None, :] < H)
+                        gw = tl.load(g_ptr + cols)
+                        r = tl.load(x_in + rm.to(tl.int64)[:, None] * H + cols[None, :],
+                                    mask=ok, other=0.0, cache_modifier=".cg")
+                        tot = tl.zeros([TK, 16], dtype=tl.float32)
+                        for h2 in tl.static_range(HKV):
+                            tot = tot + tl.load(
+                                po + (h2 * TK + rm.to(tl.int64))[:, None] * H + cols[None, :],
+                                mask=ok, other=0.0, cache_modifier=".cg")
+                        out = (_round(tot, ROUND) + r.to(tl.float32)).to(
+                            mid.dtype.element_ty)
+                        tl.store(mid + rm.to(tl.int64)[:, None] * H + cols[None, :], out,
+                                 mask=ok)
+                        if DEFER:
+                            norm_partials(out.to(tl.float32), ysm, gw, psm, rm, cols, row_ok,
+                                          ok, j * (BNO // 16) + c, G, H, 0.0)
+
+    @triton.jit
+    def _gate_up_from_chains(t, po_ptr, x_in, mid, nw_ptr, w_ptr, act, M, eps,
+                             H: tl.constexpr, INTER: tl.constexpr, HKV: tl.constexpr,
+                             TK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                             KS: tl.constexpr, ROUND: tl.constexpr):
+        """Phase D's tile ``t`` (``BN`` gate and as many up columns, one product) from the o
+        product's kv-head chains at ``po_ptr`` (``_attention_o_phase`` with SUM_IN_D): each
+        K step adds the step's columns of the chains in head order, rounds, adds the
+        residual ``x_in`` (so ``mid``, which tile ``t`` stores for step ``t``), pushes the
+        step's squares into the norm's pairwise tree (``row_sumsq``'s counter, chunks of
+        BK) and multiplies by the norm weight, rounded: the operand phase C hands over, and
+        after the loop 1 / rms on the accumulator (``partials_rstd``'s tree: the same
+        bits), then silu(gate) * up as ``fused_tile``'s gated epilogue."""
+        tl.static_assert(H // BK <= 64 and BK <= 128)  # the counter's levels, pair_sum's
+        rm = tl.arange(0, TK)
+        row_ok = rm < M
+        rm64 = rm.to(tl.int64)
+        rk = tl.arange(0, BK)
+        j = tl.arange(0, 2 * BN)
+        w_rows = w_ptr + (t * BN + j % BN + (j // BN) * INTER).to(tl.int64)[:, None] * H
+        acc2 = tl.zeros([TK, 2 * BN], dtype=tl.float32)
+        s0 = tl.zeros([TK], tl.float32)
+        s1 = s0
+        s2 = s0
+        s3 = s0
+        s4 = s0
+        s5 = s0
+        for k in tl.range(0, H, BK, num_stages=KS if KS > 0 else None):
+            kk = k + rk
+            ok = row_ok[:, None] & (kk[None, :] < H)
+            r = tl.load(x_in + rm64[:, None] * H + kk[None, :], mask=ok, other=0.0,
+                        cache_modifier=".cg")
+            tot = tl.zeros([TK, BK], dtype=tl.float32)
+            for h in tl.static_range(HKV):
+                tot = tot + tl.load(po_ptr + (h * TK + rm64)[:, None] * H + kk[None, :],
+                                    mask=ok, other=0.0, cache_modifier=".cg")
+            m = (_round(tot, ROUND) + r.to(tl.float32)).to(mid.dtype.element_ty)
+            tl.store(mid + rm64[:, None] * H + kk[None, :], m, mask=ok & (k // BK == t))
+            mf = m.to(tl.float32)
+            c = pair_sum(mf * mf, BK)
+            i = k // BK
+            c, s0 = _tree_level(s0, c, i, 0)
+            c, s1 = _tree_level(s1, c, i, 1)
+            c, s2 = _tree_level(s2, c, i, 2)
+            c, s3 = _tree_level(s3, c, i, 3)
+            c, s4 = _tree_level(s4, c, i, 4)
+            c, s5 = _tree_level(s5, c, i, 5)
+            g = tl.load(nw_ptr + kk, mask=kk < H, other=0.0).to(tl.float32)
+            a = (mf * g[None, :]).to(mid.dtype.element_ty)
+            w = tl.load(w_rows + kk[None, :], mask=kk[None, :] < H, other=0.0)
+            acc2 = tl.dot(a, tl.trans(w), acc2)
+        n = (H + BK - 1) // BK  # subtrees pushed, folded as ``row_sumsq`` folds them
+        tot_sq = tl.where((n & 1) != 0, s0, 0.0)
+        tot_sq = tl.where((n & 2) != 0, s1 + tot_sq, tot_sq)
+        tot_sq = tl.where((n & 4) != 0, s2 + tot_sq, tot_sq)
+        tot_sq = tl.where((n & 8) != 0, s3 + tot_sq, tot_sq)
+        tot_sq = tl.where((n & 16) != 0, s4 + tot_sq, tot_sq)
+        tot_sq = tl.where((n & 32) != 0, s5 + tot_sq, tot_sq)
+        rstd = rstd_of(tot_sq, H, eps)
+        acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [TK, 2, BN]), (0, 2, 1)))
+        acc = acc * rstd[:, None]
+        acc_u = acc_u * rstd[:, None]
+        gate = tl.where(row_ok[:, None], _round(acc, ROUND), 1.0)
+        out = _round(_silu(gate), ROUND) * _round(acc_u, ROUND)
+        cols = t * BN + tl.arange(0, BN)
+        tl.store(act + rm64[:, None] * INTER + cols[None, :], out.to(act.dtype.element_ty),
+                 mask=row_ok[:, None] & (cols[None, :] < INTER))
 
     @triton.jit
     def _att_split(B, att_tiles, HKV: tl.constexpr, P_ATT: tl.constexpr, SPREAD: tl.constexpr):
@@ -428,8 +510,8 @@ if triton is not None:
         KS: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
         KT: tl.constexpr, ATT_HOIST: tl.constexpr, LATE_RSTD: tl.constexpr,
         QKV_HOIST: tl.constexpr, PDL: tl.constexpr, POLL: tl.constexpr,
-        NO_C: tl.constexpr = 0, SEGO: tl.constexpr = 0, OFUSE: tl.constexpr = False,
-        BNO: tl.constexpr = 64, BKO: tl.constexpr = 64,
+        NO_C: tl.constexpr = 0, SEGO: tl.constexpr = 0, OFUSE: tl.constexpr = 0,
+        BNO: tl.constexpr = 64, BKO: tl.constexpr = 64, BKC: tl.constexpr = 64,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -515,7 +597,7 @@ if triton is not None:
                                        psm_ptr + lw * M * G, M, G, HQ, HKV, D, H, PAGE,
                                        P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND,
                                        ATT_PREFETCH, QKV_ROPE, ATT_STAGES, V_L1, KT, SEGO,
-                                       BNO, BKO, KS, DEFER)
+                                       BNO, BKO, KS, DEFER, OFUSE == 2)
                 else:
                     _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
                                      pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
@@ -547,14 +629,25 @@ if triton is not None:
                 phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T (NO_C 2: the norm from
             # the row itself, as a phase D summing the o product's partials would)
+            # (OFUSE 2 at a fused step: the o product's chains added here, phase C's sum)
             D_DEFER: tl.constexpr = DEFER and NO_C < 2
             a_gu = ysm_ptr + lw * M * H if D_DEFER else mid
-            for t in range(pid, (INTER + BN - 1) // BN, P):
-                fused_tile(t, a_gu, wgu_ptr + lw * 2 * INTER * H, act, act, act,
-                           n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps, 0.0,
-                           not D_DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH, UNROLL,
-                           ".cg", ONE_DOT, False, TWICE, D_DEFER, act, act,
-                           psm_ptr + lw * M * G, G, GP, KS, LATE_RSTD)
+            if OFUSE == 2:
+                chains = ofuse
+            else:
+                chains = False
+            if chains:
+                for t in range(pid, (INTER + BN - 1) // BN, P):
+                    _gate_up_from_chains(t, po_ptr + (lw * HKV * TK) * H, x_in, mid,
+                                         n2_ptr + lw * H, wgu_ptr + lw * 2 * INTER * H, act,
+                                         M, eps, H, INTER, HKV, TK, BN, BKC, KS, ROUND)
+            else:
+                for t in range(pid, (INTER + BN - 1) // BN, P):
+                    fused_tile(t, a_gu, wgu_ptr + lw * 2 * INTER * H, act, act, act,
+                               n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps,
+                               0.0, not D_DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH,
+                               UNROLL, ".cg", ONE_DOT, False, TWICE, D_DEFER, act, act,
+                               psm_ptr + lw * M * G, G, GP, KS, LATE_RSTD)
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # E: x_next = mid + act @ Wd.T (DEFER: and the next phase A's operand and subtree
             # sums; after the last layer unread, made with its own norm weight)
@@ -720,8 +813,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
 
     segs = o_segments(kv_heads)
     sego = heads * d // segs if segs > 1 else 0
-    ofuse = (sego > 0 and bool(TUNING["o_fuse"]) and not TUNING["spread"]
-             and hidden % O_COLS == 0)
+    ofuse = int(TUNING["o_fuse"]) if (sego > 0 and not TUNING["spread"]
+                                      and hidden % O_COLS == 0) else 0
     o_tiles = hidden // O_COLS if ofuse else 0
     o_step = k_step(heads * d, TUNING["bk"])  # the o product's K step (one that divides a
     while sego and sego % o_step:  # group, when summed by group)
@@ -772,7 +865,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         ATT_HOIST=TUNING["att_hoist"], LATE_RSTD=TUNING["late_rstd"],
         QKV_HOIST=TUNING["qkv_hoist"], POLL=_poll(x, bool(TUNING["spread"])),
         NO_C=TUNING["no_c"], SEGO=sego, OFUSE=ofuse, BNO=O_COLS,
-        BKO=o_step, num_warps=4,
+        BKO=o_step, BKC=min(k_step(hidden, TUNING["bk_gated"]), 128), num_warps=4,
         **pdl,
         num_stages=TUNING["num_stages"])
     return xs[n_layers]

@@ -142,14 +142,16 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
 
 @needs_triton
 @torch.inference_mode()
-@pytest.mark.parametrize("tuning", [{"spread": False}, {"spread": False, "o_fuse": False},
-                                    {"spread": True}, {"spread": False, "qkv_rope": False}])
+@pytest.mark.parametrize("tuning", [{"spread": False}, {"spread": False, "o_fuse": 0},
+                                    {"spread": True}, {"spread": False, "qkv_rope": False},
+                                    {"spread": False, "o_fuse": 2},
+                                    {"spread": False, "o_fuse": 2, "qkv_rope": False}])
 def test_decode_stack_with_the_o_product_by_kv_head_group(tiny_llama, tuning, monkeypatch):
     """With the o product summed by kv-head group (``fused.set_o_groups``, on both paths),
     the stack still equals the layered path: decode steps and a verify block of one
     sequence (the serial kernel runs phase C inside the attention phase: every o tile
     counted by every kv head's item, ``o_counts``), then a step of two sequences (phase C
-    on its own, its K loop in the groups' chains)."""
+    on its own, its K loop in the groups' chains). ``o_fuse`` 2: phase D adds the chains."""
     from mmserve.kernels import fused
 
     _tune(monkeypatch, tuning)
@@ -165,7 +167,7 @@ def test_decode_stack_with_the_o_product_by_kv_head_group(tiny_llama, tuning, mo
     runner.table = table
     runner.step(prompt, 0)
     programs = None if ON_CUDA else 1
-    fuses = not tuning["spread"] and tuning.get("o_fuse", True)
+    fuses = not tuning["spread"] and bool(tuning.get("o_fuse", 1))
     pos = len(prompt)
     for step in range(3):
         scratch: dict = {}
@@ -224,7 +226,9 @@ def test_decode_stack_equals_the_layers_at_smollm2_widths(prompt, rope, monkeypa
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA (bf16 bits; minutes under the interpreter)")
 @pytest.mark.parametrize("rope,o_groups", [(ROPE_MODES[0], False), (ROPE_MODES[1], False),
                                            ({**ROPE_MODES[0], "spread": False}, True),
-                                           ({**ROPE_MODES[1], "spread": False}, True)])
+                                           ({**ROPE_MODES[1], "spread": False}, True),
+                                           ({**ROPE_MODES[0], "spread": False, "o_fuse": 2},
+                                            True)])
 def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, o_groups, monkeypatch):
     """The whole SmolLM2-135M shape (30 layers, random weights), 128 teacher-forced decode
     steps after a 128-token prompt (contexts 129-256: two key splits, which the graphs run

@@ -5,8 +5,9 @@
 #    the segmented o product's row bits over row counts and tiles; the stack against the
 #    layers with the o product by group (tiny model: fused, unfused, spread; the whole
 #    SmolLM2-135M shape over 128 steps, serial kernel).
-# 2. step_ab.py --q8-head at 129-228 cached tokens: default against og (o_groups, fused),
-#    og_c (o_groups, phase C on its own) and noc (the probe: phase C skipped, wrong bits).
+# 2. step_ab.py --q8-head at 129-228 cached tokens: default against og (o_groups, fused: a
+#    tile's last item sums the chains), og2 (phase D sums them), og_c (o_groups, phase C on
+#    its own) and noc (the probe: phase C skipped, wrong bits).
 export PYTHONUNBUFFERED=1
 cp .carry/smol.part00 /tmp/smol.part00 && ls -l /tmp/smol.part00
 mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -22,6 +23,7 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts= --tb=short \
 echo "o tests $(( $(date +%s) - t0 )) s"
 timeout $(( 580 - $(date +%s) + t0 )) python3 bench/step_ab.py --q8-head --out $OUT/step_ab_og.json \
   --rounds 3 --starts 128 --variant 'og={"o_groups": true}' \
-  --variant 'og_c={"o_groups": true, "o_fuse": false}' --variant 'noc={"no_c": 1}' 2>&1 \
-  | grep -v Warn | tail -6
+  --variant 'og2={"o_groups": true, "o_fuse": 2}' \
+  --variant 'og_c={"o_groups": true, "o_fuse": 0}' --variant 'noc={"no_c": 1}' 2>&1 \
+  | grep -v Warn | tail -7
 echo "step_ab $(( $(date +%s) - t0 )) s"
