@@ -39,7 +39,8 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
              KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True,
              EARLY=True, BKH=64, BKQ=64, TWICE=0, DEFER=True, G=36, GP=64, KS=5, ATT_STAGES=1,
              V_L1=False, KT=False, ATT_HOIST=0, LATE_RSTD=False,
-             QKV_HOIST=True, PDL=True, POLL="", NO_C=0, SEGO=0, OFUSE=0, BNO=64, BKO=64, BKC=64)
+             QKV_HOIST=True, PDL=True, POLL="", NO_C=0, SEGO=0, OFUSE=0, BNO=64, BKO=64, BKC=64,
+             O_REGS=False)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
@@ -108,10 +109,12 @@ def main() -> None:
           report(kernel, {**STACK, "KS": 0}, num_warps=4, num_stages=4))
     print("decode stack, the norm from the rows (defer off):",
           report(kernel, {**STACK, "DEFER": False}, num_warps=4, num_stages=4))
-    for fuse in (0, 1, 2):  # the o product by kv-head group (phase C in B: "o_fuse")
-        print(f"decode stack, serial, the o product by kv-head group, o_fuse={fuse}:",
+    for fuse, regs in ((0, False), (1, False), (2, False), (1, True), (2, True)):
+        # the o product by kv-head group (phase C in B: "o_fuse"; "o_regs")
+        print(f"decode stack, serial, the o product by kv-head group, o_fuse={fuse}, "
+              f"o_regs={regs}:",
               report(kernel, {**STACK, "SPREAD": False, "SEGO": 192, "OFUSE": fuse,
-                              "POLL": triton_grid.poll_asm(1, 0, False)},
+                              "O_REGS": regs, "POLL": triton_grid.poll_asm(1, 0, False)},
                      num_warps=4, num_stages=4))
     print("decode stack's input kernel:",
           report(triton_decode_stack._stack_input_kernel,

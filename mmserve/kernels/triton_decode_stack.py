@@ -156,14 +156,16 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # ``_attention_o_phase``, one grid barrier a layer fewer; the same bits as phases B and C.
 # 1: a column tile's last item adds the groups' chains; 2: phase D adds them in its K loop
 # (``_gate_up_from_chains``: no count waited on, no last item's trips; phase D's operand,
-# its norm and ``mid`` computed from the chains, the same bits).
+# its norm and ``mid`` computed from the chains, the same bits). "o_regs": the fused
+# phase's chain takes its operand from the attention's registers (``tl.gather`` of each
+# query head's rows), not from ``attn`` read back through L2 (speed only).
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
           "gemm_stages": 5, "att_stages": 1, "v_l1": False,
           "k_t": False, "att_hoist": 0,
           "late_rstd": False, "qkv_hoist": True, "pdl": True, "poll": (1, 0, False),
-          "poll_spread": False, "no_c": 0, "o_fuse": 1}
+          "poll_spread": False, "no_c": 0, "o_fuse": 1, "o_regs": False}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -176,6 +178,12 @@ O_COLS = 64
 
 
 if triton is not None:
+    from mmserve.kernels.triton_attention import (
+        attend_keys,
+        load_queries,
+        store_attention,
+        tile_rows,
+    )
     from mmserve.kernels.triton_fused import (
         _round,
         _silu,
@@ -189,7 +197,7 @@ if triton is not None:
     )
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
     from mmserve.kernels.triton_pdl import launch_next, wait_only
-    from mmserve.kernels.triton_rope_attention import attend_group, group_pre
+    from mmserve.kernels.triton_rope_attention import attend_group, group_pre, rope_write_tile
 
     @triton.jit
     def _prefetch_layer(lw, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr, worker,
@@ -295,7 +303,7 @@ if triton is not None:
                            ROPED: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
                            KT: tl.constexpr, SEGO: tl.constexpr, BNO: tl.constexpr,
                            BKO: tl.constexpr, KS: tl.constexpr, DEFER: tl.constexpr,
-                           SUM_IN_D: tl.constexpr = False):
+                           SUM_IN_D: tl.constexpr = False, REGS: tl.constexpr = False):
         """Phases B and C as one, for a step of one sequence whose queries fit one tile
         (the o product summed by kv-head group, ``SEGO`` = its K a group). Item (h, j) of
         ``HKV`` x ``H // BNO``: kv head h's attention (``attend_group``, whole in order;
@@ -306,7 +314,10 @@ if triton is not None:
         (``_tile_products``' SEG arithmetic), rounds, adds the residual and stores ``mid``
         (DEFER: and phase D's operand and subtree sums), as phase C's ``fused_tile``.
         ``SUM_IN_D``: no item sums; phase D adds the chains itself (``_gate_up_from_chains``;
-        the count is still kept, never waited on: tests read it)."""
+        the count is still kept, never waited on: tests read it). ``REGS`` (speed only):
+        the chain's operand taken from the attention's registers (each query head's rows
+        gathered, the attention's rounding), not read back from ``attn`` after a thread
+        barrier (an L2 trip); the attention is ``attend_group``'s whole-tile path."""
         NT: tl.constexpr = H // BNO
         ITEMS: tl.constexpr = HKV * (H // BNO)
         Q: tl.constexpr = HQ * D
@@ -315,17 +326,41 @@ if triton is not None:
         for it in range(pid, ITEMS, P_ATT):
             h = it // NT
             j = it % NT
-            attend_group(h, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
-                         slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr,
-                         count_ptr, HKV, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks,
-                         stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN, SPLIT, TK, ROUND,
-                         ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT)
-            tl.debug_barrier()  # the program's own attention rows, read back below
             rn = j * BNO + tl.arange(0, BNO)
-            a_rows = attn + rm.to(tl.int64)[:, None] * Q + h * SEGO
             w_rows = wo + rn.to(tl.int64)[:, None] * Q + h * SEGO
-            acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, H, SEGO, wo, 0.0,
-                                    False, False, TK, BNO, BKO, ".cg", KS)
+            if REGS:  # attend_group's whole tile (one sequence: seq 0, tile 0), inline
+                GQ: tl.constexpr = HQ // HKV
+                tl.static_assert(SEGO == GQ * D)
+                row_ok_a, tok, head, qpos, lo, hi, qlen, qstart = tile_rows(
+                    0, 0, h, qlen_ptr, ctx_ptr, qstart_ptr, GQ, BM, BN, 0)
+                if not ROPED:
+                    rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+                                    qstart, qlen, 0, h, lo, hi, HQ, HKV, D, GQ, BM, TK, ROUND)
+                    tl.debug_barrier()
+                q = load_queries(qrot, row_ok_a, tok, head, Q, D, D, ROPED)
+                _, den, o = attend_keys(q, qpos, tables_ptr, kc, vc, kc, vc, h, lo, hi,
+                                        scale_log2, stride_kb, stride_ks, 0, 0, D, PAGE, 0, BM,
+                                        BN, SPLIT, False, ATT_PREFETCH, stride_kh, part_ptr,
+                                        False, ATT_STAGES, V_L1, KT, 0, 0)
+                store_attention(attn, den, o, row_ok_a, tok, head, Q, D, D)
+                o = (o / tl.where(den == 0.0, 1.0, den)[:, None]).to(attn.dtype.element_ty)
+                acc = tl.zeros([TK, BNO], dtype=tl.float32)
+                d = tl.arange(0, D)
+                for g in tl.static_range(GQ):  # query head g's rows: row t * GQ + g of o
+                    src = tl.minimum(rm * GQ + g, BM - 1)
+                    a = tl.gather(o, tl.broadcast_to(src[:, None], (TK, D)), 0)
+                    w = tl.load(w_rows + g * D + d[None, :])
+                    acc = tl.dot(a, tl.trans(w), acc)
+            else:
+                attend_group(h, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
+                             pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
+                             part_ptr, count_ptr, HKV, att_tiles, SPLITS, scale_log2, stride_kb,
+                             stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN, SPLIT,
+                             TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT)
+                tl.debug_barrier()  # the program's own attention rows, read back below
+                a_rows = attn + rm.to(tl.int64)[:, None] * Q + h * SEGO
+                acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, H, SEGO, wo, 0.0,
+                                        False, False, TK, BNO, BKO, ".cg", KS)
             po = po_ptr + (lw * HKV * TK) * H
             tl.store(po + (h * TK + rm.to(tl.int64))[:, None] * H + rn[None, :], acc,
                      mask=row_ok[:, None])
@@ -512,6 +547,7 @@ if triton is not None:
         QKV_HOIST: tl.constexpr, PDL: tl.constexpr, POLL: tl.constexpr,
         NO_C: tl.constexpr = 0, SEGO: tl.constexpr = 0, OFUSE: tl.constexpr = 0,
         BNO: tl.constexpr = 64, BKO: tl.constexpr = 64, BKC: tl.constexpr = 64,
+        O_REGS: tl.constexpr = False,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -597,7 +633,7 @@ if triton is not None:
                                        psm_ptr + lw * M * G, M, G, HQ, HKV, D, H, PAGE,
                                        P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND,
                                        ATT_PREFETCH, QKV_ROPE, ATT_STAGES, V_L1, KT, SEGO,
-                                       BNO, BKO, KS, DEFER, OFUSE == 2)
+                                       BNO, BKO, KS, DEFER, OFUSE == 2, O_REGS)
                 else:
                     _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
                                      pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
@@ -865,7 +901,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         ATT_HOIST=TUNING["att_hoist"], LATE_RSTD=TUNING["late_rstd"],
         QKV_HOIST=TUNING["qkv_hoist"], POLL=_poll(x, bool(TUNING["spread"])),
         NO_C=TUNING["no_c"], SEGO=sego, OFUSE=ofuse, BNO=O_COLS,
-        BKO=o_step, BKC=min(k_step(hidden, TUNING["bk_gated"]), 128), num_warps=4,
+        BKO=o_step, BKC=min(k_step(hidden, TUNING["bk_gated"]), 128),
+        O_REGS=bool(TUNING["o_regs"]) and sego == (heads // kv_heads) * d, num_warps=4,
         **pdl,
         num_stages=TUNING["num_stages"])
     return xs[n_layers]

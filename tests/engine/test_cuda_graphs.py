@@ -57,20 +57,21 @@ def test_prefill_graph_chunks_equal_the_eager_forward(tiny_llama):
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("o_fuse", [None, 1, 2])
+@pytest.mark.parametrize("o_fuse,o_regs", [(None, False), (1, False), (2, False), (1, True)])
 def test_serial_split_graphs_replay_short_contexts_with_the_same_bits(tiny_llama, o_fuse,
-                                                                      monkeypatch):
+                                                                      o_regs, monkeypatch):
     """Shapes the decode stack runs get a second graph of its serial-split variant, taken
     while no sequence has more than ``serial_max_keys`` keys: decode and verify steps
     across that bound give the logits of graphs without it (and KV bytes), bit for bit.
     ``o_fuse``: the o product by kv-head group (``fused.set_o_groups``), whose serial
-    graphs run phase C inside phase B at batch 1 (``TUNING["o_fuse"]``) and the spread
-    ones phase C on its own."""
+    graphs run phase C inside phase B at batch 1 (``TUNING["o_fuse"]``, ``"o_regs"``) and
+    the spread ones phase C on its own."""
     from mmserve.kernels import fused, triton_decode_stack
 
     if o_fuse is not None:
         monkeypatch.setitem(fused._state, "o_groups", True)
         monkeypatch.setitem(triton_decode_stack.TUNING, "o_fuse", o_fuse)
+        monkeypatch.setitem(triton_decode_stack.TUNING, "o_regs", o_regs)
     model = tiny_llama()
     blocks = 64
     kvs = [make_kv(model, blocks, torch.bfloat16) for _ in range(2)]

@@ -145,13 +145,17 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
 @pytest.mark.parametrize("tuning", [{"spread": False}, {"spread": False, "o_fuse": 0},
                                     {"spread": True}, {"spread": False, "qkv_rope": False},
                                     {"spread": False, "o_fuse": 2},
-                                    {"spread": False, "o_fuse": 2, "qkv_rope": False}])
+                                    {"spread": False, "o_fuse": 2, "qkv_rope": False},
+                                    {"spread": False, "o_regs": True},
+                                    {"spread": False, "o_fuse": 2, "o_regs": True,
+                                     "qkv_rope": False}])
 def test_decode_stack_with_the_o_product_by_kv_head_group(tiny_llama, tuning, monkeypatch):
     """With the o product summed by kv-head group (``fused.set_o_groups``, on both paths),
     the stack still equals the layered path: decode steps and a verify block of one
     sequence (the serial kernel runs phase C inside the attention phase: every o tile
     counted by every kv head's item, ``o_counts``), then a step of two sequences (phase C
-    on its own, its K loop in the groups' chains). ``o_fuse`` 2: phase D adds the chains."""
+    on its own, its K loop in the groups' chains). ``o_fuse`` 2: phase D adds the chains;
+    ``o_regs``: the chains' operand from the attention's registers."""
     from mmserve.kernels import fused
 
     _tune(monkeypatch, tuning)
@@ -228,6 +232,8 @@ def test_decode_stack_equals_the_layers_at_smollm2_widths(prompt, rope, monkeypa
                                            ({**ROPE_MODES[0], "spread": False}, True),
                                            ({**ROPE_MODES[1], "spread": False}, True),
                                            ({**ROPE_MODES[0], "spread": False, "o_fuse": 2},
+                                            True),
+                                           ({**ROPE_MODES[0], "spread": False, "o_regs": True},
                                             True)])
 def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, o_groups, monkeypatch):
     """The whole SmolLM2-135M shape (30 layers, random weights), 128 teacher-forced decode
