@@ -346,7 +346,9 @@ if triton is not None:
                 o = (o / tl.where(den == 0.0, 1.0, den)[:, None]).to(attn.dtype.element_ty)
                 acc = tl.zeros([TK, BNO], dtype=tl.float32)
                 d = tl.arange(0, D)
-                for g in tl.static_range(GQ):  # query head g's rows: row t * GQ + g of o
+                # query head g's rows: row t * GQ + g of o is token t (the step's one
+                # sequence starts at row 0: qstart 0), the chain's row t
+                for g in tl.static_range(GQ):
                     src = tl.minimum(rm * GQ + g, BM - 1)
                     a = tl.gather(o, tl.broadcast_to(src[:, None], (TK, D)), 0)
                     w = tl.load(w_rows + g * D + d[None, :])
@@ -402,13 +404,17 @@ if triton is not None:
         BK) and multiplies by the norm weight, rounded: the operand phase C hands over, and
         after the loop 1 / rms on the accumulator (``partials_rstd``'s tree: the same
         bits), then silu(gate) * up as ``fused_tile``'s gated epilogue."""
-        tl.static_assert(H // BK <= 64 and BK <= 128)  # the counter's levels, pair_sum's
+        # the counter's six levels hold up to 63 chunks; pair_sum takes up to 128 columns;
+        # tile t stores mid's chunk t, so every chunk needs a tile
+        tl.static_assert((H + BK - 1) // BK < 64 and BK <= 128)
+        tl.static_assert((INTER + BN - 1) // BN >= (H + BK - 1) // BK)
         rm = tl.arange(0, TK)
         row_ok = rm < M
         rm64 = rm.to(tl.int64)
         rk = tl.arange(0, BK)
         j = tl.arange(0, 2 * BN)
-        w_rows = w_ptr + (t * BN + j % BN + (j // BN) * INTER).to(tl.int64)[:, None] * H
+        rn_w = t * BN + j % BN  # the gate columns, then the same up columns
+        w_rows = w_ptr + (rn_w + (j // BN) * INTER).to(tl.int64)[:, None] * H
         acc2 = tl.zeros([TK, 2 * BN], dtype=tl.float32)
         s0 = tl.zeros([TK], tl.float32)
         s1 = s0
@@ -438,7 +444,8 @@ if triton is not None:
             c, s5 = _tree_level(s5, c, i, 5)
             g = tl.load(nw_ptr + kk, mask=kk < H, other=0.0).to(tl.float32)
             a = (mf * g[None, :]).to(mid.dtype.element_ty)
-            w = tl.load(w_rows + kk[None, :], mask=kk[None, :] < H, other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=(rn_w[:, None] < INTER) & (kk[None, :] < H),
+                        other=0.0)
             acc2 = tl.dot(a, tl.trans(w), acc2)
         n = (H + BK - 1) // BK  # subtrees pushed, folded as ``row_sumsq`` folds them
         tot_sq = tl.where((n & 1) != 0, s0, 0.0)

@@ -305,8 +305,8 @@ if triton is not None:
         ``rn`` (BN,): the weight rows' indices below ``N`` (the rows the tile may read).
         ``STAGES``: the loop's pipeline depth (0: the kernel's; speed only). ``SEG`` (not
         GATED; a multiple of BK dividing K): K in segments of SEG, each its own chain from
-        zero, the chains added in order to a total that starts at zero (``seg_sum``'s
-        arithmetic: ``((0 + c0) + c1) + ...``)."""
+        zero, the chains added in order to a total that starts at zero:
+        ``((0 + c0) + c1) + ...``; the decode stack's fused o phase sums the same way)."""
         rk = tl.arange(0, BK)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
@@ -395,7 +395,8 @@ if triton is not None:
         ``LATE_RSTD`` (DEFER 1, speed only): the subtree sums asked for before the product
         and added after it, so the K loop's first loads are not issued behind their trip
         and tree (the same tree, so the same bits). ``SEG`` (not GATED): K in segments
-        (``_tile_products``'; the o product summed by kv-head group, ``o_segment``)."""
+        (``_tile_products``'; the o product summed by kv-head group,
+        ``fused.o_segments``)."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         row_ok = rm < M
         out_ok = row_ok[:, None] & (rn[None, :] < N)
