@@ -44,7 +44,7 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
-FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, **GEMM)
+FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, SEG=0, **GEMM)
 
 
 def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
@@ -150,6 +150,10 @@ def main() -> None:
                   report(triton_fused._fused_gemm_kernel, {**FUSED, epilogue: True,
                                                            "LATE": late},
                          num_warps=2, num_stages=4))
+    # the o product by kv-head group (fused.o_segments: K 576 in 3 chains of 192, BK 64)
+    print("fused GEMM, residual, K in segments of 192:",
+          report(triton_fused._fused_gemm_kernel, {**FUSED, "RESIDUAL": True, "SEG": 192,
+                                                   "BK": 64}, num_warps=2, num_stages=4))
     # the residual GEMMs' deeper pipelines (triton_fused.RESIDUAL_STAGES): two programs an SM
     for stages in (6, 7):
         print(f"fused GEMM, residual, {stages} stages:",
