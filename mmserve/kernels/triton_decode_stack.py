@@ -813,15 +813,18 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     # the norm handed over between phases (TUNING["defer"]): 16-column subtrees
     defer = bool(TUNING["defer"]) and hidden % BN == 0
     groups_h = hidden // BN
+    # the "no_c" probe: what phase C writes starts as zeros (never written, so no NaN or
+    # infinity reaches the silu's IEEE division, whose slow path would skew the timing)
+    new = torch.zeros if TUNING["no_c"] else torch.empty
     if defer:  # per layer: phase A's and D's operands and their rows' subtree sums
         ysi = torch.empty(n_layers + 1, n, hidden, dtype=dt, device=dev)
-        ysm = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
+        ysm = new(n_layers, n, hidden, dtype=dt, device=dev)
         psi = torch.empty(n_layers + 1, n, groups_h, dtype=torch.float32, device=dev)
-        psm = torch.empty(n_layers, n, groups_h, dtype=torch.float32, device=dev)
+        psm = new(n_layers, n, groups_h, dtype=torch.float32, device=dev)
     else:
         xs[0].copy_(x if ids is None else x[ids])
         ysi = ysm = psi = psm = xs  # never read
-    mids = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
+    mids = new(n_layers, n, hidden, dtype=dt, device=dev)
     # rope in phase A's epilogue (qkv_rope; a q or k tile holds pairs of a head's dims,
     # so the tile's columns divide the head)
     roped = bool(TUNING["qkv_rope"]) and d % BN == 0
