@@ -188,12 +188,13 @@ if triton is not None:
         _round,
         _silu,
         _tile_products,
-        _tree_level,
         fused_tile,
         norm_partials,
         pair_sum,
         qkv_rope_tile,
         rstd_of,
+        tree_fold,
+        tree_push,
     )
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
     from mmserve.kernels.triton_pdl import launch_next, wait_only
@@ -404,9 +405,9 @@ if triton is not None:
         BK) and multiplies by the norm weight, rounded: the operand phase C hands over, and
         after the loop 1 / rms on the accumulator (``partials_rstd``'s tree: the same
         bits), then silu(gate) * up as ``fused_tile``'s gated epilogue."""
-        # the counter's six levels hold up to 63 chunks; pair_sum takes up to 128 columns;
-        # tile t stores mid's chunk t, so every chunk needs a tile
-        tl.static_assert((H + BK - 1) // BK < 64 and BK <= 128)
+        # the counter's eight levels hold up to 255 chunks; pair_sum takes up to 128
+        # columns; tile t stores mid's chunk t, so every chunk needs a tile
+        tl.static_assert((H + BK - 1) // BK < 256 and BK <= 128)
         tl.static_assert((INTER + BN - 1) // BN >= (H + BK - 1) // BK)
         rm = tl.arange(0, TK)
         row_ok = rm < M
@@ -422,6 +423,8 @@ if triton is not None:
         s3 = s0
         s4 = s0
         s5 = s0
+        s6 = s0
+        s7 = s0
         for k in tl.range(0, H, BK, num_stages=KS if KS > 0 else None):
             kk = k + rk
             ok = row_ok[:, None] & (kk[None, :] < H)
@@ -434,27 +437,15 @@ if triton is not None:
             m = (_round(tot, ROUND) + r.to(tl.float32)).to(mid.dtype.element_ty)
             tl.store(mid + rm64[:, None] * H + kk[None, :], m, mask=ok & (k // BK == t))
             mf = m.to(tl.float32)
-            c = pair_sum(mf * mf, BK)
-            i = k // BK
-            c, s0 = _tree_level(s0, c, i, 0)
-            c, s1 = _tree_level(s1, c, i, 1)
-            c, s2 = _tree_level(s2, c, i, 2)
-            c, s3 = _tree_level(s3, c, i, 3)
-            c, s4 = _tree_level(s4, c, i, 4)
-            c, s5 = _tree_level(s5, c, i, 5)
+            s0, s1, s2, s3, s4, s5, s6, s7 = tree_push(pair_sum(mf * mf, BK), k // BK, s0, s1,
+                                                       s2, s3, s4, s5, s6, s7)
             g = tl.load(nw_ptr + kk, mask=kk < H, other=0.0).to(tl.float32)
             a = (mf * g[None, :]).to(mid.dtype.element_ty)
             w = tl.load(w_rows + kk[None, :], mask=(rn_w[:, None] < INTER) & (kk[None, :] < H),
                         other=0.0)
             acc2 = tl.dot(a, tl.trans(w), acc2)
         n = (H + BK - 1) // BK  # subtrees pushed, folded as ``row_sumsq`` folds them
-        tot_sq = tl.where((n & 1) != 0, s0, 0.0)
-        tot_sq = tl.where((n & 2) != 0, s1 + tot_sq, tot_sq)
-        tot_sq = tl.where((n & 4) != 0, s2 + tot_sq, tot_sq)
-        tot_sq = tl.where((n & 8) != 0, s3 + tot_sq, tot_sq)
-        tot_sq = tl.where((n & 16) != 0, s4 + tot_sq, tot_sq)
-        tot_sq = tl.where((n & 32) != 0, s5 + tot_sq, tot_sq)
-        rstd = rstd_of(tot_sq, H, eps)
+        rstd = rstd_of(tree_fold(n, s0, s1, s2, s3, s4, s5, s6, s7), H, eps)
         acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [TK, 2, BN]), (0, 2, 1)))
         acc = acc * rstd[:, None]
         acc_u = acc_u * rstd[:, None]

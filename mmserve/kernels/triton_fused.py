@@ -181,6 +181,32 @@ if triton is not None:
                 tl.where(reached & (bit == 0), carry, s))
 
     @triton.jit
+    def tree_push(c, i, s0, s1, s2, s3, s4, s5, s6, s7):
+        """Subtree ``i`` (sum ``c``) pushed onto the counter's eight levels (``_tree_level``)."""
+        c, s0 = _tree_level(s0, c, i, 0)
+        c, s1 = _tree_level(s1, c, i, 1)
+        c, s2 = _tree_level(s2, c, i, 2)
+        c, s3 = _tree_level(s3, c, i, 3)
+        c, s4 = _tree_level(s4, c, i, 4)
+        c, s5 = _tree_level(s5, c, i, 5)
+        c, s6 = _tree_level(s6, c, i, 6)
+        c, s7 = _tree_level(s7, c, i, 7)
+        return s0, s1, s2, s3, s4, s5, s6, s7
+
+    @triton.jit
+    def tree_fold(n, s0, s1, s2, s3, s4, s5, s6, s7):
+        """The counter's total after ``n`` pushes (< 256), smallest subtree first (the
+        tree's right spine)."""
+        t = tl.where((n & 1) != 0, s0, 0.0)
+        t = tl.where((n & 2) != 0, s1 + t, t)
+        t = tl.where((n & 4) != 0, s2 + t, t)
+        t = tl.where((n & 8) != 0, s3 + t, t)
+        t = tl.where((n & 16) != 0, s4 + t, t)
+        t = tl.where((n & 32) != 0, s5 + t, t)
+        t = tl.where((n & 64) != 0, s6 + t, t)
+        return tl.where((n & 128) != 0, s7 + t, t)
+
+    @triton.jit
     def rstd_of(total, K, eps):
         """(R,) sums of squares over K -> 1 / rms (one expression for every path)."""
         return tl.rsqrt(total / K + eps)
@@ -216,25 +242,10 @@ if triton is not None:
                 kk = k + u * CH + ck
                 x = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < K),
                             other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
-                c = pair_sum(x * x, CH)
-                i = k // CH + u
-                c, s0 = _tree_level(s0, c, i, 0)
-                c, s1 = _tree_level(s1, c, i, 1)
-                c, s2 = _tree_level(s2, c, i, 2)
-                c, s3 = _tree_level(s3, c, i, 3)
-                c, s4 = _tree_level(s4, c, i, 4)
-                c, s5 = _tree_level(s5, c, i, 5)
-                c, s6 = _tree_level(s6, c, i, 6)
-                c, s7 = _tree_level(s7, c, i, 7)
+                s0, s1, s2, s3, s4, s5, s6, s7 = tree_push(
+                    pair_sum(x * x, CH), k // CH + u, s0, s1, s2, s3, s4, s5, s6, s7)
         n = tl.cdiv(K, CH * UNROLL) * UNROLL  # subtrees pushed
-        t = tl.where((n & 1) != 0, s0, 0.0)
-        t = tl.where((n & 2) != 0, s1 + t, t)
-        t = tl.where((n & 4) != 0, s2 + t, t)
-        t = tl.where((n & 8) != 0, s3 + t, t)
-        t = tl.where((n & 16) != 0, s4 + t, t)
-        t = tl.where((n & 32) != 0, s5 + t, t)
-        t = tl.where((n & 64) != 0, s6 + t, t)
-        return tl.where((n & 128) != 0, s7 + t, t)
+        return tree_fold(n, s0, s1, s2, s3, s4, s5, s6, s7)
 
     @triton.jit
     def partials_rstd(ps_ptr, rm, row_ok, G, K, eps, GP: tl.constexpr, CACHE: tl.constexpr):
