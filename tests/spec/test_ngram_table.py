@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -161,10 +160,9 @@ def test_large_table_opens_without_reading_it(tmp_path: Path) -> None:
     build_table(synthetic_corpus(4), path, num_slots=2**19)
     size = path.stat().st_size
     assert size > 20 * 2**20
-    before, start = _bytes_read(), time.perf_counter()
+    before = _bytes_read()
     table = NgramTable(path)
-    elapsed, read = time.perf_counter() - start, _bytes_read() - before
-    assert read < 2**16 and elapsed < 0.5  # the header only
+    assert _bytes_read() - before < 2**16  # the header only
     assert table.lookup([0, 0, 0], 1) == NgramTable(path, in_memory=True).lookup([0, 0, 0], 1)
     before = _bytes_read()
     NgramTable(path, in_memory=True)

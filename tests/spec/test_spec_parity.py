@@ -69,11 +69,16 @@ def spec_config(method, table_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "ngram_table", "self", "draft_model"])
 def test_greedy_parity_at_batch_1_4_16(default_model_dir, reference, table_path, method):
+    """Every prompt at batch 16; at 4 every second one, at 1 every fourth (each still spans
+    all four kinds of prompt): batch 1 runs one request at a time, so the whole battery there
+    cost over half of this test's time and checked no batch shape the subset does not."""
     config = spec_config(method, table_path)
-    for batch in (1, 4, 16):
+    for batch, stride in ((1, 4), (4, 2), (16, 1)):
         llm = LLM(str(default_model_dir), max_num_seqs=batch, speculative_config=config)
-        got = [r.token_ids for r in llm.generate(PROMPTS, GREEDY)]
-        mismatched = [i for i, (a, b) in enumerate(zip(got, reference, strict=True)) if a != b]
+        got = [r.token_ids for r in llm.generate(PROMPTS[::stride], GREEDY)]
+        want = reference[::stride]
+        mismatched = [i * stride for i, (a, b) in enumerate(zip(got, want, strict=True))
+                      if a != b]
         assert not mismatched, (method, batch, mismatched[:5])
         stats = llm.engine.stats()
         assert stats.spec_draft_tokens_total > 0, "the drafter never proposed anything"
