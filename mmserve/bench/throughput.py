@@ -246,7 +246,8 @@ def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict
     from mmserve.kernels.triton_pdl import set_pdl_enabled
 
     set_batch_invariant(variant != "cublas")
-    set_q8_head(variant != "bf16head")
+    # the Q8_0 head on (off by default until GPU-checked) in every variant but its reference
+    q8 = set_q8_head(variant != "bf16head")
     set_fused_enabled(variant != "unfused")
     set_pdl_enabled(variant != "nopdl")
     stack = decode_stack_enabled()
@@ -255,7 +256,7 @@ def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict
         return measure_engine(cfg, dec, vocab)
     finally:
         set_batch_invariant(True)
-        set_q8_head(True)
+        set_q8_head(q8)
         set_fused_enabled(True)
         set_pdl_enabled(True)
         set_decode_stack_enabled(stack)

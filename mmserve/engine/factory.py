@@ -10,7 +10,7 @@ import torch
 
 from mmserve.config import DEFAULT_MODEL, EngineConfig
 from mmserve.engine.engine import LLMEngine
-from mmserve.kernels.linear import set_batch_invariant
+from mmserve.kernels.linear import q8_head_enabled, set_batch_invariant
 
 log = logging.getLogger("mmserve")
 
@@ -54,11 +54,15 @@ def create_engine(config: EngineConfig) -> LLMEngine:
     tokenizer = Tokenizer(path)
     log.info("loaded %s from %s in %.2fs", model_name(config), path, time.perf_counter() - start)
     head = model.q8_head()
-    if head is not None:
+    if head is not None and q8_head_enabled():
         log.info("LM head: read from its Q8_0 blocks up to %d rows (%.1f MB against %.1f MB "
                  "of %s; the same bits)", Q8_MAX_ROWS,
                  sum(t.numel() * t.element_size() for t in head) / 1e6,
                  model.lm_head_weight().numel() * model.lm_head_weight().element_size() / 1e6,
+                 str(dtype).removeprefix("torch."))
+    elif head is not None:
+        log.info("LM head: from its %s weight (its Q8_0 blocks are read with "
+                 "MMSERVE_Q8_HEAD=1, off until that kernel's bits are checked on a GPU)",
                  str(dtype).removeprefix("torch."))
     limit = config.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_LEN_CAP)
     if limit > model.max_position_embeddings:

@@ -165,6 +165,7 @@ def test_graphs_reading_the_q8_head_equal_graphs_reading_the_bf16_head(tiny_llam
     head.data.copy_(w32.to(head.dtype))
     blocks = factor_q8(w32)
     assert blocks is not None and model.attach_q8_head(blocks)
+    previous = linear.q8_head_enabled()
     for n in (1, 3):
         runs = []
         for q8 in (True, False):
@@ -182,7 +183,7 @@ def test_graphs_reading_the_q8_head_equal_graphs_reading_the_bf16_head(tiny_llam
                     toks.append(top[:n].tolist())
                 runs.append((toks, logits_seen, kv.clone()))
             finally:
-                linear.set_q8_head(True)
+                linear.set_q8_head(previous)
         (toks_a, logits_a, kv_a), (toks_b, logits_b, kv_b) = runs
         assert toks_a == toks_b, n
         assert all(torch.equal(a, b) for a, b in zip(logits_a, logits_b, strict=True)), n

@@ -188,14 +188,16 @@ def test_the_default_model_reads_its_lm_head_as_q8_on_cuda(default_model_dir):
     assert model.lm_head_q8 is not None
     torch.manual_seed(0)
     h = torch.randn(40, model.lm_head_weight().shape[1], device="cuda").bfloat16()
-    for m in (1, 4, 16, 40):
-        on = model.compute_logits(h[:m])
-        linear.set_q8_head(False)
-        try:
-            off = model.compute_logits(h[:m])
-        finally:
+    previous = linear.q8_head_enabled()
+    try:
+        for m in (1, 4, 16, 40):
             linear.set_q8_head(True)
-        assert torch.equal(on, off), m
+            on = model.compute_logits(h[:m])
+            linear.set_q8_head(False)
+            off = model.compute_logits(h[:m])
+            assert torch.equal(on, off), m
+    finally:
+        linear.set_q8_head(previous)
 
 
 def test_the_kernels_dequantize_arithmetic_is_exact_for_every_scale_and_value():

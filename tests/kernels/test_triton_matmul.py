@@ -164,13 +164,15 @@ def test_logits_linear_reads_q8_blocks_up_to_16_rows_with_the_same_bits():
     w8 = _q8(4096, 576, 7)
     w = w8.dequantize(torch.bfloat16)
     x = _rand(40, 576)
-    for m in (1, 16, 17, 40):  # 17 and 40: the half weight's GEMM
-        assert torch.equal(linear.logits_linear(x[:m], w, w8), linear.logits_linear(x[:m], w))
+    previous = linear.set_q8_head(True)
     try:
+        for m in (1, 16, 17, 40):  # 17 and 40: the half weight's GEMM
+            assert torch.equal(linear.logits_linear(x[:m], w, w8),
+                               linear.logits_linear(x[:m], w))
         linear.set_q8_head(False)
         assert torch.equal(linear.logits_linear(x[:1], w, w8), linear.logits_linear(x[:1], w))
     finally:
-        linear.set_q8_head(True)
+        linear.set_q8_head(previous)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
