@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from triton_kit import COMPILES, ON_CUDA
+from triton_kit import ON_CUDA
 
 from mmserve.kernels.q8 import BLOCK, Q8Weight, factor_q8, quantize_q8
 from mmserve.models.weights import load_state_dict
@@ -213,42 +213,3 @@ def test_the_kernels_dequantize_arithmetic_is_exact_for_every_scale_and_value():
     assert torch.equal(c.double(), d.double() * -12582912.0)
     fma = (f.double()[None, :] * d.double()[:, None] + c.double()[:, None]).float()
     assert torch.equal(fma, d[:, None] * q.float()[None, :])
-
-
-def _dot_kwidths(fn, constexprs: dict, **options) -> set[str]:
-    """The kWidths of ``fn``'s dot operands in its sm_90 TTGIR (compiled on any machine)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            sig[name] = {"q_ptr": "*i8", "s_ptr": "*fp32", "o_ptr": "*fp32"}.get(name, "*bf16")
-        else:
-            sig[name] = "i32"
-    src = ASTSource(fn, signature=sig, constexprs=constexprs)
-    ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
-    return {line.split("kWidth = ")[1][0] for line in ttgir.splitlines()
-            if "tt.dot " in line and "kWidth" in line}
-
-
-@pytest.mark.skipif(not COMPILES, reason="needs triton (not its interpreter)")
-def test_the_q8_heads_product_groups_k_as_the_bf16_gemms():
-    """The H200 gives the bf16 GEMM's bits only if both products sum the same k16 groups.
-    Left to itself, Triton gives a dot whose operand comes from an 8-bit load 4 elements of
-    k a thread (kWidth 4), and on sm_90's mma.sync that sends k 2-3 of every 4 to the
-    second k16 product: session 35's first GPU run had every logit row off by an ulp here
-    and there. ``_q8_dequant``'s identity asm stops that search, so the operands take the
-    bf16 GEMM's kWidth (2) and its k16 groups. Compiled for sm_90 on the CPU."""
-    from mmserve.kernels import triton_matmul as tm
-
-    common = dict(BM=16, GROUP_M=8, UPCAST=True, PDL=False, LATE=False)
-    bf16 = _dot_kwidths(tm._gemm_kernel, dict(common, HAS_BIAS=False, BN=128, BK=64),
-                        num_warps=4, num_stages=5)
-    q8 = _dot_kwidths(tm._gemm_q8_kernel,
-                      dict(common, BN=128, QB=BLOCK, FMA=True, EARLY=0, EARLY_LINES=1),
-                      num_warps=4, num_stages=8)
-    assert bf16 == {"2"} and q8 == bf16
