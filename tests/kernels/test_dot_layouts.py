@@ -9,7 +9,8 @@ interpreter cannot see this (its dot is one float32 product); the sm_90 TTGIR ca
 form ``bench/compile_check.py`` compiles (the decode stack's forms, the o product by kv-head
 group among them, the layered GEMMs, attention, QKV + rope, the Q8 head) against the
 invariant GEMM (``triton_matmul._gemm_kernel``): the same MMA, instruction shape and
-kWidths. The fp8 KV cache's attention is left out: it is lossy, checked by error bounds.
+kWidths. The fp8 KV cache's attention is lossy against bf16 (checked by error bounds), so
+its kernels are held only to one layout among themselves.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def test_every_invariant_product_sends_the_same_k_to_each_mma():
                                 num_warps=2, num_stages=4))
     assert ref[:2] == ("2", "16, 8") and len(ref) == 4, ref
     k_width = ref[2]
-    checked = 0
+    checked, fp8_dots = 0, set()
     for label, fn, constexprs, fp8, options in cc.forms():
-        if fp8:
+        if fp8:  # lossy against bf16 by design; its kernels must still agree with each other
+            fp8_dots |= set(cc.dot_layouts(fn, constexprs, fp8, **options))
             continue
         for version, shape, *widths in cc.dot_layouts(fn, constexprs, fp8, **options):
             # mma.sync as the reference, or wgmma (64+ rows) with k16 steps, which adds
@@ -55,3 +57,6 @@ def test_every_invariant_product_sends_the_same_k_to_each_mma():
             assert version == "3" or len(widths) == 2, (label, widths)  # mma.sync: registers
             checked += 1
     assert checked >= 150, checked  # every form's products (the input kernel has none)
+    # the fp8 cache's attention, serial and spread: one layout (kWidth 4 from its fp8 loads),
+    # so a row's output does not depend on which of them ran it
+    assert len(fp8_dots) == 1, fp8_dots
