@@ -11,6 +11,7 @@ weights from their GGUFs, as the server loads them; with ``--no-hf``), e.g.
 from __future__ import annotations
 
 import argparse
+import json
 
 from mmserve.bench.throughput import ThroughputConfig, run_throughput
 
@@ -42,8 +43,19 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hf-compile", action="store_true")
     p.add_argument("--out-dir", default=d.out_dir)
     p.add_argument("--gemm-configs", default=None, help="tile shapes JSON (bench/invariance.py)")
+    p.add_argument("--tuning", default=None,
+                   help="JSON over the decode stack's TUNING, e.g. '{\"o_fuse\": 2}'")
     return p.parse_args()
 
 
 if __name__ == "__main__":
-    run_throughput(parse())
+    args = parse()
+    tuning = vars(args).pop("tuning")
+    if tuning:
+        from mmserve.kernels.triton_decode_stack import TUNING
+
+        unknown = set(json.loads(tuning)) - set(TUNING)
+        if unknown:
+            raise SystemExit(f"not TUNING keys: {sorted(unknown)}")
+        TUNING.update(json.loads(tuning))
+    run_throughput(args)
