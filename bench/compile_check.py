@@ -134,11 +134,13 @@ def forms() -> list[tuple[str, object, dict, bool, dict]]:
 
     stack = dict(num_warps=4, num_stages=4)
     kernel = triton_decode_stack._decode_stack_kernel
+    # the serial kernel's defaults (TUNING's "serial" switches: k_t, v_l1)
+    serial = {**STACK, "SPREAD": False, "KT": True, "V_L1": True}
     for spread in (True, False):
-        add(f"decode stack, spread={spread}", kernel, {**STACK, "SPREAD": spread}, **stack)
+        add(f"decode stack, spread={spread}", kernel, (STACK if spread else serial), **stack)
     for spread in (True, False):
         add(f"decode stack, the barrier's wait as 4 relaxed loads in flight, spread={spread}",
-            kernel, {**STACK, "SPREAD": spread, "POLL": triton_grid.poll_asm(4, 100, False)},
+            kernel, {**(STACK if spread else serial), "POLL": triton_grid.poll_asm(4, 100, False)},
             **stack)
     add("decode stack, the K loops at the kernel's 4 stages (gemm_stages off)", kernel,
         {**STACK, "KS": 0}, **stack)
@@ -148,19 +150,19 @@ def forms() -> list[tuple[str, object, dict, bool, dict]]:
         # the o product by kv-head group (phase C in B: "o_fuse"; "o_regs")
         add(f"decode stack, serial, the o product by kv-head group, o_fuse={fuse}, "
             f"o_regs={regs}", kernel,
-            {**STACK, "SPREAD": False, "SEGO": 192, "OFUSE": fuse, "O_REGS": regs,
+            {**serial, "SEGO": 192, "OFUSE": fuse, "O_REGS": regs,
              "POLL": triton_grid.poll_asm(1, 0, False)}, **stack)
     add("decode stack's input kernel", triton_decode_stack._stack_input_kernel,
         {"GP": 64, "IDS": True, "ZB": 256, "TRIGGER": True}, num_warps=4)
     add("decode stack, serial, loads after the products (early off)", kernel,
-        {**STACK, "SPREAD": False, "EARLY": False}, **stack)
+        {**serial, "EARLY": False}, **stack)
     add("decode stack, serial, K steps of 256 where K = 576 (bk_exact off)", kernel,
-        {**STACK, "SPREAD": False, "BKH": 256, "BKQ": 256, "BKG": 256}, **stack)
+        {**serial, "BKH": 256, "BKQ": 256, "BKG": 256}, **stack)
     add("decode stack, serial, gate and up as two products", kernel,
-        {**STACK, "SPREAD": False, "ONE_DOT": False}, **stack)
+        {**serial, "ONE_DOT": False}, **stack)
     for spread in (True, False):
         add(f"decode stack, rope in the attention phase (qkv_rope off), spread={spread}",
-            kernel, {**STACK, "SPREAD": spread, "QKV_ROPE": False}, **stack)
+            kernel, {**(STACK if spread else serial), "QKV_ROPE": False}, **stack)
     kernel = triton_attention._paged_attention_kernel
     for fp8, prefetch in ((False, 0), (False, 1), (False, 2), (True, 1)):
         add(f"paged attention, fp8={fp8}, prefetch={prefetch}", kernel,

@@ -61,8 +61,7 @@ def create_engine(config: EngineConfig) -> LLMEngine:
                  model.lm_head_weight().numel() * model.lm_head_weight().element_size() / 1e6,
                  str(dtype).removeprefix("torch."))
     elif head is not None:
-        log.info("LM head: from its %s weight (its Q8_0 blocks are read with "
-                 "MMSERVE_Q8_HEAD=1, off until that kernel's bits are checked on a GPU)",
+        log.info("LM head: from its %s weight (its Q8_0 blocks unread: MMSERVE_Q8_HEAD=0)",
                  str(dtype).removeprefix("torch."))
     limit = config.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_LEN_CAP)
     if limit > model.max_position_embeddings:

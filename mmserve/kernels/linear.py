@@ -20,11 +20,11 @@ from mmserve.kernels.triton_dispatch import use_triton
 
 ROW_TILE = 8  # rows per fixed-shape product; a verify step of k+1 <= 8 rows costs one tile
 
-# The Q8_0 head is off by default until its kernel's bits are checked on a GPU: the first
-# kernel's were not the bf16 GEMM's (bench/NOTES.md, session 35), and the fixed one has not
-# run on a GPU yet. Its bits decide batch invariance (up to 16 rows read the blocks, more
-# the bf16 weight), so it stays opt-in (MMSERVE_Q8_HEAD=1) until then.
-_state = {"invariant": True, "q8_head": os.environ.get("MMSERVE_Q8_HEAD", "0") == "1"}
+# The Q8_0 head's bits decide batch invariance (up to 16 rows read the blocks, more the
+# bf16 weight). Its first kernel's were not the bf16 GEMM's (session 35); the fixed one's
+# are, on sm_90 (session 37, an H100: the GPU tests, and the default model's row 0 the
+# same at batch 1 and 64). MMSERVE_Q8_HEAD=0 turns it off.
+_state = {"invariant": True, "q8_head": os.environ.get("MMSERVE_Q8_HEAD", "1") != "0"}
 
 
 def set_batch_invariant(enabled: bool) -> None:
@@ -61,7 +61,7 @@ def cuda_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def set_q8_head(enabled: bool) -> bool:
     """Whether ``logits_linear`` reads an LM head's Q8_0 blocks where a model has them
-    (speed only: meant to be the same bits; ``MMSERVE_Q8_HEAD=1`` starts with it on).
+    (speed only: the same bits; ``MMSERVE_Q8_HEAD=0`` starts with it off).
     Returns the previous setting."""
     previous = _state["q8_head"]
     _state["q8_head"] = enabled

@@ -158,12 +158,18 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # (``_gate_up_from_chains``: no count waited on, no last item's trips; phase D's operand,
 # its norm and ``mid`` computed from the chains, the same bits). "o_regs": the fused
 # phase's chain takes its operand from the attention's registers (``tl.gather`` of each
-# query head's rows), not from ``attn`` read back through L2 (speed only).
+# query head's rows), not from ``attn`` read back through L2 (speed only). Session 37 (an
+# H100, the engine's batch-1 step, 5 alternated rounds): o_fuse 1 +38, 2 +457, o_regs +46 /
+# +460, og with phase C on its own +5 us against 595 at 129-228 cached tokens (no_c -65):
+# the o groups stay off. k_t with v_l1 -13.7 us at 129-228 (the serial kernel; each alone
+# -0 to +10) and +12 at 513-612 (the spread one, which spills with them); throughput.py
+# 1,670 / 1,692 -> 1,701 / 1,703 tok/s. So "serial": on in the serial kernel only
+# (``_serial_only``), the default for both.
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
-          "gemm_stages": 5, "att_stages": 1, "v_l1": False,
-          "k_t": False, "att_hoist": 0,
+          "gemm_stages": 5, "att_stages": 1, "v_l1": "serial",
+          "k_t": "serial", "att_hoist": 0,
           "late_rstd": False, "qkv_hoist": True, "pdl": True, "poll": (1, 0, False),
           "poll_spread": False, "no_c": 0, "o_fuse": 1, "o_regs": False}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
@@ -696,6 +702,12 @@ if triton is not None:
         _stamp(timing_ptr, 3 + 10 * L, pid, TIMING, True)
 
 
+def _serial_only(value) -> bool:
+    """A switch of ``TUNING`` that may also be "serial": on in the kernel compiled without
+    the spread attention path only."""
+    return bool(value) and (value != "serial" or not TUNING["spread"])
+
+
 def _poll(x: torch.Tensor, spread: bool) -> str:
     """The grid barrier's wait (``TUNING["poll"]``: (loads in flight, cycles between them,
     acquire loads[, cycles before a load is issued again]), ``triton_grid.poll_asm``; in the
@@ -898,7 +910,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         BKH=k_step(hidden, TUNING["bk"]), BKQ=o_step,
         TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
         GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
-        ATT_STAGES=TUNING["att_stages"] or 0, V_L1=TUNING["v_l1"], KT=TUNING["k_t"],
+        ATT_STAGES=TUNING["att_stages"] or 0, V_L1=_serial_only(TUNING["v_l1"]),
+        KT=_serial_only(TUNING["k_t"]),
         ATT_HOIST=TUNING["att_hoist"], LATE_RSTD=TUNING["late_rstd"],
         QKV_HOIST=TUNING["qkv_hoist"], POLL=_poll(x, bool(TUNING["spread"])),
         NO_C=TUNING["no_c"], SEGO=sego, OFUSE=ofuse, BNO=O_COLS,

@@ -100,6 +100,8 @@ TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
            {"k_t": True}, {"k_t": True, "spread": False}, {"att_hoist": 1},
            {"att_hoist": 2}, {"att_hoist": 2, "spread": False},
            {"att_hoist": 2, "k_t": True, "v_l1": True}, {"late_rstd": True},
+           {"k_t": False, "v_l1": False}, {"k_t": False, "v_l1": False, "spread": False},
+           {"k_t": True, "v_l1": True},
            {"qkv_hoist": True},
            {"att_hoist": 2, "k_t": True, "late_rstd": True, "qkv_hoist": True},
            {"att_hoist": 2, "k_t": True, "late_rstd": True, "qkv_hoist": True,
@@ -118,7 +120,8 @@ ROPE_MODES = [{"qkv_rope": True}, {"qkv_rope": False}]
 @torch.inference_mode()
 @pytest.mark.parametrize("programs,tuning", [(1, None), (3, None)]
                          + [(None, t) for t in TUNINGS] if ON_CUDA
-                         else [(1, None), (1, {"gated_one_dot": False}), (1, {"qkv_rope": False}),
+                         else [(1, None), (1, {"spread": False}),
+                               (1, {"gated_one_dot": False}), (1, {"qkv_rope": False}),
                                (1, {"early": False, "bk_exact": False}), (1, {"twice": 2}),
                                (1, {"defer": False}),
                                (1, {"att_hoist": 2, "k_t": True, "late_rstd": True,
