@@ -163,8 +163,9 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 # +460, og with phase C on its own +5 us against 595 at 129-228 cached tokens (no_c -65):
 # the o groups stay off. k_t with v_l1 -13.7 us at 129-228 (the serial kernel; each alone
 # -0 to +10) and +12 at 513-612 (the spread one, which spills with them); throughput.py
-# 1,670 / 1,692 -> 1,701 / 1,703 tok/s. So "serial": on in the serial kernel only
-# (``_serial_only``), the default for both.
+# 1,670 / 1,692 -> 1,701 / 1,703 tok/s; on an H200 561.0 -> 543.7 us at 129-228, 593.6
+# -> 590.2 at 513-612, throughput.py 1,797 -> 1,808 tok/s (means of 4). So "serial": on in
+# the serial kernel only (``_serial_only``), the default for both.
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
