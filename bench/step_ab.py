@@ -30,7 +30,7 @@ import statistics
 
 import torch
 
-from mmserve.bench.engine_run import prompted_decoder
+from mmserve.bench.engine_run import prompted_decoder, tuning_overrides
 from mmserve.kernels.fused import set_o_groups
 from mmserve.kernels.linear import set_q8_head
 from mmserve.kernels.triton_decode_stack import TUNING
@@ -45,11 +45,7 @@ def settings_from(variants: list[str]) -> dict[str, dict]:
     out: dict[str, dict] = {"default": {}}
     for v in variants:
         name, _, js = v.partition("=")
-        over = json.loads(js)
-        unknown = set(over) - set(TUNING) - EXTRA
-        if unknown:
-            raise SystemExit(f"{name}: not TUNING keys: {sorted(unknown)}")
-        out[name] = over
+        out[name] = tuning_overrides(js, EXTRA, name)
     return out
 
 

@@ -22,7 +22,7 @@ import statistics
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mmserve.bench.engine_run import prompted_decoder
+from mmserve.bench.engine_run import prompted_decoder, tuning_overrides
 from mmserve.kernels.triton_decode_stack import TUNING
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -84,10 +84,7 @@ def main() -> None:
     ap.add_argument("--tuning", default="{}", help="JSON: triton_decode_stack.TUNING overrides")
     ap.add_argument("--out", default="step_trace.json")
     args = ap.parse_args()
-    over = json.loads(args.tuning)
-    unknown = set(over) - set(TUNING)
-    if unknown:
-        raise SystemExit(f"not TUNING keys: {sorted(unknown)}")
+    over = tuning_overrides(args.tuning)
     TUNING.update(over)
     dec, first, _ = prompted_decoder(args.model, max(1024, args.start + args.steps + 64))
     plain_ms, _ = dec.recaptured_step_ms(first)  # captures the batch-1 graphs

@@ -11,7 +11,6 @@ weights from their GGUFs, as the server loads them; with ``--no-hf``), e.g.
 from __future__ import annotations
 
 import argparse
-import json
 
 from mmserve.bench.throughput import ThroughputConfig, run_throughput
 
@@ -52,10 +51,8 @@ if __name__ == "__main__":
     args = parse()
     tuning = vars(args).pop("tuning")
     if tuning:
+        from mmserve.bench.engine_run import tuning_overrides
         from mmserve.kernels.triton_decode_stack import TUNING
 
-        unknown = set(json.loads(tuning)) - set(TUNING)
-        if unknown:
-            raise SystemExit(f"not TUNING keys: {sorted(unknown)}")
-        TUNING.update(json.loads(tuning))
+        TUNING.update(tuning_overrides(tuning))
     run_throughput(args)

@@ -13,8 +13,10 @@ with per-token scales, as ``--kv-cache-dtype fp8_e4m3`` gives the engine.
 from __future__ import annotations
 
 import gc
+import json
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,18 @@ from mmserve.kernels.triton_copy import copy_flat
 from mmserve.models.base import CausalLM
 
 BLOCK_SIZE = 16
+
+
+def tuning_overrides(text: str, extra: Iterable[str] = (), name: str = "") -> dict:
+    """A command line's JSON object of ``triton_decode_stack.TUNING`` overrides (keys in
+    ``extra`` allowed too); an unknown key stops the script, named."""
+    from mmserve.kernels.triton_decode_stack import TUNING
+
+    over = json.loads(text)
+    unknown = set(over) - set(TUNING) - set(extra)
+    if unknown:
+        raise SystemExit(f"{name + ': ' if name else ''}not TUNING keys: {sorted(unknown)}")
+    return over
 
 
 @dataclass
