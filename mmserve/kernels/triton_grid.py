@@ -71,6 +71,31 @@ def poll_asm(polls: int, spacing: int, acquire: bool, gap: int = 0) -> str:
     return "\n".join(lines)
 
 
+def last_release_asm(lines: int, rel: bool = False) -> str:
+    """PTX for ``grid_sync_flags``' MODE 1 in one block: thread 0 adds one to the counter
+    (``$1``, a returning release atomic), ``bar.red.or`` hands every thread whether it
+    was the last arrival (the old value ``$3``, the barrier's count minus one) and meets
+    them; the last program's threads then write the barrier number ``$4`` into the
+    ``lines`` release words at ``$2`` (one a 128-byte line, thread t the words t and t +
+    128), the others' thread 0 loads its word ``$5`` until it holds ``$4``, then
+    ``bar.sync 0``. ``rel``: release stores (else relaxed: every read of another
+    program's writes after the wait is ``.cg`` and follows the loaded value). Output
+    ``$0``: 0 (unused)."""
+    st = "st.release.gpu.global.b32" if rel else "st.relaxed.gpu.global.b32"
+    return "\n".join([
+        "{", ".reg .pred %p<6>;", ".reg .b32 %t, %o, %w;", ".reg .b64 %a;", "mov.u32 $0, 0;",
+        "mov.u32 %t, %tid.x;", "mov.u32 %o, 0;", "setp.eq.u32 %p0, %t, 0;",
+        "@%p0 atom.release.gpu.global.add.u32 %o, [$1], 1;",
+        "setp.eq.and.u32 %p1, %o, $3, %p0;", "bar.red.or.pred %p2, 0, %p1;",
+        "@!%p2 bra $$W${:uid};",
+        f"setp.lt.u32 %p3, %t, {lines};", f"setp.lt.u32 %p4, %t, {max(lines - 128, 0)};",
+        "mul.wide.u32 %a, %t, 128;", "add.s64 %a, %a, $2;",
+        f"@%p3 {st} [%a], $4;", f"@%p4 {st} [%a+16384], $4;", "bra $$D${:uid};",
+        "$$W${:uid}:", "@!%p0 bra $$B${:uid};", "$$L${:uid}:",
+        "ld.relaxed.gpu.global.b32 %w, [$5];", "setp.lt.s32 %p5, %w, $4;",
+        "@%p5 bra $$L${:uid};", "$$B${:uid}:", "bar.sync 0;", "$$D${:uid}:", "}"])
+
+
 if triton is not None:
 
     @triton.jit
@@ -89,6 +114,54 @@ if triton is not None:
         else:
             tl.inline_asm_elementwise(POLL, "=r,l,r", [counter_ptr, target], dtype=tl.int32,
                                       is_pure=False, pack=1)
+
+    @triton.jit
+    def _release_flags(flags_ptr, phase, LINES: tl.constexpr, NP: tl.constexpr,
+                       REL: tl.constexpr):
+        """Write ``phase`` into the ``LINES`` release words (one a 128-byte line), one
+        thread a word; ``REL``: release stores, else relaxed ones (the waiters' reads of
+        other programs' writes are ``.cg`` and issued after they see the word)."""
+        ptrs = flags_ptr + tl.minimum(tl.arange(0, NP), LINES - 1) * 32
+        value = tl.full([NP], phase, tl.int32)
+        if REL:
+            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tst.release.gpu.global.b32 [$1], $2;",
+                                      "=r,l,r", [ptrs, value], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tst.relaxed.gpu.global.b32 [$1], $2;",
+                                      "=r,l,r", [ptrs, value], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+
+    @triton.jit
+    def grid_sync_flags(counter_ptr, flags_ptr, phase, programs, pid, POLL: tl.constexpr,
+                        MODE: tl.constexpr, LINES: tl.constexpr, NP: tl.constexpr,
+                        REL: tl.constexpr = False):
+        """``grid_sync`` with the wait moved off the counter's line: the programs poll
+        release words (``flags_ptr``: ``LINES`` words 128 bytes apart, program p polls
+        word p % LINES) that one program writes once every program has arrived, so the
+        counter's line takes only the arrivals. ``MODE`` 1: each program adds one with a
+        returning atomic and the last to arrive writes the words, all of it ``POLL``, a
+        ``last_release_asm`` block; 2: the arrivals as ``grid_sync``'s and program 0
+        polls the counter, then writes them (``POLL``: ``poll_asm``'s wait). ``NP``: a
+        power of two >= ``LINES``. The words hold barrier numbers, so they start at zero
+        each launch."""
+        tl.debug_barrier()  # the program's threads have all written
+        target = phase * programs
+        mine = flags_ptr + (pid % LINES) * 32
+        if MODE == 1:  # POLL: ``last_release_asm``'s block
+            tl.inline_asm_elementwise(POLL, "=r,l,l,r,r,l",
+                                      [counter_ptr, flags_ptr, target - 1, phase, mine],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+            if pid == 0:
+                tl.inline_asm_elementwise(POLL, "=r,l,r", [counter_ptr, target],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+                _release_flags(flags_ptr, phase, LINES, NP, REL)
+                tl.debug_barrier()
+            else:
+                tl.inline_asm_elementwise(POLL, "=r,l,r", [mine, phase], dtype=tl.int32,
+                                          is_pure=False, pack=1)
 
     if os.environ.get("TRITON_INTERPRET") == "1":  # no inline PTX there; a hint changes nothing
 

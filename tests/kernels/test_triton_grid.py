@@ -21,7 +21,12 @@ if ON_CUDA or COMPILES:
     import triton
     import triton.language as tl
 
-    from mmserve.kernels.triton_grid import grid_sync, poll_asm
+    from mmserve.kernels.triton_grid import (
+        grid_sync,
+        grid_sync_flags,
+        last_release_asm,
+        poll_asm,
+    )
 
     @triton.jit
     def _rounds(counter_ptr, buf_ptr, err_ptr, R, P: tl.constexpr, P2: tl.constexpr,
@@ -37,6 +42,23 @@ if ON_CUDA or COMPILES:
             half = (r % 2) * P2
             tl.store(buf_ptr + half + pid, r * 1000 + pid)
             grid_sync(counter_ptr, r + 1, P, POLL)
+            seen = tl.load(buf_ptr + half + others, mask=mine, other=-1, cache_modifier=".cg")
+            errors += tl.sum(tl.where(mine & (seen != r * 1000 + others), 1, 0))
+        tl.store(err_ptr + pid, errors)
+
+    @triton.jit
+    def _rounds_flags(counter_ptr, flags_ptr, buf_ptr, err_ptr, R, P: tl.constexpr,
+                      P2: tl.constexpr, POLL: tl.constexpr, MODE: tl.constexpr,
+                      LINES: tl.constexpr, NP: tl.constexpr):
+        """``_rounds`` through ``grid_sync_flags``."""
+        pid = tl.program_id(0)
+        others = tl.arange(0, P2)
+        mine = others < P
+        errors = 0
+        for r in range(R):
+            half = (r % 2) * P2
+            tl.store(buf_ptr + half + pid, r * 1000 + pid)
+            grid_sync_flags(counter_ptr, flags_ptr, r + 1, P, pid, POLL, MODE, LINES, NP)
             seen = tl.load(buf_ptr + half + others, mask=mine, other=-1, cache_modifier=".cg")
             errors += tl.sum(tl.where(mine & (seen != r * 1000 + others), 1, 0))
         tl.store(err_ptr + pid, errors)
@@ -81,6 +103,68 @@ def test_poll_asm_compiles_for_sm90(poll, tmp_path):
                          options={"num_warps": 4}).asm["ptx"]
     sem = "acquire" if poll[2] else "relaxed"
     assert ptx.count(f"ld.{sem}.gpu.global.b32") == 2 * poll[0]
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    path = tmp_path / "k.ptx"
+    path.write_text(ptx)
+    subprocess.run([ptxas, "-arch=sm_90a", str(path), "-o", str(tmp_path / "k.cubin")],
+                   check=True, capture_output=True)
+
+
+# the wait on release words: (MODE, lines; 0: one a program), grid_sync_flags
+FLAG_FORMS = [(1, 0), (1, 8), (1, 1), (2, 0), (2, 8)]
+
+
+def _flags_poll(mode: int, lines: int) -> str:
+    return last_release_asm(lines) if mode == 1 else poll_asm(1, 0, False)
+
+
+@needs_cuda
+@pytest.mark.parametrize("form", FLAG_FORMS)
+@pytest.mark.parametrize("programs", [1, 7, 64, 1000])
+def test_grid_sync_flags_orders_writes_and_reads(programs, form):
+    """The barrier whose programs wait on release words keeps both promises, and every
+    word ends at the last barrier's number."""
+    programs = min(programs, torch.cuda.get_device_properties(0).multi_processor_count)
+    p2 = triton.next_power_of_2(programs)
+    mode, lines = form
+    lines = lines or programs
+    rounds = 300
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    flags = torch.zeros(32 * lines, dtype=torch.int32, device="cuda")
+    buf = torch.full((2 * p2,), -1, dtype=torch.int32, device="cuda")
+    err = torch.full((programs,), -1, dtype=torch.int32, device="cuda")
+    _rounds_flags[(programs,)](counter, flags, buf, err, rounds, P=programs, P2=p2,
+                               POLL=_flags_poll(mode, lines), MODE=mode, LINES=lines,
+                               NP=max(triton.next_power_of_2(lines), 128), num_warps=4)
+    torch.cuda.synchronize()
+    assert int(counter) == rounds * programs
+    assert err.tolist() == [0] * programs
+    assert flags.view(lines, 32)[:, 0].tolist() == [rounds] * lines
+
+
+@pytest.mark.skipif(not COMPILES, reason="needs triton (not its interpreter)")
+@pytest.mark.parametrize("form", FLAG_FORMS + [(1, 132)])
+def test_grid_sync_flags_compiles_for_sm90(form, tmp_path):
+    """The release-word barrier's PTX goes through Triton's sm_90 compile and ptxas: one
+    counter atomic, the words' stores (two a thread past 128 words) and one poll loop."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    mode, lines = form
+    lines = lines or 96
+    sig = {"counter_ptr": "*i32", "flags_ptr": "*i32", "buf_ptr": "*i32", "err_ptr": "*i32",
+           "R": "i32", "P": "constexpr", "P2": "constexpr", "POLL": "constexpr",
+           "MODE": "constexpr", "LINES": "constexpr", "NP": "constexpr"}
+    src = ASTSource(_rounds_flags, signature=sig,
+                    constexprs={"P": max(lines, 96), "P2": 256, "POLL": _flags_poll(mode, lines),
+                                "MODE": mode, "LINES": lines,
+                                "NP": max(triton.next_power_of_2(lines), 128)})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4}).asm["ptx"]
+    assert ptx.count("atom.global.gpu.release.add") + ptx.count("atom.release.gpu.global.add") == 1
+    assert ptx.count("st.relaxed.gpu.global.b32") == (2 if mode == 1 else 1)
+    # poll_asm: a load before its loop and one in it, the lead's wait and the others'
+    assert ptx.count("ld.relaxed.gpu.global.b32") == (1 if mode == 1 else 4)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     path = tmp_path / "k.ptx"
     path.write_text(ptx)
