@@ -40,7 +40,7 @@ STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256,
              EARLY=True, BKH=64, BKQ=64, TWICE=0, DEFER=True, G=36, GP=64, KS=5, ATT_STAGES=1,
              V_L1=False, KT=False, ATT_HOIST=0, LATE_RSTD=False,
              QKV_HOIST=True, PDL=True, POLL="", NO_C=0, SEGO=0, OFUSE=0, BNO=64, BKO=64, BKC=64,
-             O_REGS=False, FLAGS=0, FLINES=1, FNP=128)
+             O_REGS=False)
 ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1,
                  PDL=True)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
@@ -142,11 +142,6 @@ def forms() -> list[tuple[str, object, dict, bool, dict]]:
         add(f"decode stack, the barrier's wait as 4 relaxed loads in flight, spread={spread}",
             kernel, {**(STACK if spread else serial), "POLL": triton_grid.poll_asm(4, 100, False)},
             **stack)
-    for mode in (1, 2):  # the barrier's wait on release words (TUNING["flags"])
-        add(f"decode stack, serial, the barrier's wait on release words, flags={mode}", kernel,
-            {**serial, "POLL": (triton_grid.last_release_asm(96) if mode == 1 else
-                                triton_grid.poll_asm(1, 0, False)), "FLAGS": mode, "FLINES": 96,
-             "FNP": 128}, **stack)
     add("decode stack, the K loops at the kernel's 4 stages (gemm_stages off)", kernel,
         {**STACK, "KS": 0}, **stack)
     add("decode stack, the norm from the rows (defer off)", kernel, {**STACK, "DEFER": False},

@@ -50,7 +50,7 @@ import torch
 from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
 from mmserve.kernels.triton_attention import block_keys, split_keys, split_states
 from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode
-from mmserve.kernels.triton_grid import last_release_asm, poll_asm
+from mmserve.kernels.triton_grid import poll_asm
 from mmserve.kernels.triton_pdl import pdl_args
 
 try:
@@ -172,7 +172,7 @@ TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "gemm_stages": 5, "att_stages": 1, "v_l1": "serial",
           "k_t": "serial", "att_hoist": 0,
           "late_rstd": False, "qkv_hoist": True, "pdl": True, "poll": (1, 0, False),
-          "poll_spread": False, "no_c": 0, "o_fuse": 1, "o_regs": False, "flags": None}
+          "poll_spread": False, "no_c": 0, "o_fuse": 1, "o_regs": False}
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -203,12 +203,7 @@ if triton is not None:
         tree_fold,
         tree_push,
     )
-    from mmserve.kernels.triton_grid import (
-        grid_sync,
-        grid_sync_flags,
-        prefetch_l2,
-        prefetch_share,
-    )
+    from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
     from mmserve.kernels.triton_pdl import launch_next, wait_only
     from mmserve.kernels.triton_rope_attention import attend_group, group_pre, rope_write_tile
 
@@ -491,18 +486,12 @@ if triton is not None:
 
     @triton.jit
     def _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING: tl.constexpr,
-                    POLL: tl.constexpr, FLAGS: tl.constexpr, FLINES: tl.constexpr,
-                    FNP: tl.constexpr):
+                    POLL: tl.constexpr):
         """End phase number ``phase`` (0, 1, ...): the grid barrier after it (``POLL``:
-        ``grid_sync``'s; ``FLAGS``: ``grid_sync_flags``' MODE, its ``FLINES`` release
-        words the lines before the counter), the program's clock stamped before (its work
-        done) and after (every program arrived) -> the next phase's number."""
+        ``grid_sync``'s), the program's clock stamped before (its work done) and after
+        (every program arrived) -> the next phase's number."""
         _stamp(timing_ptr, 2 * phase, pid, TIMING)
-        if FLAGS == 0:
-            grid_sync(counter_ptr, phase + 1, P, POLL)
-        else:
-            grid_sync_flags(counter_ptr, counter_ptr - FLINES * 32, phase + 1, P, pid, POLL,
-                            FLAGS, FLINES, FNP)
+        grid_sync(counter_ptr, phase + 1, P, POLL)
         _stamp(timing_ptr, 2 * phase + 3, pid, TIMING)
         return phase + 1
 
@@ -563,8 +552,7 @@ if triton is not None:
         QKV_HOIST: tl.constexpr, PDL: tl.constexpr, POLL: tl.constexpr,
         NO_C: tl.constexpr = 0, SEGO: tl.constexpr = 0, OFUSE: tl.constexpr = 0,
         BNO: tl.constexpr = 64, BKO: tl.constexpr = 64, BKC: tl.constexpr = 64,
-        O_REGS: tl.constexpr = False, FLAGS: tl.constexpr = 0, FLINES: tl.constexpr = 1,
-        FNP: tl.constexpr = 128,
+        O_REGS: tl.constexpr = False,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -627,8 +615,7 @@ if triton is not None:
                                not DEFER, False, False, False, ROUND, 16, BN, BKH, 8, CH, UNROLL,
                                ".cg", False, False, TWICE, DEFER, qkv, qkv,
                                psi_ptr + lw * M * G, G, GP, KS)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL,
-                                    FLAGS, FLINES, FNP)
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # B: per (sequence, kv head, query tile): attention over the cache, a long
             # context's splits spread over the group's programs; without QKV_ROPE first the
             # rope of the tile's queries and the rope + cache write of the keys and values
@@ -669,8 +656,7 @@ if triton is not None:
                         _prefetch_kv(kc + stride_kvl, vc + stride_kvl, tables_ptr, ctx_ptr, B,
                                      worker, WORKERS, stride_kb, stride_ks, stride_bt, HKV * D,
                                      PAGE, LINE, KV_ROWS, KV_LINES)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL,
-                                    FLAGS, FLINES, FNP)
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # C: mid = x + attn @ Wo.T (DEFER: and phase D's operand and subtree sums)
             # (NO_C, a timing probe with wrong bits: phase C and its barrier skipped)
             # (SEGO: the product's K summed by kv-head group, ``_tile_products``' SEG)
@@ -681,8 +667,7 @@ if triton is not None:
                                BKQ, 8, CH, UNROLL, ".cg", False, EARLY, TWICE, 2 * DEFER,
                                ysm_ptr + lw * M * H, n2_ptr + lw * H, psm_ptr + lw * M * G, G,
                                GP, KS, SEG=SEGO)
-                phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL,
-                                    FLAGS, FLINES, FNP)
+                phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T (NO_C 2: the norm from
             # the row itself, as a phase D summing the o product's partials would)
             # (OFUSE 2 at a fused step: the o product's chains added here, phase C's sum)
@@ -704,8 +689,7 @@ if triton is not None:
                                0.0, not D_DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH,
                                UNROLL, ".cg", ONE_DOT, False, TWICE, D_DEFER, act, act,
                                psm_ptr + lw * M * G, G, GP, KS, LATE_RSTD)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL,
-                                    FLAGS, FLINES, FNP)
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # E: x_next = mid + act @ Wd.T (DEFER: and the next phase A's operand and subtree
             # sums; after the last layer unread, made with its own norm weight)
             for t in range(pid, (H + BN - 1) // BN, P):
@@ -715,8 +699,7 @@ if triton is not None:
                            2 * DEFER, ysi_ptr + (lw + 1) * M * H,
                            n1_ptr + tl.minimum(lw + 1, L - 1) * H, psi_ptr + (lw + 1) * M * G,
                            G, GP, KS)
-            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL,
-                                    FLAGS, FLINES, FNP)
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
         _stamp(timing_ptr, 3 + 10 * L, pid, TIMING, True)
 
 
@@ -724,16 +707,6 @@ def _serial_only(value) -> bool:
     """A switch of ``TUNING`` that may also be "serial": on in the kernel compiled without
     the spread attention path only."""
     return bool(value) and (value != "serial" or not TUNING["spread"])
-
-
-def _flags(x: torch.Tensor, spread: bool, programs: int) -> tuple[int, int]:
-    """``TUNING["flags"]``: the grid barrier's wait on release words (``(MODE, lines)``,
-    ``triton_grid.grid_sync_flags``; lines 0: one a program) -> (MODE, lines); (0, 1)
-    where off or where the wait is not ``poll_asm``'s (``_poll``)."""
-    if not TUNING["flags"] or not _poll(x, spread):
-        return 0, 1
-    mode, lines = TUNING["flags"]
-    return int(mode), int(lines) or programs
 
 
 def _poll(x: torch.Tensor, spread: bool) -> str:
@@ -899,15 +872,11 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     po = (torch.empty(n_layers * kv_heads * MAX_ROWS * hidden, dtype=torch.float32, device=dev)
           if ofuse else xs)
     # zeroed by the input kernel (with "defer"; else here)
-    # the grid barrier's release words (TUNING["flags"]), a line each, before its counter
-    fmode, flines = _flags(x, bool(TUNING["spread"]), programs)
-    foff = 32 * flines if fmode else 0
     counts = (torch.empty if defer else torch.zeros)(
-        foff + 1 + n_layers * groups + n_layers * o_tiles, dtype=torch.int32, device=dev)
-    counter = counts[foff:foff + 1]  # the grid barrier's
-    count0 = foff + 1  # phase B's merge counts, then the o tiles'
+        1 + n_layers * groups + n_layers * o_tiles, dtype=torch.int32, device=dev)
+    counter = counts[:1]  # the grid barrier's
     if scratch is not None and ofuse:  # after the launch: the items each o tile counted
-        scratch["o_counts"] = counts[count0 + n_layers * groups:].view(n_layers, o_tiles)
+        scratch["o_counts"] = counts[1 + n_layers * groups:].view(n_layers, o_tiles)
     if defer:
         _stack_input_kernel[(n,)](x, ids if ids is not None else counts, xs, ysi, psi,
                                   weights["input_norm"], counts, hidden, groups_h, x.stride(0),
@@ -922,8 +891,8 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         xs, mids, qkv, qrot, attn, act, weights["qkv"], weights["o"], weights["gate_up"],
         weights["down"], weights["input_norm"], weights["post_norm"], kv, cos, sin,
         positions, slot_mapping, block_tables, context_lens, query_start, query_lens, counter,
-        timing if timing is not None else counter, part, counts[count0:], ysi, ysm, psi, psm,
-        po, counts[count0 + n_layers * groups:], n_layers, n, context_lens.shape[0], att_tiles, splits,
+        timing if timing is not None else counter, part, counts[1:], ysi, ysm, psi, psm, po,
+        counts[1 + n_layers * groups:], n_layers, n, context_lens.shape[0], att_tiles, splits,
         eps, scale * 1.4426950408889634,
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
         block_tables.stride(0),
@@ -945,12 +914,10 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         ATT_STAGES=TUNING["att_stages"] or 0, V_L1=_serial_only(TUNING["v_l1"]),
         KT=_serial_only(TUNING["k_t"]),
         ATT_HOIST=TUNING["att_hoist"], LATE_RSTD=TUNING["late_rstd"],
-        QKV_HOIST=TUNING["qkv_hoist"],
-        POLL=last_release_asm(flines) if fmode == 1 else _poll(x, bool(TUNING["spread"])),
+        QKV_HOIST=TUNING["qkv_hoist"], POLL=_poll(x, bool(TUNING["spread"])),
         NO_C=TUNING["no_c"], SEGO=sego, OFUSE=ofuse, BNO=O_COLS,
         BKO=o_step, BKC=min(k_step(hidden, TUNING["bk_gated"]), 128),
-        O_REGS=bool(TUNING["o_regs"]) and sego == (heads // kv_heads) * d,
-        FLAGS=fmode, FLINES=flines, FNP=max(triton.next_power_of_2(flines), 128), num_warps=4,
+        O_REGS=bool(TUNING["o_regs"]) and sego == (heads // kv_heads) * d, num_warps=4,
         **pdl,
         num_stages=TUNING["num_stages"])
     return xs[n_layers]

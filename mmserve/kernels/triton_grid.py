@@ -144,7 +144,14 @@ if triton is not None:
         ``last_release_asm`` block; 2: the arrivals as ``grid_sync``'s and program 0
         polls the counter, then writes them (``POLL``: ``poll_asm``'s wait). ``NP``: a
         power of two >= ``LINES``. The words hold barrier numbers, so they start at zero
-        each launch."""
+        each launch.
+
+        Slower than ``grid_sync`` in every form, so no kernel uses it; it stays for
+        ``bench/barrier_poll.py``. H100, 96 programs (bench/NOTES.md, session 38): 1.086
+        us a barrier with one relaxed load on the counter, against 1.31-1.38 (MODE 1, one
+        word a program, 8 words or one) and 1.38-1.58 (MODE 2). The added trip (the
+        atomic's return, or the lead's hop) costs more than the counter's polls did. In
+        the decode stack's batch-1 step, 586 -> 616-660 us."""
         tl.debug_barrier()  # the program's threads have all written
         target = phase * programs
         mine = flags_ptr + (pid % LINES) * 32

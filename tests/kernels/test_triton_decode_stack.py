@@ -108,8 +108,6 @@ TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
             "spread": False}, {"pdl": False},
            {"poll": None}, {"poll": (4, 100, False), "poll_spread": True},
            {"poll": (1, 0, True), "poll_spread": True}, {"poll_spread": True},
-           {"flags": (1, 0), "spread": False}, {"flags": (2, 0), "spread": False},
-           {"flags": (1, 8), "spread": False}, {"flags": (1, 0), "poll_spread": True},
            {"twice": 1, "defer": False}, {"twice": 2}]  # the last two: the timing probes
 # ("defer" off: the normed phases norm from the rows, as the layered kernels do; "twice" 1
 # runs that row norm twice, so it is a probe of the rows' path only)
