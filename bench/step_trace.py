@@ -7,9 +7,10 @@ stack's own time, every other operation's, and the idle time between them, as me
 the traced steps. The untraced step time (the bench's number) is printed beside it.
 
 Usage (GPU): ``PYTHONPATH=$PWD python bench/step_trace.py [--model smollm2-135m]
-[--steps 40] [--start 128] [--tuning '{"poll": null}'] [--out trace.json]``: ``--start``
-the position the traced steps start from (512: the graphs of the spread attention),
-``--tuning`` ``triton_decode_stack.TUNING`` overrides for the whole run.
+[--steps 40] [--start 128] [--tuning '{"poll": null}'] [--q8-head] [--out trace.json]``:
+``--start`` the position the traced steps start from (512: the graphs of the spread
+attention), ``--tuning`` ``triton_decode_stack.TUNING`` overrides for the whole run,
+``--q8-head`` the LM head read from Q8_0 blocks (the engine's default for the GGUFs).
 """
 
 from __future__ import annotations
@@ -83,10 +84,13 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=128)
     ap.add_argument("--tuning", default="{}", help="JSON: triton_decode_stack.TUNING overrides")
     ap.add_argument("--out", default="step_trace.json")
+    ap.add_argument("--q8-head", action="store_true",
+                    help="the LM head's weight as Q8_0 blocks (as the shipped GGUFs store it)")
     args = ap.parse_args()
     over = tuning_overrides(args.tuning)
     TUNING.update(over)
-    dec, first, _ = prompted_decoder(args.model, max(1024, args.start + args.steps + 64))
+    dec, first, _ = prompted_decoder(args.model, max(1024, args.start + args.steps + 64),
+                                     q8_head=args.q8_head)
     plain_ms, _ = dec.recaptured_step_ms(first)  # captures the batch-1 graphs
     print(f"[{args.model}] untraced ahead step {plain_ms * 1e3:.1f} us at 128 "
           f"({1e3 / plain_ms:.0f} tok/s); tuning {over}", flush=True)
