@@ -29,9 +29,11 @@ if ON_CUDA or COMPILES:
     )
 
     @triton.jit
-    def _rounds(counter_ptr, buf_ptr, err_ptr, R, P: tl.constexpr, P2: tl.constexpr,
-                POLL: tl.constexpr):
-        """Each round every program writes a word, passes the barrier and reads every
+    def _rounds(counter_ptr, flags_ptr, buf_ptr, err_ptr, R, P: tl.constexpr,
+                P2: tl.constexpr, POLL: tl.constexpr, MODE: tl.constexpr = 0,
+                LINES: tl.constexpr = 1, NP: tl.constexpr = 128):
+        """Each round every program writes a word, passes the barrier (``grid_sync``; MODE
+        1-2: ``grid_sync_flags``' on the release words at ``flags_ptr``) and reads every
         program's word of that round (a stale one counts as an error); the words
         alternate between two halves so a round's writes never race the last's reads."""
         pid = tl.program_id(0)
@@ -41,24 +43,10 @@ if ON_CUDA or COMPILES:
         for r in range(R):
             half = (r % 2) * P2
             tl.store(buf_ptr + half + pid, r * 1000 + pid)
-            grid_sync(counter_ptr, r + 1, P, POLL)
-            seen = tl.load(buf_ptr + half + others, mask=mine, other=-1, cache_modifier=".cg")
-            errors += tl.sum(tl.where(mine & (seen != r * 1000 + others), 1, 0))
-        tl.store(err_ptr + pid, errors)
-
-    @triton.jit
-    def _rounds_flags(counter_ptr, flags_ptr, buf_ptr, err_ptr, R, P: tl.constexpr,
-                      P2: tl.constexpr, POLL: tl.constexpr, MODE: tl.constexpr,
-                      LINES: tl.constexpr, NP: tl.constexpr):
-        """``_rounds`` through ``grid_sync_flags``."""
-        pid = tl.program_id(0)
-        others = tl.arange(0, P2)
-        mine = others < P
-        errors = 0
-        for r in range(R):
-            half = (r % 2) * P2
-            tl.store(buf_ptr + half + pid, r * 1000 + pid)
-            grid_sync_flags(counter_ptr, flags_ptr, r + 1, P, pid, POLL, MODE, LINES, NP)
+            if MODE == 0:
+                grid_sync(counter_ptr, r + 1, P, POLL)
+            else:
+                grid_sync_flags(counter_ptr, flags_ptr, r + 1, P, pid, POLL, MODE, LINES, NP)
             seen = tl.load(buf_ptr + half + others, mask=mine, other=-1, cache_modifier=".cg")
             errors += tl.sum(tl.where(mine & (seen != r * 1000 + others), 1, 0))
         tl.store(err_ptr + pid, errors)
@@ -79,7 +67,7 @@ def test_grid_sync_orders_writes_and_reads(programs, poll):
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
     buf = torch.full((2 * p2,), -1, dtype=torch.int32, device="cuda")
     err = torch.full((programs,), -1, dtype=torch.int32, device="cuda")
-    _rounds[(programs,)](counter, buf, err, rounds, P=programs, P2=p2,
+    _rounds[(programs,)](counter, counter, buf, err, rounds, P=programs, P2=p2,
                          POLL=poll_asm(*poll) if poll else "", num_warps=4)
     torch.cuda.synchronize()
     assert int(counter) == rounds * programs
@@ -95,10 +83,12 @@ def test_poll_asm_compiles_for_sm90(poll, tmp_path):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sig = {"counter_ptr": "*i32", "buf_ptr": "*i32", "err_ptr": "*i32", "R": "i32",
-           "P": "constexpr", "P2": "constexpr", "POLL": "constexpr"}
+    sig = {"counter_ptr": "*i32", "flags_ptr": "*i32", "buf_ptr": "*i32", "err_ptr": "*i32",
+           "R": "i32", "P": "constexpr", "P2": "constexpr", "POLL": "constexpr",
+           "MODE": "constexpr", "LINES": "constexpr", "NP": "constexpr"}
     src = ASTSource(_rounds, signature=sig,
-                    constexprs={"P": 96, "P2": 128, "POLL": poll_asm(*poll)})
+                    constexprs={"P": 96, "P2": 128, "POLL": poll_asm(*poll), "MODE": 0,
+                                "LINES": 1, "NP": 128})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4}).asm["ptx"]
     sem = "acquire" if poll[2] else "relaxed"
@@ -133,7 +123,7 @@ def test_grid_sync_flags_orders_writes_and_reads(programs, form):
     flags = torch.zeros(32 * lines, dtype=torch.int32, device="cuda")
     buf = torch.full((2 * p2,), -1, dtype=torch.int32, device="cuda")
     err = torch.full((programs,), -1, dtype=torch.int32, device="cuda")
-    _rounds_flags[(programs,)](counter, flags, buf, err, rounds, P=programs, P2=p2,
+    _rounds[(programs,)](counter, flags, buf, err, rounds, P=programs, P2=p2,
                                POLL=_flags_poll(mode, lines), MODE=mode, LINES=lines,
                                NP=max(triton.next_power_of_2(lines), 128), num_warps=4)
     torch.cuda.synchronize()
@@ -155,7 +145,7 @@ def test_grid_sync_flags_compiles_for_sm90(form, tmp_path):
     sig = {"counter_ptr": "*i32", "flags_ptr": "*i32", "buf_ptr": "*i32", "err_ptr": "*i32",
            "R": "i32", "P": "constexpr", "P2": "constexpr", "POLL": "constexpr",
            "MODE": "constexpr", "LINES": "constexpr", "NP": "constexpr"}
-    src = ASTSource(_rounds_flags, signature=sig,
+    src = ASTSource(_rounds, signature=sig,
                     constexprs={"P": max(lines, 96), "P2": 256, "POLL": _flags_poll(mode, lines),
                                 "MODE": mode, "LINES": lines,
                                 "NP": max(triton.next_power_of_2(lines), 128)})

@@ -1,5 +1,6 @@
 # Session 38 (carry [".whl"]): where the batch-1 step's time goes now (the Q8_0 head, the
-# serial k_t / v_l1 default), and throughput.py batch 1 three times, for the record.
+# serial k_t / v_l1 default), throughput.py batch 1 three times, for the record; the
+# barrier's GPU tests (one kernel for both barriers since the first run).
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null
@@ -16,3 +17,6 @@ for i in 1 2 3; do
 done
 rm -f $OUT/tp*/*.png
 echo "tp $(( $(date +%s) - t0 )) s"
+timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts= --tb=short -n 8 \
+  tests/kernels/test_triton_grid.py 2>&1 | tail -2
+echo "tests $(( $(date +%s) - t0 )) s"
