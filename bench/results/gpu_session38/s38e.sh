@@ -12,7 +12,7 @@ timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts= --tb=short -n 8
   tests/kernels/test_triton_grid.py 2>&1 | tail -2
 echo "tests $(( $(date +%s) - t0 )) s"
 timeout 80 python3 bench/throughput.py --models smollm2-135m --batch-sizes 1 --eager-steps 0 \
-  --no-hf --q8-head --variants invariant --out-dir $OUT/tp \
+  --no-hf --q8-head --variants invariant --prefill-len 256 --out-dir $OUT/tp \
   2>&1 | grep -v Warn | grep -E "^smollm2-135m +invariant"
 rm -f $OUT/tp/*.png
 echo "tp $(( $(date +%s) - t0 )) s"
