@@ -20,6 +20,9 @@ round's output; then the product ``out = row @ W.T``, a 16-column tile a program
   there.
 
 Both compute the same recurrence, so their outputs must be equal (checked; every tag too).
+H100, 96 programs (bench/NOTES.md, session 38): barriers 3.34 / 3.59 / 4.71 us a round at
+the o / QKV / down shapes, tagged 4.71 / 5.12 / 10.28, same bits: the tags as built here
+lose, the more the longer the row the product's programs spin on.
 The tagged buffers are zeroed before each launch and the tags count rounds from 1, so no
 stale word can carry a live tag.
 
