@@ -124,8 +124,8 @@ def test_grid_sync_flags_orders_writes_and_reads(programs, form):
     buf = torch.full((2 * p2,), -1, dtype=torch.int32, device="cuda")
     err = torch.full((programs,), -1, dtype=torch.int32, device="cuda")
     _rounds[(programs,)](counter, flags, buf, err, rounds, P=programs, P2=p2,
-                               POLL=_flags_poll(mode, lines), MODE=mode, LINES=lines,
-                               NP=max(triton.next_power_of_2(lines), 128), num_warps=4)
+                         POLL=_flags_poll(mode, lines), MODE=mode, LINES=lines,
+                         NP=max(triton.next_power_of_2(lines), 128), num_warps=4)
     torch.cuda.synchronize()
     assert int(counter) == rounds * programs
     assert err.tolist() == [0] * programs
