@@ -33,7 +33,7 @@ from mmserve.kernels.triton_grid import (
 @triton.jit
 def _barrier_loop(counter_ptr, flags_ptr, buf_ptr, err_ptr, R, P: tl.constexpr,
                   POLL: tl.constexpr, MODE: tl.constexpr, LINES: tl.constexpr,
-                  NP: tl.constexpr, REL: tl.constexpr):
+                  NP: tl.constexpr):
     pid = tl.program_id(0)
     a = (pid + 1) % P
     b = (pid + P // 2) % P
@@ -44,7 +44,7 @@ def _barrier_loop(counter_ptr, flags_ptr, buf_ptr, err_ptr, R, P: tl.constexpr,
         if MODE == 0:
             grid_sync(counter_ptr, r + 1, P, POLL)
         else:
-            grid_sync_flags(counter_ptr, flags_ptr, r + 1, P, pid, POLL, MODE, LINES, NP, REL)
+            grid_sync_flags(counter_ptr, flags_ptr, r + 1, P, pid, POLL, MODE, LINES, NP)
         sa = tl.load(buf_ptr + half + a, cache_modifier=".cg")
         sb = tl.load(buf_ptr + half + b, cache_modifier=".cg")
         errors += tl.where(sa == r * 1000 + a, 0, 1) + tl.where(sb == r * 1000 + b, 0, 1)
@@ -58,9 +58,9 @@ VARIANTS = {"triton": "", "r1": poll_asm(1, 0, False), "a1": poll_asm(1, 0, True
             "r4_200": poll_asm(4, 200, False), "a4_100": poll_asm(4, 100, True),
             "r8_60": poll_asm(8, 60, False)}
 # The release words (``triton_grid.grid_sync_flags``): NAME -> (MODE, lines (0: one a
-# program), release stores, loads in flight of the lead's waits). "last": the last arrival
-# (a returning atomic) writes them (``last_release_asm``); "lead": program 0 polls the
-# counter and writes them.
+# program), release stores (MODE 1's), loads in flight of the lead's waits). "last": the
+# last arrival (a returning atomic) writes them (``last_release_asm``); "lead": program 0
+# polls the counter and writes them.
 FLAGS = {"last_own": (1, 0, False, 1), "last_own_rel": (1, 0, True, 1),
          "last_8": (1, 8, False, 1), "last_1": (1, 1, False, 1),
          "lead_own": (2, 0, False, 1), "lead_own_r2": (2, 0, False, 2),
@@ -82,7 +82,7 @@ def barrier_us(programs: int, rounds: int, poll: str, mode: int = 0, lines: int 
         flags.zero_()
         _barrier_loop[(programs,)](counter, flags, buf, err, rounds, P=programs, POLL=poll,
                                    MODE=mode, LINES=lines,
-                                   NP=max(triton.next_power_of_2(lines), 128), REL=rel,
+                                   NP=max(triton.next_power_of_2(lines), 128),
                                    num_warps=4)
 
     sec = graph_replay_seconds(run, reps=20)

@@ -31,7 +31,6 @@ Usage (GPU): ``PYTHONPATH=$PWD python bench/handoff_gemm.py --out $OUT/handoff_g
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -45,7 +44,7 @@ from triton.experimental.gluon import language as gl
 from mmserve.bench.limits import cuda_time_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from weights_across_barrier import BK, BM, BN  # noqa: E402
+from weights_across_barrier import BK, BM, BN, rounds_args, shape_weights  # noqa: E402
 from weights_across_barrier import run as run_barrier
 
 
@@ -173,20 +172,10 @@ def run_tagged(w: torch.Tensor, rounds: int, programs: int):
 
 @torch.inference_mode()
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="576x576,960x576,576x1536",
-                    help="N x K products (o, QKV, down of SmolLM2-135M)")
-    ap.add_argument("--rounds", type=int, default=300)
-    ap.add_argument("--programs", type=int, default=96)
-    ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--out", default="handoff_gemm.json")
-    args = ap.parse_args()
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    args = rounds_args("handoff_gemm.json").parse_args()
     report: dict = {"device": torch.cuda.get_device_name(0), "rounds": args.rounds,
                     "programs": args.programs, "shapes": {}}
-    for shape in args.shapes.split(","):
-        n, k = (int(v) for v in shape.split("x"))
-        w = (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(torch.bfloat16)
+    for shape, w in shape_weights(args.shapes):
         base_out, base_launch = run_barrier(3, w, args.rounds, args.programs, 5)
         tag_out, tag_launch, tags_ok = run_tagged(w, args.rounds, args.programs)
         times: dict[str, list[float]] = {"barrier": [], "tagged": []}

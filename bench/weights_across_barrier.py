@@ -239,23 +239,35 @@ def run(mode: int, w: torch.Tensor, rounds: int, programs: int, stages: int):
     return out.clone(), launch
 
 
-@torch.inference_mode()
-def main() -> None:
+def rounds_args(out: str) -> argparse.ArgumentParser:
+    """The options of the round benches (this one and ``handoff_gemm.py``)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="576x576,960x576,576x1536",
                     help="N x K products (o, QKV, down of SmolLM2-135M)")
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--programs", type=int, default=96)
-    ap.add_argument("--stages", type=int, default=5)
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--out", default="weights_across_barrier.json")
-    args = ap.parse_args()
+    ap.add_argument("--out", default=out)
+    return ap
+
+
+def shape_weights(shapes: str):
+    """Each "NxK" of ``shapes`` -> (the text, a random (N, K) bf16 weight), seeded."""
     gen = torch.Generator(device="cuda").manual_seed(0)
+    for shape in shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        yield shape, (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(
+            torch.bfloat16)
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = rounds_args("weights_across_barrier.json")
+    ap.add_argument("--stages", type=int, default=5)
+    args = ap.parse_args()
     report: dict = {"rounds": args.rounds, "programs": args.programs, "stages": args.stages,
                     "shapes": {}}
-    for shape in args.shapes.split(","):
-        n, k = (int(v) for v in shape.split("x"))
-        w = (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(torch.bfloat16)
+    for shape, w in shape_weights(args.shapes):
         outs, launches = {}, {}
         for mode in MODES:
             outs[mode], launches[mode] = run(mode, w, args.rounds, args.programs, args.stages)

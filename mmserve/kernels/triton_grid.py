@@ -116,26 +116,18 @@ if triton is not None:
                                       is_pure=False, pack=1)
 
     @triton.jit
-    def _release_flags(flags_ptr, phase, LINES: tl.constexpr, NP: tl.constexpr,
-                       REL: tl.constexpr):
+    def _release_flags(flags_ptr, phase, LINES: tl.constexpr, NP: tl.constexpr):
         """Write ``phase`` into the ``LINES`` release words (one a 128-byte line), one
-        thread a word; ``REL``: release stores, else relaxed ones (the waiters' reads of
-        other programs' writes are ``.cg`` and issued after they see the word)."""
+        thread a word, relaxed (the waiters' reads of other programs' writes are ``.cg``
+        and issued after they see the word)."""
         ptrs = flags_ptr + tl.minimum(tl.arange(0, NP), LINES - 1) * 32
-        value = tl.full([NP], phase, tl.int32)
-        if REL:
-            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tst.release.gpu.global.b32 [$1], $2;",
-                                      "=r,l,r", [ptrs, value], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tst.relaxed.gpu.global.b32 [$1], $2;",
-                                      "=r,l,r", [ptrs, value], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+        tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tst.relaxed.gpu.global.b32 [$1], $2;",
+                                  "=r,l,r", [ptrs, tl.full([NP], phase, tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def grid_sync_flags(counter_ptr, flags_ptr, phase, programs, pid, POLL: tl.constexpr,
-                        MODE: tl.constexpr, LINES: tl.constexpr, NP: tl.constexpr,
-                        REL: tl.constexpr = False):
+                        MODE: tl.constexpr, LINES: tl.constexpr, NP: tl.constexpr):
         """``grid_sync`` with the wait moved off the counter's line: the programs poll
         release words (``flags_ptr``: ``LINES`` words 128 bytes apart, program p polls
         word p % LINES) that one program writes once every program has arrived, so the
@@ -164,7 +156,7 @@ if triton is not None:
             if pid == 0:
                 tl.inline_asm_elementwise(POLL, "=r,l,r", [counter_ptr, target],
                                           dtype=tl.int32, is_pure=False, pack=1)
-                _release_flags(flags_ptr, phase, LINES, NP, REL)
+                _release_flags(flags_ptr, phase, LINES, NP)
                 tl.debug_barrier()
             else:
                 tl.inline_asm_elementwise(POLL, "=r,l,r", [mine, phase], dtype=tl.int32,

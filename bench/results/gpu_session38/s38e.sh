@@ -1,5 +1,5 @@
-# Session 38 (carry [".whl"]): s38d.sh's first part alone (the device budget was spent on
-# refused starts): bench/handoff_gemm.py, then the barrier's GPU tests (one rounds kernel
+# Session 38 (carry [".whl"]): short, since the device budget was spent on refused starts:
+# bench/handoff_gemm.py, then the barrier's GPU tests (one rounds kernel
 # for both barriers since s38b), then one throughput.py batch-1 run for the record.
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
