@@ -9,7 +9,8 @@ the L2 between two uses of one), and the time is the graph's replay over the cal
 Rounds alternate the variants (odd rounds reversed); the figure is the median.
 
 Usage (GPU): ``PYTHONPATH=$PWD python bench/lm_head_q8.py --out $OUT/lm_head_q8.json``
-[``--shapes 49152x576 262144x640``] [``--rounds 3``] [``--rows 1``] (``--rows`` above 16: the
+[``--shapes 49152x576 262144x640``] [``--rounds 3``] [``--rows 1``] [``--tiles 16x256x32x4x6 ...``]
+(``--rows`` above 16: the
 64-row tiles, for a wider ``Q8_MAX_ROWS``)
 """
 
@@ -29,7 +30,8 @@ L2_BYTES = 50 << 20  # the H200's
 T = TileConfig
 # Q8_0 tiles to try (bk is the block, 32): the default first
 Q8_TILES = [Q8_TILE, T(16, 64, 32, 4, 8), T(16, 128, 32, 8, 8), T(16, 256, 32, 8, 6),
-            T(16, 128, 32, 4, 12), T(16, 64, 32, 2, 8), T(16, 256, 32, 4, 6)]
+            T(16, 128, 32, 4, 12), T(16, 64, 32, 2, 8), T(16, 256, 32, 4, 6),
+            T(16, 32, 32, 2, 8), T(16, 64, 32, 4, 12)]
 # for 17-64 rows (batch 32-64 decode: the bf16 head still streams 56.6 MB a step there;
 # triton_matmul.Q8_MAX_ROWS is 16 until these are measured)
 Q8_TILES_WIDE = [T(64, 128, 32, 4, 6), T(64, 64, 32, 4, 8), T(32, 128, 32, 4, 8),
@@ -40,7 +42,8 @@ def _copies(nbytes: int) -> int:
     return max(2, -(-2 * L2_BYTES // nbytes) + 1)
 
 
-def measure_shape(n: int, k: int, rows: int, rounds: int, calls: int) -> dict:
+def measure_shape(n: int, k: int, rows: int, rounds: int, calls: int,
+                  tiles: list[TileConfig] | None = None) -> dict:
     """Every variant's µs a call at (rows, k) x (n, k), and whether its bits are bf16's."""
     torch.manual_seed(n + k)
     w8 = quantize_q8(torch.randn(n, k, device="cuda") / k**0.5)
@@ -52,7 +55,7 @@ def measure_shape(n: int, k: int, rows: int, rounds: int, calls: int) -> dict:
     w8s = [w8] + [type(w8)(w8.q.clone(), w8.scale.clone()) for _ in range(_copies(q8_bytes) - 1)]
     variants = {"bf16": (lambda i: invariant_linear(x, ws[i % len(ws)], float_out=True),
                          w.numel() * 2)}
-    for cfg in Q8_TILES if rows <= 16 else Q8_TILES_WIDE:
+    for cfg in tiles or (Q8_TILES if rows <= 16 else Q8_TILES_WIDE):
         variants["q8 " + "x".join(str(v) for v in cfg)] = (
             lambda i, c=cfg: q8_linear(x, w8s[i % len(w8s)], config=c, float_out=True), q8_bytes)
     bits = {name: bool(torch.equal(fn(0), want)) for name, (fn, _) in variants.items()}
@@ -78,12 +81,15 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=24)
+    ap.add_argument("--tiles", nargs="+", default=None,
+                    help="Q8_0 tiles to time, BMxBNx32xWARPSxSTAGES (default: the lists above)")
     ap.add_argument("--out", default="lm_head_q8.json")
     args = ap.parse_args()
     report: dict = {"rows": args.rows, "calls": args.calls, "shapes": {}}
     for spec in args.shapes:
         n, k = (int(v) for v in spec.split("x"))
-        report["shapes"][spec] = measure_shape(n, k, args.rows, args.rounds, args.calls)
+        tiles = [T(*(int(v) for v in t.split("x"))) for t in args.tiles or []]
+        report["shapes"][spec] = measure_shape(n, k, args.rows, args.rounds, args.calls, tiles)
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -15,8 +15,9 @@ Usage (GPU): ``PYTHONPATH=$PWD python bench/step_ab.py --out $OUT/step_ab.json
 give 129-228 cached tokens (the serial graph, as throughput.py's decode); 512, 513-612
 (the spread one). ``--q8-head``: the LM head's random weight as Q8_0 blocks (as the shipped
 GGUFs store theirs), and a setting may then set ``"q8_head": false`` (the head from its
-bf16 weight: ``linear.set_q8_head``) or ``"q8_early": N`` (``triton_matmul.Q8_EARLY``: its
-programs ask L2 for their first N blocks before waiting on the final norm) beside the
+bf16 weight: ``linear.set_q8_head``), ``"q8_early": N`` (``triton_matmul.Q8_EARLY``: its
+programs ask L2 for their first N blocks before waiting on the final norm) or ``"q8_tile":
+[bm, bn, bk, warps, stages]`` (``triton_matmul.Q8_TILE``, the head's tile) beside the
 stack's keys. ``"o_groups": true``: the o product summed by kv-head group
 (``fused.set_o_groups``: other bits, so other tokens; with the stack's "o_fuse", phase C
 inside phase B at batch 1).
@@ -31,13 +32,14 @@ import statistics
 import torch
 
 from mmserve.bench.engine_run import prompted_decoder, tuning_overrides
+from mmserve.kernels import triton_matmul
 from mmserve.kernels.fused import set_o_groups
 from mmserve.kernels.linear import set_q8_head
 from mmserve.kernels.triton_decode_stack import TUNING
-from mmserve.kernels.triton_matmul import Q8_EARLY
+from mmserve.kernels.triton_matmul import Q8_EARLY, TileConfig
 
-EXTRA = {"q8_head", "q8_early", "o_groups"}  # keys that are not the stack's TUNING
-Q8_KEYS = {"q8_head", "q8_early"}  # those that need --q8-head
+EXTRA = {"q8_head", "q8_early", "q8_tile", "o_groups"}  # keys that are not the stack's TUNING
+Q8_KEYS = {"q8_head", "q8_early", "q8_tile"}  # those that need --q8-head
 
 
 def settings_from(variants: list[str]) -> dict[str, dict]:
@@ -67,7 +69,7 @@ def main() -> None:
         raise SystemExit("q8_head / q8_early settings need --q8-head (the head's blocks)")
     dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16,
                                      q8_head=args.q8_head)
-    base = dict(TUNING)
+    base, q8_tile = dict(TUNING), triton_matmul.Q8_TILE
     rows = []
     try:
         for rnd in range(args.rounds):
@@ -77,6 +79,7 @@ def main() -> None:
                 TUNING.update({**base, **{k: v for k, v in over.items() if k not in EXTRA}})
                 set_q8_head(bool(over.get("q8_head", True)))
                 Q8_EARLY["blocks"] = int(over.get("q8_early", 0))
+                triton_matmul.Q8_TILE = TileConfig(*over.get("q8_tile", q8_tile))
                 set_o_groups(bool(over.get("o_groups", False)))
                 dec.capture((1,))
                 row: dict = {"setting": name, "round": rnd}
@@ -92,6 +95,7 @@ def main() -> None:
         TUNING.update(base)
         set_q8_head(True)
         Q8_EARLY["blocks"] = 0
+        triton_matmul.Q8_TILE = q8_tile
         set_o_groups(False)
     same = {name: all(r[f"tokens_{s}"] == rows[0][f"tokens_{s}"] for s in args.starts
                       for r in rows if r["setting"] == name) for name in settings}
@@ -99,13 +103,16 @@ def main() -> None:
               "steps": args.steps, "settings": settings, "rows": rows,
               "same_tokens_as_default": same}
     print(f"summary: the engine's batch-1 step (us), median of {args.rounds} rounds [each "
-          "round's], per start")
+          "round's], per start; d: the median of the per-round differences from the default "
+          "(the rounds' settings run back to back, so a slow spell of the machine cancels)")
     for name in settings:
         rr = [r for r in rows if r["setting"] == name]
+        base = [r for r in rows if r["setting"] == "default"]
         cols = []
         for s in args.starts:
             v = [round(r[f"step_us_{s}"], 1) for r in rr]
-            cols.append(f"{s}: {statistics.median(v):6.1f} {v}")
+            d = [a[f"step_us_{s}"] - b[f"step_us_{s}"] for a, b in zip(rr, base, strict=True)]
+            cols.append(f"{s}: {statistics.median(v):6.1f} d {statistics.median(d):+5.1f} {v}")
         print(f"  {name:12s} " + "  ".join(cols) + f"  same tokens: {same[name]}")
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
