@@ -202,13 +202,13 @@ def forms() -> list[tuple[str, object, dict, bool, dict]]:
             {"HQ": hq, "HKV": hkv, "D": d, "NORM": norm, "HAS_BIAS": False, "ROUND": 1,
              "BM": 16, "BN": 16, "BK": 256, "GROUP_M": 8, "CH": 64, "UNROLL": 8, "PDL": True},
             num_warps=2, num_stages=4)
-    # the LM head from Q8_0 blocks at its tile (triton_matmul.Q8_TILE)
-    cfg = triton_matmul.Q8_TILE
-    add(f"Q8_0 GEMM, {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps} warps, {cfg.stages} stages",
-        triton_matmul._gemm_q8_kernel,
-        {"BM": cfg.bm, "BN": cfg.bn, "QB": cfg.bk, "GROUP_M": 8, "UPCAST": True, "PDL": True,
-         "LATE": False, "FMA": True, "EARLY": 0, "EARLY_LINES": 1},
-        num_warps=cfg.warps, num_stages=cfg.stages)
+    # the LM head from Q8_0 blocks at its tiles (triton_matmul.q8_tile's two)
+    for cfg in (triton_matmul.Q8_TILE_FEW, triton_matmul.Q8_TILE_MANY):
+        add(f"Q8_0 GEMM, {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps} warps, {cfg.stages} stages",
+            triton_matmul._gemm_q8_kernel,
+            {"BM": cfg.bm, "BN": cfg.bn, "QB": cfg.bk, "GROUP_M": 8, "UPCAST": True, "PDL": True,
+             "LATE": False, "FMA": True, "EARLY": 0, "EARLY_LINES": 1},
+            num_warps=cfg.warps, num_stages=cfg.stages)
     # rope + cache write + attention in one launch (the layered path's), both shapes
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
         add(f"rope + attention, HQ={hq} HKV={hkv} D={d}",

@@ -24,13 +24,19 @@ import torch
 
 from mmserve.bench.limits import graph_replay_seconds
 from mmserve.kernels.q8 import quantize_q8
-from mmserve.kernels.triton_matmul import Q8_TILE, TileConfig, invariant_linear, q8_linear
+from mmserve.kernels.triton_matmul import (
+    Q8_TILE_FEW,
+    Q8_TILE_MANY,
+    TileConfig,
+    invariant_linear,
+    q8_linear,
+)
 
 L2_BYTES = 50 << 20  # the H200's
 T = TileConfig
-# Q8_0 tiles to try (bk is the block, 32): the default first
-Q8_TILES = [Q8_TILE, T(16, 64, 32, 4, 8), T(16, 128, 32, 8, 8), T(16, 256, 32, 8, 6),
-            T(16, 128, 32, 4, 12), T(16, 64, 32, 2, 8), T(16, 256, 32, 4, 6),
+# Q8_0 tiles to try (bk is the block, 32): q8_tile's two first
+Q8_TILES = [Q8_TILE_MANY, Q8_TILE_FEW, T(16, 64, 32, 4, 8), T(16, 128, 32, 8, 8),
+            T(16, 256, 32, 8, 6), T(16, 128, 32, 4, 12), T(16, 64, 32, 2, 8),
             T(16, 32, 32, 2, 8), T(16, 64, 32, 4, 12)]
 # for 17-64 rows (batch 32-64 decode: the bf16 head still streams 56.6 MB a step there;
 # triton_matmul.Q8_MAX_ROWS is 16 until these are measured)

@@ -17,7 +17,8 @@ give 129-228 cached tokens (the serial graph, as throughput.py's decode); 512, 5
 GGUFs store theirs), and a setting may then set ``"q8_head": false`` (the head from its
 bf16 weight: ``linear.set_q8_head``), ``"q8_early": N`` (``triton_matmul.Q8_EARLY``: its
 programs ask L2 for their first N blocks before waiting on the final norm) or ``"q8_tile":
-[bm, bn, bk, warps, stages]`` (``triton_matmul.Q8_TILE``, the head's tile) beside the
+[bm, bn, bk, warps, stages]`` (``triton_matmul.Q8_TILE``: the head's tile in place of
+``q8_tile``'s) beside the
 stack's keys. ``"o_groups": true``: the o product summed by kv-head group
 (``fused.set_o_groups``: other bits, so other tokens; with the stack's "o_fuse", phase C
 inside phase B at batch 1).
@@ -79,7 +80,8 @@ def main() -> None:
                 TUNING.update({**base, **{k: v for k, v in over.items() if k not in EXTRA}})
                 set_q8_head(bool(over.get("q8_head", True)))
                 Q8_EARLY["blocks"] = int(over.get("q8_early", 0))
-                triton_matmul.Q8_TILE = TileConfig(*over.get("q8_tile", q8_tile))
+                tile = over.get("q8_tile")
+                triton_matmul.Q8_TILE = TileConfig(*tile) if tile else q8_tile
                 set_o_groups(bool(over.get("o_groups", False)))
                 dec.capture((1,))
                 row: dict = {"setting": name, "round": rnd}

@@ -265,11 +265,33 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on")
 
 
-# The Q8_0 LM head's tile at batch 1 (speed only; not yet measured on the H200: the bf16
-# head's 16x128 tile, a K step per 32-weight block, 8 stages to keep as many bytes in flight
-# as the bf16 tile's 5 steps of 64), and the most rows it takes: above, the half-precision
-# weight's GEMM (the same bits) keeps its tiles for prefill's many rows.
-Q8_TILE = TileConfig(16, 128, 32, 4, 8)
+# The Q8_0 LM head's tile at batch 1 (speed only: every tile has the same bits; a K step per
+# 32-weight block), by how many programs the narrow tile would run a SM. H100, the head alone
+# (bench/lm_head_q8.py; bench/NOTES.md, session 39): SmolLM2-135M's 49,152 x 576, 384
+# programs at 16x128 on 132 SMs, is bound by its programs' ramp and K chain, not the HBM
+# (2.0 TB/s): 16x256 at 4 warps and 6 stages 15.83-15.88 us against 16x128's 17.48-17.70
+# (the engine's step -1.2 us, the median of 12 paired rounds). Gemma-3-270M's 262,144 x
+# 640, 2,048 programs, streams at 2.7 TB/s and the wider tile is slower there: 71.2 against
+# 68.9 us. Not yet measured on the H200.
+Q8_TILE_FEW = TileConfig(16, 256, 32, 4, 6)
+Q8_TILE_MANY = TileConfig(16, 128, 32, 4, 8)
+Q8_FEW_PER_SM = 4  # at most this many Q8_TILE_MANY programs a SM: Q8_TILE_FEW
+Q8_TILE: TileConfig | None = None  # one tile for every head (benchmarks); None: ``q8_tile``
+_SMS: dict[int | None, int] = {}
+
+
+def q8_tile(n: int, device: torch.device) -> TileConfig:
+    """The Q8_0 head's tile for ``n`` output columns on ``device``."""
+    if Q8_TILE is not None:
+        return Q8_TILE
+    sms = _SMS.get(device.index)
+    if sms is None:  # (the interpreter's CPU tensors: an H100's count)
+        sms = _SMS[device.index] = (torch.cuda.get_device_properties(device).multi_processor_count
+                                    if device.type == "cuda" else 132)
+    few = -(-n // Q8_TILE_MANY.bn) <= Q8_FEW_PER_SM * sms
+    return Q8_TILE_FEW if few else Q8_TILE_MANY
+
+
 Q8_MAX_ROWS = 16
 # K blocks of its tile each program asks L2 for before waiting on the kernel before it (the
 # final norm under PDL; 0: none). A hint, no bits move; not yet measured, so off.
@@ -286,7 +308,7 @@ def q8_linear(x: torch.Tensor, weight: Q8Weight, config: TileConfig | None = Non
     a, out = _rows_and_out(x, n, float_out)
     m = a.shape[0]
     if m:
-        cfg = config or Q8_TILE
+        cfg = config or q8_tile(n, x.device)
         assert cfg.bk == BLOCK and cfg.bn * BLOCK % 128 == 0
         early = int(Q8_EARLY["blocks"])
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)

@@ -123,16 +123,34 @@ def test_q8_linear_matches_f_linear_on_its_dequantized_weight(m, n, k):
     assert torch.equal(q8_linear(x, w8, float_out=True), got.float())
 
 
+def test_the_q8_heads_tile_widens_only_where_its_programs_are_few(monkeypatch):
+    """SmolLM2-135M's 49,152-row head (384 programs at the narrow tile on 132 SMs) takes the
+    wide tile, Gemma-3-270M's 262,144 rows the narrow one (the H100's head-alone times);
+    a fixed ``Q8_TILE`` (benchmarks) wins."""
+    from mmserve.kernels import triton_matmul as tm
+
+    monkeypatch.setitem(tm._SMS, None, 132)
+    cpu = torch.device("cpu")
+    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_FEW
+    assert tm.q8_tile(262144, cpu) == tm.Q8_TILE_MANY
+    assert tm.q8_tile(128 * 4 * 132 + 1, cpu) == tm.Q8_TILE_MANY
+    monkeypatch.setitem(tm._SMS, None, 16)  # a small GPU: SmolLM2's head is many there
+    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY
+    monkeypatch.setattr(tm, "Q8_TILE", tm.Q8_TILE_MANY)
+    monkeypatch.setitem(tm._SMS, None, 132)
+    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY
+
+
 @pytest.mark.skipif(ON_CUDA, reason="the interpreter's form of the bits test below")
 def test_q8_linear_is_the_gemm_at_its_tile_on_the_interpreter():
     """float32 (the interpreter's): dequantizing is exact, so with the same tile shape the
     two kernels hand numpy the same operands."""
-    from mmserve.kernels.triton_matmul import Q8_TILE, invariant_linear, q8_linear
+    from mmserve.kernels.triton_matmul import invariant_linear, q8_linear, q8_tile
 
     w8 = _q8(300, 576, 3)
     x = _rand(5, 576)
     assert torch.equal(q8_linear(x, w8),
-                       invariant_linear(x, w8.dequantize(DTYPE), config=Q8_TILE))
+                       invariant_linear(x, w8.dequantize(DTYPE), config=q8_tile(300, x.device)))
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="bits: the interpreter's numpy matmul varies by shape")
@@ -151,8 +169,8 @@ def test_q8_linear_has_the_half_weights_bits(n, k, dtype):
         want = invariant_linear(x[:m], w, float_out=True)
         assert torch.equal(q8_linear(x[:m], w8, float_out=True), want), m
         assert torch.equal(q8_linear(x[:m], w8), invariant_linear(x[:m], w)), m
-    for cfg in (TileConfig(16, 64, 32, 4, 4), TileConfig(16, 256, 32, 8, 6),
-                TileConfig(64, 64, 32, 4, 3)):
+    for cfg in (TileConfig(16, 64, 32, 4, 4), TileConfig(16, 128, 32, 4, 8),
+                TileConfig(16, 256, 32, 8, 6), TileConfig(64, 64, 32, 4, 3)):
         assert torch.equal(q8_linear(x, w8, config=cfg, float_out=True),
                            invariant_linear(x, w, float_out=True)), cfg
 
