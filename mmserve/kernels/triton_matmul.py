@@ -270,9 +270,10 @@ def _interpreting() -> bool:
 # (bench/lm_head_q8.py; bench/NOTES.md, session 39): SmolLM2-135M's 49,152 x 576, 384
 # programs at 16x128 on 132 SMs, is bound by its programs' ramp and K chain, not the HBM
 # (2.0 TB/s): 16x256 at 4 warps and 6 stages 15.83-15.88 us against 16x128's 17.48-17.70
-# (the engine's step -1.2 us, the median of 12 paired rounds). Gemma-3-270M's 262,144 x
-# 640, 2,048 programs, streams at 2.7 TB/s and the wider tile is slower there: 71.2 against
-# 68.9 us. Not yet measured on the H200.
+# (the engine's step -1.2 and -0.7 us, medians of 12 and 16 paired rounds: under PDL the
+# head launches during the final norm, which hides part of its ramp). Gemma-3-270M's
+# 262,144 x 640, 2,048 programs, streams at 2.7 TB/s and the wider tile is slower there:
+# 71.2 against 68.9 us. Not yet measured on the H200.
 Q8_TILE_FEW = TileConfig(16, 256, 32, 4, 6)
 Q8_TILE_MANY = TileConfig(16, 128, 32, 4, 8)
 Q8_FEW_PER_SM = 4  # at most this many Q8_TILE_MANY programs a SM: Q8_TILE_FEW
@@ -292,9 +293,13 @@ def q8_tile(n: int, device: torch.device) -> TileConfig:
     return Q8_TILE_FEW if few else Q8_TILE_MANY
 
 
+# The most rows the Q8_0 head takes: above, the half-precision weight's GEMM (the same bits)
+# keeps its tiles for prefill's many rows.
 Q8_MAX_ROWS = 16
 # K blocks of its tile each program asks L2 for before waiting on the kernel before it (the
-# final norm under PDL; 0: none). A hint, no bits move; not yet measured, so off.
+# final norm under PDL; 0: none). A hint, no bits move. H100, the engine's step, 18 blocks:
+# 580.1 / 582.4 against 586.2 / 585.4 us (3 and 5 rounds whose spread was ~20 us;
+# bench/NOTES.md, session 39): nothing that noise resolves, so off.
 Q8_EARLY = {"blocks": 0}
 
 
