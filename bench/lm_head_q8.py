@@ -9,9 +9,9 @@ the L2 between two uses of one), and the time is the graph's replay over the cal
 Rounds alternate the variants (odd rounds reversed); the figure is the median.
 
 Usage (GPU): ``PYTHONPATH=$PWD python bench/lm_head_q8.py --out $OUT/lm_head_q8.json``
-[``--shapes 49152x576 262144x640``] [``--rounds 3``] [``--rows 1``] [``--tiles 16x256x32x4x6 ...``]
-(``--rows`` above 16: the
-64-row tiles, for a wider ``Q8_MAX_ROWS``)
+[``--shapes 49152x576 262144x640``] [``--rounds 3``] [``--rows 1``]
+[``--tiles 16x256x32x4x6 ...``] (``--rows`` above 16: the 64-row tiles, for a wider
+``Q8_MAX_ROWS``)
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ GGUFs store theirs), and a setting may then set ``"q8_head": false`` (the head f
 bf16 weight: ``linear.set_q8_head``), ``"q8_early": N`` (``triton_matmul.Q8_EARLY``: its
 programs ask L2 for their first N blocks before waiting on the final norm) or ``"q8_tile":
 [bm, bn, bk, warps, stages]`` (``triton_matmul.Q8_TILE``: the head's tile in place of
-``q8_tile``'s) beside the
-stack's keys. ``"o_groups": true``: the o product summed by kv-head group
+``q8_tile``'s) beside the stack's keys. ``"o_groups": true``: the o product summed by kv-head group
 (``fused.set_o_groups``: other bits, so other tokens; with the stack's "o_fuse", phase C
 inside phase B at batch 1).
 """
@@ -67,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     settings = settings_from(args.variant)
     if not args.q8_head and any(Q8_KEYS & set(over) for over in settings.values()):
-        raise SystemExit("q8_head / q8_early settings need --q8-head (the head's blocks)")
+        raise SystemExit("q8_head / q8_early / q8_tile settings need --q8-head (the head's blocks)")
     dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16,
                                      q8_head=args.q8_head)
     base, q8_tile = dict(TUNING), triton_matmul.Q8_TILE
