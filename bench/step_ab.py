@@ -18,9 +18,9 @@ GGUFs store theirs), and a setting may then set ``"q8_head": false`` (the head f
 bf16 weight: ``linear.set_q8_head``), ``"q8_early": N`` (``triton_matmul.Q8_EARLY``: its
 programs ask L2 for their first N blocks before waiting on the final norm) or ``"q8_tile":
 [bm, bn, bk, warps, stages]`` (``triton_matmul.Q8_TILE``: the head's tile in place of
-``q8_tile``'s) beside the stack's keys. ``"o_groups": true``: the o product summed by kv-head group
-(``fused.set_o_groups``: other bits, so other tokens; with the stack's "o_fuse", phase C
-inside phase B at batch 1).
+``q8_tile``'s) beside the stack's keys. ``"o_groups": true``: the o product summed by
+kv-head group (``fused.set_o_groups``: other bits, so other tokens; with the stack's
+"o_fuse", phase C inside phase B at batch 1).
 """
 
 from __future__ import annotations
