@@ -213,3 +213,21 @@ def test_the_kernels_dequantize_arithmetic_is_exact_for_every_scale_and_value():
     assert torch.equal(c.double(), d.double() * -12582912.0)
     fma = (f.double()[None, :] * d.double()[:, None] + c.double()[:, None]).float()
     assert torch.equal(fma, d[:, None] * q.float()[None, :])
+
+
+def test_the_q8_heads_tile_widens_only_where_its_programs_are_few(monkeypatch):
+    """SmolLM2-135M's 49,152-row head (384 programs at the narrow tile on 132 SMs) takes the
+    wide tile, Gemma-3-270M's 262,144 rows the narrow one (the H100's head-alone times);
+    a fixed ``Q8_TILE`` (benchmarks) wins."""
+    from mmserve.kernels import triton_matmul as tm
+
+    monkeypatch.setitem(tm._SMS, None, 132)
+    cpu = torch.device("cpu")
+    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_FEW
+    assert tm.q8_tile(262144, cpu) == tm.Q8_TILE_MANY
+    assert tm.q8_tile(128 * 4 * 132 + 1, cpu) == tm.Q8_TILE_MANY
+    monkeypatch.setitem(tm._SMS, None, 16)  # a small GPU: SmolLM2's head is many there
+    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY
+    monkeypatch.setattr(tm, "Q8_TILE", tm.Q8_TILE_MANY)
+    monkeypatch.setitem(tm._SMS, None, 132)
+    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY

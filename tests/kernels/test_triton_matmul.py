@@ -123,24 +123,6 @@ def test_q8_linear_matches_f_linear_on_its_dequantized_weight(m, n, k):
     assert torch.equal(q8_linear(x, w8, float_out=True), got.float())
 
 
-def test_the_q8_heads_tile_widens_only_where_its_programs_are_few(monkeypatch):
-    """SmolLM2-135M's 49,152-row head (384 programs at the narrow tile on 132 SMs) takes the
-    wide tile, Gemma-3-270M's 262,144 rows the narrow one (the H100's head-alone times);
-    a fixed ``Q8_TILE`` (benchmarks) wins."""
-    from mmserve.kernels import triton_matmul as tm
-
-    monkeypatch.setitem(tm._SMS, None, 132)
-    cpu = torch.device("cpu")
-    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_FEW
-    assert tm.q8_tile(262144, cpu) == tm.Q8_TILE_MANY
-    assert tm.q8_tile(128 * 4 * 132 + 1, cpu) == tm.Q8_TILE_MANY
-    monkeypatch.setitem(tm._SMS, None, 16)  # a small GPU: SmolLM2's head is many there
-    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY
-    monkeypatch.setattr(tm, "Q8_TILE", tm.Q8_TILE_MANY)
-    monkeypatch.setitem(tm._SMS, None, 132)
-    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY
-
-
 @pytest.mark.skipif(ON_CUDA, reason="the interpreter's form of the bits test below")
 def test_q8_linear_is_the_gemm_at_its_tile_on_the_interpreter():
     """float32 (the interpreter's): dequantizing is exact, so with the same tile shape the
