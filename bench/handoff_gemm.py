@@ -41,10 +41,15 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from mmserve.bench.limits import cuda_time_ms
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from weights_across_barrier import BK, BM, BN, rounds_args, shape_weights  # noqa: E402
+from weights_across_barrier import (  # noqa: E402
+    BK,
+    BM,
+    BN,
+    alternated_us,
+    rounds_args,
+    shape_weights,
+)
 from weights_across_barrier import run as run_barrier
 
 
@@ -178,10 +183,8 @@ def main() -> None:
     for shape, w in shape_weights(args.shapes):
         base_out, base_launch = run_barrier(3, w, args.rounds, args.programs, 5)
         tag_out, tag_launch, tags_ok = run_tagged(w, args.rounds, args.programs)
-        times: dict[str, list[float]] = {"barrier": [], "tagged": []}
-        for _ in range(args.pairs):
-            for name, launch in (("barrier", base_launch), ("tagged", tag_launch)):
-                times[name].append(cuda_time_ms(launch, repeats=20) * 1e3 / args.rounds)
+        times = alternated_us({"barrier": base_launch, "tagged": tag_launch}, args.pairs,
+                              args.rounds)
         row = {f"{name}_us_a_round": statistics.median(t) for name, t in times.items()}
         row["all_us"] = {name: [round(x, 4) for x in t] for name, t in times.items()}
         row["same_bits"] = bool(torch.equal(tag_out, base_out))

@@ -260,6 +260,15 @@ def shape_weights(shapes: str):
             torch.bfloat16)
 
 
+def alternated_us(launches: dict, pairs: int, rounds: int) -> dict:
+    """Each launch timed ``pairs`` times, the launches in turn -> us a round per launch."""
+    times: dict = {key: [] for key in launches}
+    for _ in range(pairs):
+        for key, launch in launches.items():
+            times[key].append(cuda_time_ms(launch, repeats=20) * 1e3 / rounds)
+    return times
+
+
 @torch.inference_mode()
 def main() -> None:
     ap = rounds_args("weights_across_barrier.json")
@@ -271,10 +280,7 @@ def main() -> None:
         outs, launches = {}, {}
         for mode in MODES:
             outs[mode], launches[mode] = run(mode, w, args.rounds, args.programs, args.stages)
-        times: dict[int, list[float]] = {m: [] for m in MODES}
-        for _ in range(args.pairs):
-            for mode in MODES:
-                times[mode].append(cuda_time_ms(launches[mode], repeats=20) * 1e3 / args.rounds)
+        times = alternated_us(launches, args.pairs, args.rounds)
         row = {f"mode{m}_us_a_round": statistics.median(t) for m, t in times.items()}
         row["same_bits"] = {m: bool(torch.equal(outs[m], outs[0])) for m in MODES[1:]}
         row["chains_max_diff"] = float((outs[5].float() - outs[0].float()).abs().max())

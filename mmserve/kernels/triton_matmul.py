@@ -278,17 +278,15 @@ Q8_TILE_FEW = TileConfig(16, 256, 32, 4, 6)
 Q8_TILE_MANY = TileConfig(16, 128, 32, 4, 8)
 Q8_FEW_PER_SM = 4  # at most this many Q8_TILE_MANY programs a SM: Q8_TILE_FEW
 Q8_TILE: TileConfig | None = None  # one tile for every head (benchmarks); None: ``q8_tile``
-_SMS: dict[int | None, int] = {}
+CPU_SMS = 132  # the interpreter's CPU tensors: an H100's count
 
 
 def q8_tile(n: int, device: torch.device) -> TileConfig:
     """The Q8_0 head's tile for ``n`` output columns on ``device``."""
     if Q8_TILE is not None:
         return Q8_TILE
-    sms = _SMS.get(device.index)
-    if sms is None:  # (the interpreter's CPU tensors: an H100's count)
-        sms = _SMS[device.index] = (torch.cuda.get_device_properties(device).multi_processor_count
-                                    if device.type == "cuda" else 132)
+    sms = (torch.cuda.get_device_properties(device).multi_processor_count
+           if device.type == "cuda" else CPU_SMS)
     few = -(-n // Q8_TILE_MANY.bn) <= Q8_FEW_PER_SM * sms
     return Q8_TILE_FEW if few else Q8_TILE_MANY
 

@@ -221,13 +221,13 @@ def test_the_q8_heads_tile_widens_only_where_its_programs_are_few(monkeypatch):
     a fixed ``Q8_TILE`` (benchmarks) wins."""
     from mmserve.kernels import triton_matmul as tm
 
-    monkeypatch.setitem(tm._SMS, None, 132)
+    monkeypatch.setattr(tm, "CPU_SMS", 132)
     cpu = torch.device("cpu")
     assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_FEW
     assert tm.q8_tile(262144, cpu) == tm.Q8_TILE_MANY
     assert tm.q8_tile(128 * 4 * 132 + 1, cpu) == tm.Q8_TILE_MANY
-    monkeypatch.setitem(tm._SMS, None, 16)  # a small GPU: SmolLM2's head is many there
+    monkeypatch.setattr(tm, "CPU_SMS", 16)  # a small GPU: SmolLM2's head is many there
     assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY
     monkeypatch.setattr(tm, "Q8_TILE", tm.Q8_TILE_MANY)
-    monkeypatch.setitem(tm._SMS, None, 132)
+    monkeypatch.setattr(tm, "CPU_SMS", 132)
     assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY
