@@ -29,6 +29,7 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
+    encoder_cache_mb: int = 256  # encoder outputs (image embeddings) kept by content hash
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
     enforce_eager: bool = False  # CUDA: never capture/replay decode steps as CUDA graphs

@@ -46,6 +46,7 @@ from mmserve.engine.request import EmbeddingSpan, Request, Status
 from mmserve.engine.runner import ModelRunner, StepLogits
 from mmserve.engine.sampler import Sampler, SampleResult, SamplingState, adjusts
 from mmserve.engine.scheduler import ScheduledSeq, Scheduler
+from mmserve.engine.span_encoder import SpanEncoder, SpanMaterializer
 from mmserve.engine.speculation import Speculator
 from mmserve.engine.stop import StopChecker
 from mmserve.engine.token_output import TokenAppender
@@ -109,7 +110,8 @@ def _picked_on_device(req: Request, ahead: int) -> bool:
 class LLMEngine:
     def __init__(self, config: EngineConfig, model: CausalLM, tokenizer, max_model_len: int,
                  device: torch.device, dtype: torch.dtype,
-                 spec: Speculator | None = None) -> None:
+                 spec: Speculator | None = None,
+                 span_encoder: SpanEncoder | None = None) -> None:
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.max_model_len, self.device = max_model_len, device
         bs = config.block_size
@@ -132,6 +134,9 @@ class LLMEngine:
         self.appender = TokenAppender(tokenizer)
         self.spec = spec
         self._spec_off: Speculator | None = None  # the speculator while switched off
+        self.spans: SpanMaterializer | None = None  # computes pending embedding spans
+        if span_encoder is not None:
+            self.set_span_encoder(span_encoder)
         if spec is not None and self.runner.graphs is not None:
             # graph replays pad a verify step's sequences to one length, a query bucket
             spec.controller.padded = True
@@ -179,6 +184,15 @@ class LLMEngine:
                  "using %.0f MiB", lengths, report.seconds, report.pool_bytes / 2**20)
         return graphs, prefill
 
+    def set_span_encoder(self, encoder: SpanEncoder) -> None:
+        """Register what computes pending embedding spans (a vision connector, say), with
+        an encoder-output cache of ``EngineConfig.encoder_cache_mb``."""
+        hidden = self.model.embed_tokens.embedding_dim
+        if encoder.hidden_size != hidden:
+            raise ValueError(f"the span encoder gives {encoder.hidden_size}-dim vectors; the "
+                             f"model embeds tokens in {hidden} dims")
+        self.spans = SpanMaterializer(encoder, self.config.encoder_cache_mb << 20)
+
     # -- requests --------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None,
@@ -213,9 +227,17 @@ class LLMEngine:
                 f"{self.max_model_len} tokens, so the prompt may have at most "
                 f"{self.max_model_len - 1}")
         for sp in spans:
-            if sp.start < 0 or sp.end > len(prompt_ids) or sp.vectors.dim() != 2:
+            if sp.pending and self.spans is None:
                 raise InvalidRequestError(
-                    f"embedding span at {sp.start} of {sp.vectors.shape[0]} vectors does not fit "
+                    "this request carries image (or other encoded) input, but the engine has "
+                    "no encoder for it; serve with a connector")
+            if sp.pending and (sp.payload is None or not sp.source or not sp.digest):
+                raise InvalidRequestError("a pending embedding span needs a payload, its "
+                                          "source digest and a prefix-cache digest")
+            ready = sp.pending or (sp.vectors is not None and sp.vectors.dim() == 2)
+            if not ready or sp.length < 1 or sp.start < 0 or sp.end > len(prompt_ids):
+                raise InvalidRequestError(
+                    f"embedding span at {sp.start} of {sp.length} vectors does not fit "
                     f"a prompt of {len(prompt_ids)} tokens")
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -338,6 +360,8 @@ class LLMEngine:
         seqs = self.scheduler.schedule(drafts).seqs
         if not seqs:
             return None
+        if self.spans is not None:  # pending spans the chunks read: one batched encode
+            self.spans.fill((s.req, s.start, s.start + s.num_real) for s in seqs if s.req.spans)
         return seqs, self.runner.run(seqs), quiet
 
     def _prelaunch(self) -> _Prelaunched | None:
@@ -498,7 +522,15 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             prefix_cache_hit_tokens_total=self.blocks.prefix_hits,
             prefix_cache_query_tokens_total=self.blocks.prefix_queries,
-            **self._spec_stats())
+            **self._encoder_stats(), **self._spec_stats())
+
+    def _encoder_stats(self) -> dict:
+        if self.spans is None:
+            return {}
+        st = self.spans.stats
+        return {"encoder_calls_total": st.encoder_calls,
+                "encoder_payloads_total": st.encoded_payloads,
+                "encoder_cache_hits_total": st.cache_hits}
 
     def _spec_stats(self) -> dict:
         spec = self.speculator

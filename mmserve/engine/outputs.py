@@ -55,3 +55,6 @@ class EngineStats:
     spec_accepted_tokens_total: int = 0
     spec_guard_pauses_total: int = 0  # drafting paused: verify steps delivered < plain
     spec_acceptance_by_position: list[float] = field(default_factory=list)
+    encoder_calls_total: int = 0  # batched span-encoder calls (at most one a step)
+    encoder_payloads_total: int = 0  # payloads (images) that went through the encoder
+    encoder_cache_hits_total: int = 0  # payloads served from the encoder-output cache

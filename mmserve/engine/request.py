@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,26 +32,51 @@ class Status(enum.Enum):
 
 @dataclass
 class EmbeddingSpan:
-    """Vectors that replace the token embeddings at ``start .. start + len(vectors)``.
+    """Vectors that replace the token embeddings at ``start .. start + length``.
 
     The vectors live in the space of ``model.embed(ids)`` (after any embedding
-    scale); the prompt still holds placeholder ids at those positions.
+    scale); the prompt still holds placeholder ids at those positions. A span is
+    either ready (``vectors`` given) or pending: ``vectors`` is None and the span
+    carries what the engine's span encoder needs to compute them (see
+    ``mmserve.engine.span_encoder``). Every field of a pending span is plain data
+    (a CPU tensor or bytes, a digest, ints), so it can cross a process boundary.
+
+    - ``digest``: content hash mixed into the prefix-cache keys of the blocks the
+      span covers. Required for a pending span; for a ready one it defaults to a
+      hash of the vectors.
+    - ``payload``: the span encoder's input (e.g. a preprocessed pixel tensor); opaque
+      to the engine. Spans cut from one payload's encoding share it.
+    - ``source``: the payload's content hash, the encoder-output cache's key (spans of
+      one payload share it; a repeat payload is not encoded again).
+    - ``length``: rows this span takes; ``offset``: the first of them in the payload's
+      encoding (one image may fill several runs of placeholders).
     """
 
     start: int
-    vectors: torch.Tensor  # (n, hidden)
-    digest: bytes = b""  # content hash, mixed into prefix-cache keys
+    vectors: torch.Tensor | None = None  # (n, hidden); None until the engine encodes it
+    digest: bytes = b""
+    payload: Any = None
+    source: bytes = b""
+    length: int = 0
+    offset: int = 0
 
     def __post_init__(self) -> None:
-        if not self.digest:
-            import hashlib
+        if self.vectors is not None:
+            self.length = self.vectors.shape[0] if self.vectors.dim() == 2 else 0
+            if not self.digest:
+                import hashlib
 
-            data = self.vectors.detach().float().cpu().contiguous().numpy().tobytes()
-            self.digest = hashlib.blake2b(data, digest_size=16).digest()
+                data = self.vectors.detach().float().cpu().contiguous().numpy().tobytes()
+                self.digest = hashlib.blake2b(data, digest_size=16).digest()
+
+    @property
+    def pending(self) -> bool:
+        """Whether the engine still has to compute ``vectors`` from ``payload``."""
+        return self.vectors is None
 
     @property
     def end(self) -> int:
-        return self.start + self.vectors.shape[0]
+        return self.start + self.length
 
 
 @dataclass

@@ -145,6 +145,7 @@ class ModelRunner:
             for sp in s.req.spans:
                 a, b = max(lo, sp.start), min(hi, sp.end)
                 if a < b:
+                    assert sp.vectors is not None, "pending span reached the runner"
                     rows = sp.vectors[a - sp.start : b - sp.start]
                     x[offset + a - lo : offset + b - lo] = rows.to(x.dtype)
             offset += s.num_tokens

@@ -84,6 +84,13 @@ class EngineStatsCollector(Collector):
             "second than plain decode steps",
             s.spec_guard_pauses_total,
         )
+        yield counter("encoder_calls", "Batched calls of the span (image) encoder",
+                      s.encoder_calls_total)
+        yield counter("encoder_payloads", "Images (or other payloads) encoded",
+                      s.encoder_payloads_total)
+        yield counter("encoder_cache_hits",
+                      "Images served from the encoder-output cache, not encoded again",
+                      s.encoder_cache_hits_total)
         mean_len = GaugeMetricFamily(
             "mmserve_spec_mean_accepted_length",
             "Tokens emitted per verify step: 1 + accepted drafts / drafts (1.0 before any draft)",

@@ -1,0 +1,51 @@
+"""Prompt text with images -> token ids + pending embedding spans.
+
+A chat template renders text; images go where ``IMAGE_MARKER`` (or the processor's
+``image_text``) stands in the rendered prompt. The text between images is tokenized
+piece by piece and each image's ``ImageTokens.ids`` are inserted between the pieces,
+so the placeholder positions and the spans come from one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from connectors.base import PreparedImage
+from connectors.image_source import ImageError, ImageErrorKind
+from mmserve.engine.request import EmbeddingSpan
+
+# private-use characters: no tokenizer merges them with neighbours, no user types them
+IMAGE_MARKER = "\ue000image\ue000"
+
+
+class ImagePrompt(NamedTuple):
+    ids: list[int]
+    spans: list[EmbeddingSpan]
+    num_image_tokens: int  # prompt tokens the images occupy (wrappers included)
+
+
+def splice_images(text: str, images: Sequence[PreparedImage], encode: Callable[[str], list[int]],
+                  marker: str = IMAGE_MARKER) -> ImagePrompt:
+    """Cut ``text`` at each ``marker`` and put the images' tokens there, in order.
+
+    ``encode`` tokenizes text without adding special tokens. The marker count must
+    equal the image count (a user's text that contains the marker is refused).
+    """
+    pieces = text.split(marker)
+    if len(pieces) != len(images) + 1:
+        raise ImageError(ImageErrorKind.CORRUPT,
+                         f"the prompt shows {len(pieces) - 1} image positions for "
+                         f"{len(images)} images; message text must not contain {marker!r}")
+    ids: list[int] = []
+    spans: list[EmbeddingSpan] = []
+    n_image = 0
+    for i, piece in enumerate(pieces):
+        if piece:
+            ids += encode(piece)
+        if i < len(images):
+            img = images[i]
+            spans += img.spans(len(ids))
+            ids += img.tokens.ids
+            n_image += len(img.tokens.ids)
+    return ImagePrompt(ids, spans, n_image)
