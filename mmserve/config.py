@@ -83,12 +83,37 @@ class ServerConfig:
     tool_call_parser: str | None = None  # None: off | "auto": from the chat template | a format
     reasoning_parser: str | None = None  # None: off | "auto": from the chat template | a format
     log_level: str = "info"
+    # -- limits on what one request or connection may hold (docs/reliability.md) --
+    max_prompt_bytes: int = 1 << 20  # UTF-8 bytes of prompt text, checked before tokenizing
+    max_stop_strings: int = 4  # stop strings per request
+    max_stop_str_chars: int = 1024  # characters per stop string
+    max_json_depth: int = 64  # nesting of a request body or a WS event
+    realtime_max_items: int = 1024  # conversation items per Realtime session
+    realtime_max_bytes: int = 4 << 20  # UTF-8 bytes of all items' text per Realtime session
+    retry_after_s: int = 1  # the Retry-After header of a 429
+    # -- connections --
+    max_connections: int = 2048  # open HTTP/WS connections (the oldest idle one makes room)
+    header_timeout_s: float = 10.0  # a request's line and headers must arrive within this
+    body_timeout_s: float = 60.0  # ... and its body within this of its headers
+    keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this
+    ws_ping_interval_s: float = 20.0  # WebSocket pings; a peer silent past the timeout is dropped
+    ws_ping_timeout_s: float = 20.0
+    log_repeat_window_s: float = 60.0  # a repeated log line (same class) at most once per window
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        for name in ("max_prompt_bytes", "max_stop_strings", "max_stop_str_chars",
+                     "max_json_depth", "realtime_max_items", "realtime_max_bytes",
+                     "retry_after_s", "max_connections", "keep_alive_timeout_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("header_timeout_s", "body_timeout_s", "ws_ping_interval_s",
+                     "ws_ping_timeout_s", "log_repeat_window_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be non-empty when set")
         levels = ("critical", "error", "warning", "info", "debug", "trace")

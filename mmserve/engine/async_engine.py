@@ -34,6 +34,7 @@ class AsyncEngine:
         self.engine, self.model_name = engine, name
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self.max_waiting = engine.config.max_waiting
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._pending_adds = 0  # adds posted but not yet seen by the engine thread
         self._count_lock = threading.Lock()

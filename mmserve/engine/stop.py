@@ -12,7 +12,10 @@ Contract
 - The output is ``text[:truncate_to]``: up to the stop string's start, or its end
   with ``include_stop_str_in_output``.
 - ``safe_len`` holds back the longest suffix that is a proper prefix of a stop
-  string, so streamed text never has to be taken back. With
+  string, so streamed text never has to be taken back. It looks only where a
+  stop string's first character occurs in the last ``max_len - 1`` characters,
+  and stores nothing but the stop strings themselves (memory linear in their
+  length; storing every prefix made a 1 MB stop string cost gigabytes). With
   ``include_stop_str_in_output`` nothing needs holding back: any later match ends
   after the current text, so all of it is output either way.
 """
@@ -41,7 +44,6 @@ class StopChecker:
         self.stop = list(dict.fromkeys(stop))  # dedupe, keep order
         self.include = include_stop_str_in_output
         self.max_len = max((len(s) for s in self.stop), default=0)
-        self._prefixes = {s[:i] for s in self.stop for i in range(1, len(s))}
 
     def __bool__(self) -> bool:
         return bool(self.stop)
@@ -63,9 +65,20 @@ class StopChecker:
 
     def safe_len(self, text: str) -> int:
         """How many leading characters of ``text`` can be streamed now."""
-        if self.include or not self._prefixes:
+        if self.include or self.max_len < 2:
             return len(text)
-        for n in range(min(self.max_len - 1, len(text)), 0, -1):
-            if text[-n:] in self._prefixes:
-                return len(text) - n
-        return len(text)
+        tail = len(text) - min(self.max_len - 1, len(text))  # where a held suffix may start
+        held = min((_held_start(text, s, tail) for s in self.stop), default=len(text))
+        return held
+
+
+def _held_start(text: str, stop: str, lo: int) -> int:
+    """The start of the longest suffix of ``text`` (starting at ``lo`` or later) that is a
+    proper prefix of ``stop``; ``len(text)`` when there is none."""
+    lo = max(lo, len(text) - len(stop) + 1)
+    at = text.find(stop[0], lo)
+    while at >= 0:
+        if stop.startswith(text[at:]):
+            return at
+        at = text.find(stop[0], at + 1)
+    return len(text)

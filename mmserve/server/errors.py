@@ -57,9 +57,24 @@ def error_payload(
 
 
 def error_response(
-    message: str, status: int = 400, param: str | None = None, code: str | None = None
+    message: str, status: int = 400, param: str | None = None, code: str | None = None,
+    retry_after_s: int = 1,
 ) -> JSONResponse:
-    return JSONResponse(error_payload(message, status, param, code), status_code=status)
+    """The error as a response; a 429 says when to come back (``Retry-After``, seconds)."""
+    headers = {"Retry-After": str(retry_after_s)} if status == 429 else None
+    return JSONResponse(error_payload(message, status, param, code), status_code=status,
+                        headers=headers)
+
+
+def _retry_after(request: Request) -> int:
+    state = getattr(request.app.state, "mm", None)
+    return int(state.config.retry_after_s) if state is not None else 1
+
+
+def _response(request: Request, body: dict[str, Any], status: int) -> JSONResponse:
+    err = body["error"]
+    return error_response(err["message"], status, err["param"], err["code"],
+                          _retry_after(request))
 
 
 def from_exception(exc: BaseException) -> tuple[dict[str, Any], int]:
@@ -94,11 +109,14 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 async def _on_mmserve_error(request: Request, exc: Exception) -> JSONResponse:
     body, status = from_exception(exc)
-    return JSONResponse(body, status_code=status)
+    return _response(request, body, status)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if isinstance(exc.__cause__, RecursionError):  # json.loads gave up: nested ~1,000 deep
+        return error_response("the request JSON is nested too deeply", 400, None,
+                              "json_too_deep")
     code = _CODE_BY_STATUS.get(exc.status_code)
     return error_response(str(exc.detail), exc.status_code, None, code)
 
@@ -109,7 +127,7 @@ async def _on_disconnect(request: Request, exc: Exception) -> Response:
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     body, status = from_exception(exc)
-    return JSONResponse(body, status_code=status)
+    return _response(request, body, status)
 
 
 def install_error_handlers(app: FastAPI) -> None:

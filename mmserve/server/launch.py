@@ -17,20 +17,31 @@ import uvicorn
 
 from mmserve.config import EngineConfig, ServerConfig
 from mmserve.server.app import create_app
+from mmserve.server.connections import ConnectionLimits, guarded_h11
 from mmserve.server.engine_client import EngineClient
+from mmserve.server.log_limits import install_repeat_filter
 
 
 def uvicorn_config(app: object, config: ServerConfig) -> uvicorn.Config:
-    """The uvicorn settings mmserve runs with (WS message limit = the HTTP body limit)."""
-    return uvicorn.Config(
+    """The uvicorn settings mmserve runs with: WS message limit = the HTTP body limit, the
+    connection limits of ``connections.guarded_h11``, repeated log lines folded."""
+    limits = ConnectionLimits(config.max_connections, config.header_timeout_s,
+                              config.body_timeout_s, config.retry_after_s)
+    uv = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=config.host,
         port=config.port,
         log_level=config.log_level,
+        http=guarded_h11(limits),
         ws_max_size=config.max_body_bytes,
+        ws_ping_interval=config.ws_ping_interval_s,
+        ws_ping_timeout=config.ws_ping_timeout_s,
+        timeout_keep_alive=config.keep_alive_timeout_s,
         timeout_graceful_shutdown=5,
         access_log=config.log_level in ("debug", "trace"),
     )
+    install_repeat_filter(config.log_repeat_window_s)  # uvicorn.Config set up its handlers
+    return uv
 
 
 def bound_address(server: uvicorn.Server, config: ServerConfig) -> tuple[str, int]:
@@ -67,6 +78,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         level=server_config.log_level.upper() if server_config.log_level != "trace" else "DEBUG",
         format="%(levelname)s %(name)s: %(message)s",
     )
+    install_repeat_filter(server_config.log_repeat_window_s)
+    _raise_fd_limit()
     print(f"mmserve: loading {engine_config.model or 'the default model'} ...", flush=True)
     engine = AsyncEngine.from_config(engine_config)
     # uvicorn re-raises the signal it caught once it has drained; make SIGTERM an exit
@@ -83,3 +96,16 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
 
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(0)
+
+
+def _raise_fd_limit() -> None:
+    """Let the process open as many sockets as the hard limit allows (``max_connections``
+    is the cap that matters; the soft limit is often far below it)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass

@@ -76,8 +76,8 @@ class _SamplingFields(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1 - MAX_N)  # torch's range
+    stop: str | list[str] | None = None  # count and length: ServerConfig (limits.check_stop)
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -91,8 +91,8 @@ class _SamplingFields(_Strict):
     @classmethod
     def _stop_strings(cls, v: str | list[str] | None) -> str | list[str] | None:
         stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop must be up to 4 non-empty strings")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
         return v
 
     @abstractmethod

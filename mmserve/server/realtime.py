@@ -18,6 +18,10 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
+from mmserve.errors import MMServeError
+from mmserve.server.errors import from_exception
+from mmserve.server.limits import check_json, check_prompt_bytes
+from mmserve.server.memory import trim_heap
 from mmserve.server.realtime_conversation import Conversation, RealtimeError
 from mmserve.server.realtime_protocol import (
     CLIENT_EVENTS,
@@ -50,7 +54,9 @@ class RealtimeSocket:
             tools=[],
             tool_choice="auto",
         )
-        self.conversation = Conversation(object_id("conv"))
+        cfg = state.config
+        self.conversation = Conversation(
+            object_id("conv"), cfg.realtime_max_items, cfg.realtime_max_bytes)
         self.active: ResponseRun | None = None
         self.active_task: asyncio.Task[Any] | None = None
         self._send_lock = asyncio.Lock()
@@ -76,6 +82,10 @@ class RealtimeSocket:
             return
         finally:
             await self.stop_active(send_events=False)
+            held = self.conversation.num_bytes
+            self.conversation.clear()
+            if held >= 1 << 20:  # give a large session's text back to the OS
+                await asyncio.to_thread(trim_heap)
 
     async def handle_raw(self, text: str | None, data: bytes | None) -> None:
         if text is None:
@@ -94,6 +104,15 @@ class RealtimeSocket:
             event = json.loads(text)
         except ValueError:
             await self.send(error_event("event is not valid JSON", "invalid_json"))
+            return
+        except RecursionError:
+            await self.send(error_event("event JSON is nested too deeply", "json_too_deep"))
+            return
+        try:
+            check_json(event, self.state.config.max_json_depth)
+        except MMServeError as exc:
+            err = from_exception(exc)[0]["error"]
+            await self.send(error_event(err["message"], err["code"], err["param"]))
             return
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             await self.send(
@@ -127,6 +146,9 @@ class RealtimeSocket:
             )
         except RealtimeError as exc:
             await self.send(error_event(str(exc), exc.code, exc.param, client_id))
+        except MMServeError as exc:
+            err = from_exception(exc)[0]["error"]
+            await self.send(error_event(err["message"], err["code"], err["param"], client_id))
 
     async def on_session_update(self, event: Any) -> None:
         update = event.session
@@ -193,13 +215,16 @@ class RealtimeSocket:
         items = params.input if params and params.input is not None else self.conversation.items
         limit = (
             params.max_output_tokens
-            if params and params.max_output_tokens
+            if params and params.max_output_tokens is not None
             else cfg.max_output_tokens
         )
+        messages = template_messages(instructions, list(items))
+        check_prompt_bytes((str(m.get("content") or "") for m in messages),
+                           self.state.config.max_prompt_bytes, "input")
         return ResponseRun(
             engine=self.state.engine,
             send=self.send,
-            messages=template_messages(instructions, list(items)),
+            messages=messages,
             max_output_tokens=limit if isinstance(limit, int) else None,
             temperature=DEFAULT_TEMPERATURE if cfg.temperature is None else cfg.temperature,
             conversation_id=None if out_of_band else self.conversation.id,
@@ -211,6 +236,8 @@ class RealtimeSocket:
             item = await run.run()
             if item is not None and run.conversation_id is not None:
                 self.conversation.insert(item, None)
+        except RealtimeError as exc:  # the answer itself does not fit the conversation
+            await self.send(error_event(str(exc), exc.code, exc.param))
         finally:
             if self.active is run:
                 self.active, self.active_task = None, None

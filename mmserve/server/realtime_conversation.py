@@ -7,10 +7,10 @@ after a given item (``previous_item_id``; ``"root"`` means first).
 
 from __future__ import annotations
 
+from mmserve.server.limits import utf8_len
 from mmserve.server.realtime_protocol import Item, object_id
 
 TEXT_PARTS = ("input_text", "text", "output_text")
-MAX_ITEMS = 4096
 
 
 class RealtimeError(Exception):
@@ -47,12 +47,22 @@ def check_item(item: Item) -> None:
         )
 
 
-class Conversation:
-    """Ordered conversation items of one socket."""
+def item_bytes(item: Item) -> int:
+    """The UTF-8 size of an item's text: what it adds to every later prompt."""
+    parts = [p.text or p.transcript or "" for p in item.content]
+    parts += [item.arguments or "", item.output or "", item.name or ""]
+    return sum(utf8_len(p) for p in parts)
 
-    def __init__(self, conversation_id: str) -> None:
+
+class Conversation:
+    """Ordered conversation items of one socket, at most ``max_items`` items and
+    ``max_bytes`` bytes of text (``ServerConfig.realtime_max_items`` / ``_max_bytes``)."""
+
+    def __init__(self, conversation_id: str, max_items: int, max_bytes: int) -> None:
         self.id = conversation_id
         self.items: list[Item] = []
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self.num_bytes = 0
 
     def index_of(self, item_id: str) -> int:
         for i, item in enumerate(self.items):
@@ -68,10 +78,16 @@ class Conversation:
     def insert(self, item: Item, previous_item_id: str | None) -> str | None:
         """Insert after ``previous_item_id`` (end when ``None``); returns the predecessor's id."""
         check_item(item)
-        if len(self.items) >= MAX_ITEMS:
+        if len(self.items) >= self.max_items:
             raise RealtimeError(
-                f"the conversation is full ({MAX_ITEMS} items); delete some", "conversation_full"
-            )
+                f"the conversation is full: it holds {len(self.items)} items, the server's "
+                f"limit (realtime_max_items); delete some", "conversation_full")
+        size = item_bytes(item)
+        if self.num_bytes + size > self.max_bytes:
+            raise RealtimeError(
+                f"the item would bring the conversation to {self.num_bytes + size} bytes of "
+                f"text, over the server's limit of {self.max_bytes} (realtime_max_bytes); "
+                "delete some items", "conversation_too_large")
         if item.id is None:
             item.id = object_id("item")
         elif any(existing.id == item.id for existing in self.items):
@@ -87,7 +103,13 @@ class Conversation:
         else:
             position = self.index_of(previous_item_id) + 1
         self.items.insert(position, item)
+        self.num_bytes += size
         return self.items[position - 1].id if position > 0 else None
 
     def delete(self, item_id: str) -> None:
-        del self.items[self.index_of(item_id)]
+        item = self.items.pop(self.index_of(item_id))
+        self.num_bytes -= item_bytes(item)
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.num_bytes = 0

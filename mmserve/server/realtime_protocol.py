@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NOT_YET_SUPPORTED = (
     "input_audio_buffer.append",
@@ -31,6 +31,14 @@ def object_id(prefix: str) -> str:
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def _output_limit(v: int | str | None) -> int | str | None:
+    """``max_output_tokens``: 1 to 4096 tokens or ``"inf"``, as OpenAI has it (0 is no
+    'unset': it is refused)."""
+    if isinstance(v, int) and not 1 <= v <= 4096:
+        raise ValueError(f"must be between 1 and 4096, or 'inf'; got {v}")
+    return v
 
 
 class ContentPart(_In):
@@ -67,6 +75,7 @@ class SessionConfig(_In):
     type: Literal["realtime"] = "realtime"
     instructions: str | None = None
     max_output_tokens: int | Literal["inf"] | None = None
+    _limit = field_validator("max_output_tokens")(_output_limit)
     output_modalities: list[Literal["text", "audio"]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -78,6 +87,7 @@ class ResponseParams(_In):
     input: list[Item] | None = None
     instructions: str | None = None
     max_output_tokens: int | Literal["inf"] | None = None
+    _limit = field_validator("max_output_tokens")(_output_limit)
     output_modalities: list[Literal["text", "audio"]] | None = None
     metadata: dict[str, str] | None = None
 

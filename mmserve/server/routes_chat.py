@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from mmserve.server.chat_output import (
@@ -24,6 +24,7 @@ from mmserve.server.chat_output import (
 )
 from mmserve.server.engine_client import PrimedStreams, aclose, fan_out, new_id
 from mmserve.server.errors import ParamError
+from mmserve.server.limits import check_fan_out, check_prompt_bytes, check_stop, guard_json_body
 from mmserve.server.protocol import ChatCompletionRequest, ChatMessage
 from mmserve.server.serving import (
     SSEResponse,
@@ -92,14 +93,19 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-@router.post(ENDPOINT, response_model=None)
+@router.post(ENDPOINT, response_model=None, dependencies=[Depends(guard_json_body)])
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     start = time.perf_counter()
     state = get_state(request)
     state.check_model(body.model)
     engine = state.engine
+    check_stop(body.stop, state.config)
+    check_fan_out(body.n, getattr(engine, "max_waiting", None))
     messages = template_messages(body.messages)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    texts = [str(m["content"]) for m in messages]
+    check_prompt_bytes(texts + ([json.dumps(tools)] if tools else []),
+                       state.config.max_prompt_bytes, "messages")
 
     def render() -> tuple[str, list[int]]:
         text = engine.tokenizer.apply_chat_template(

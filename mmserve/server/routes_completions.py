@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from mmserve.engine.outputs import RequestOutput
 from mmserve.server.engine_client import EngineClient, PrimedStreams, aclose, fan_out, new_id
 from mmserve.server.errors import ParamError
+from mmserve.server.limits import check_fan_out, check_prompt_bytes, check_stop, guard_json_body
 from mmserve.server.protocol import CompletionRequest
 from mmserve.server.protocol_out import (
     CompletionChoice,
@@ -79,15 +80,27 @@ class _Choice:
         )
 
 
-def _prompts(body: CompletionRequest, engine: EngineClient) -> list[tuple[str, list[int]]]:
-    """Each prompt as (text, token ids); token-id prompts are decoded for ``echo``."""
+def _items(body: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts: strings or token-id lists."""
     raw: Any = body.prompt
     if isinstance(raw, str):
-        items: list[str | list[int]] = [raw]
-    elif all(isinstance(x, int) for x in raw):
-        items = [list(raw)]
-    else:
-        items = list(raw)
+        return [raw]
+    if all(isinstance(x, int) for x in raw):
+        return [list(raw)]
+    return list(raw)
+
+
+def _check_ids(items: list[str | list[int]], vocab_size: int) -> None:
+    for p, item in enumerate(items):
+        if isinstance(item, list) and item and not 0 <= min(item) <= max(item) < vocab_size:
+            bad = next(t for t in item if not 0 <= t < vocab_size)
+            raise ParamError(
+                f"prompt {p} holds token id {bad}; token ids must be in [0, {vocab_size})",
+                param="prompt", code="invalid_token_id")
+
+
+def _prompts(items: list[str | list[int]], engine: EngineClient) -> list[tuple[str, list[int]]]:
+    """Each prompt as (text, token ids); token-id prompts are decoded for ``echo``."""
     tok = engine.tokenizer
     return [
         (p, tok.encode(p, add_special_tokens=True)) if isinstance(p, str) else (tok.decode(p), p)
@@ -95,7 +108,7 @@ def _prompts(body: CompletionRequest, engine: EngineClient) -> list[tuple[str, l
     ]
 
 
-@router.post(ENDPOINT, response_model=None)
+@router.post(ENDPOINT, response_model=None, dependencies=[Depends(guard_json_body)])
 async def completions(body: CompletionRequest, request: Request) -> Response:
     start = time.perf_counter()
     state = get_state(request)
@@ -103,7 +116,13 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.suffix:
         raise ParamError("suffix is not supported", param="suffix")
     engine = state.engine
-    prompts = await in_thread(lambda: _prompts(body, engine))
+    check_stop(body.stop, state.config)
+    items = _items(body)
+    check_fan_out(len(items) * body.n, getattr(engine, "max_waiting", None))
+    check_prompt_bytes((p for p in items if isinstance(p, str)),
+                       state.config.max_prompt_bytes, "prompt")
+    _check_ids(items, engine.tokenizer.vocab_size)
+    prompts = await in_thread(lambda: _prompts(items, engine))
     streams = []
     request_id = new_id("cmpl-")
     for p, (_, ids) in enumerate(prompts):

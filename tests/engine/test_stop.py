@@ -88,3 +88,19 @@ def test_streaming_equals_non_streaming(include: bool) -> None:
             chunks.append(text[pos : pos + n])
             pos += n
         assert _stream(checker, chunks)[0] == _whole(checker, text), (stops, chunks)
+
+
+def test_megabyte_stop_string_costs_linear_memory() -> None:
+    """Every prefix of every stop string was once stored: 1 MB of 'a' took 21 GB."""
+    import tracemalloc
+
+    stop = "a" * 1_000_000
+    tracemalloc.start()
+    checker = StopChecker([stop, "ab"])
+    text = "x" * 100 + "a" * 5000
+    held = checker.safe_len(text)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert held == 100  # the run of a's could still become the stop string
+    assert peak < 8 * len(stop)
+    assert checker.check(text + "b", 1) == StopResult(True, "ab", 5099)

@@ -187,6 +187,7 @@ def test_full_queue_answers_429() -> None:
             first, second, refused = asyncio.run(run())
             assert (first, second) == (200, 200)
             assert _assert_openai_error(refused, 429)["code"] == "rate_limit_exceeded"
+            assert refused.headers["retry-after"] == "1"  # ServerConfig.retry_after_s
             sdk = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
             with pytest.raises(openai.RateLimitError):
                 _flood(sdk, eng, eng.model_name)
