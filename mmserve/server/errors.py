@@ -115,8 +115,8 @@ async def _on_mmserve_error(request: Request, exc: Exception) -> JSONResponse:
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if isinstance(exc.__cause__, RecursionError):  # json.loads gave up: nested ~1,000 deep
-        return error_response("the request JSON is nested too deeply", 400, None,
-                              "json_too_deep")
+        return error_response("the request JSON is nested too deeply (the server's limit is "
+                              "max_json_depth levels)", 400, None, "json_too_deep")
     code = _CODE_BY_STATUS.get(exc.status_code)
     return error_response(str(exc.detail), exc.status_code, None, code)
 
