@@ -26,7 +26,12 @@ def family(config: dict) -> type[CausalLM]:
 
 
 def text_config(config: dict) -> dict:
-    """Multimodal Gemma 3 configs nest the LM under ``text_config``."""
+    """The LM's config: multimodal Gemma 3 and the VLM checkpoints (``vlm_text``) nest it
+    under ``text_config``."""
+    from mmserve.models import vlm_text
+
+    if vlm_text.is_vlm(config):
+        return vlm_text.text_config(config)
     if config.get("model_type") == "gemma3" and "text_config" in config:
         return {**config["text_config"], "model_type": "gemma3_text"}
     return config
@@ -34,6 +39,10 @@ def text_config(config: dict) -> dict:
 
 def build_model(config: dict, state_dict: dict[str, torch.Tensor],
                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> CausalLM:
+    from mmserve.models import vlm_text
+
+    if vlm_text.is_vlm(config):
+        state_dict = vlm_text.text_weights(config, state_dict)
     config = text_config(config)
     model = family(config).from_hf_config(config)
     model.load_hf_state_dict(state_dict)
@@ -53,6 +62,10 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor],
 
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> CausalLM:
+    from mmserve.models import vlm_text
     from mmserve.models.weights import load_config, load_state_dict
 
-    return build_model(load_config(model_dir), load_state_dict(model_dir), dtype, device)
+    config = load_config(model_dir)
+    wanted = (lambda name: vlm_text.is_text_tensor(config, name)) if vlm_text.is_vlm(config) \
+        else None
+    return build_model(config, load_state_dict(model_dir, names=wanted), dtype, device)

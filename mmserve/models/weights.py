@@ -67,12 +67,16 @@ def load_state_dict(
     model_dir: str | Path,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    names: Callable[[str], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """All tensors of ``model_dir``; floating-point ones cast to ``dtype``, others kept as is."""
+    """The tensors of ``model_dir`` (those ``names`` accepts, default all); floating-point ones
+    cast to ``dtype``, others kept as is."""
     state: dict[str, torch.Tensor] = {}
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as fh:
             for name in fh.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if names is not None and not names(name):
+                    continue
                 tensor = fh.get_tensor(name)
                 if tensor.is_floating_point() and tensor.dtype != dtype:
                     tensor = tensor.to(dtype)

@@ -1,0 +1,106 @@
+"""Idefics3 and SmolVLM: SigLIP tiles -> pixel shuffle -> one linear layer -> the LM.
+
+An image becomes ``rows x cols`` tiles plus one global frame (``preprocess.TiledProcessor``);
+each frame is one tower pass (timm, ``towers``), its ``grid x grid`` patch features are
+pixel-shuffled by ``scale_factor`` (``scale**2`` neighbours concatenated, so
+``grid**2 / scale**2`` tokens of ``hidden * scale**2``) and projected without bias into the
+LM's space: ``seq_len`` tokens a frame.
+
+Placeholder layout, exactly as ``Idefics3Processor`` / ``SmolVLMProcessor`` write it, with
+``<image>`` repeated ``seq_len`` times where ``{img}`` stands::
+
+    tiles:   <fake><row_1_col_1>{img}<fake><row_1_col_2>{img}\\n ... \\n
+             \\n<fake><global-img>{img}<fake>
+    single:  <fake><global-img>{img}<fake>
+
+(``<fake>`` is ``<fake_token_around_image>``; each tile row ends with a newline.) So one
+image fills ``frames`` runs of ``seq_len`` placeholders, in frame order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from connectors.checkpoints.files import ProcessorFiles
+from connectors.checkpoints.preprocess import Frames, TiledProcessor
+from connectors.checkpoints.towers import VisionTower
+
+MODEL_TYPES = ("idefics3", "smolvlm")
+
+
+def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
+    """(B, S*S, D) -> (B, S*S / scale**2, D * scale**2), HF's ``Idefics3Connector``
+    order (neighbours along a row first, then along a column)."""
+    b, seq, dim = x.shape
+    side = int(seq**0.5)
+    x = x.reshape(b, side, side // scale, dim * scale)  # (B, H, W/s, D*s)
+    x = x.permute(0, 2, 1, 3)  # (B, W/s, H, D*s)
+    x = x.reshape(b, side // scale, side // scale, dim * scale * scale)  # (B, W/s, H/s, D*s*s)
+    x = x.permute(0, 2, 1, 3)  # (B, H/s, W/s, D*s*s)
+    return x.reshape(b, seq // scale**2, dim * scale**2)
+
+
+class Idefics3Connector(nn.Module):
+    """Images -> (tokens, LM hidden) embeddings for an Idefics3/SmolVLM checkpoint."""
+
+    def __init__(self, tower: VisionTower, proj: torch.Tensor, scale: int,
+                 processor: TiledProcessor, tokens: Mapping[str, str], image_token_id: int):
+        super().__init__()
+        self.tower = tower
+        self.proj = nn.Parameter(proj, requires_grad=False)  # (hidden, D * scale**2)
+        self.scale, self.processor = scale, processor
+        self.hidden_size = proj.shape[0]
+        self.seq_len = tower.spec.grid**2 // scale**2
+        self.image_token = tokens.get("image_token", "<image>")
+        self.image_token_id = image_token_id
+        self.fake = tokens.get("fake_image_token", "<fake_token_around_image>")
+        self.global_tag = tokens.get("global_image_token", "<global-img>")
+
+    @classmethod
+    def from_checkpoint(cls, config: Mapping[str, Any], files: ProcessorFiles,
+                        sd: Mapping[str, torch.Tensor]) -> Idefics3Connector:
+        processor = TiledProcessor.from_config(files.image_processor)
+        tower = VisionTower.from_hf(config["vision_config"], sd, "model.vision_model.")
+        if processor.tile != tower.spec.image_size:
+            raise ValueError(f"tiles of {processor.tile}px (max_image_size) do not match the "
+                             f"vision tower's image_size {tower.spec.image_size}")
+        scale = config.get("scale_factor", 2)
+        connector = cls(tower, sd["model.connector.modality_projection.proj.weight"], scale,
+                        processor, files.named_tokens, config.get("image_token_id", 128257))
+        declared = files.processor.get("image_seq_len", connector.seq_len)
+        if declared != connector.seq_len:
+            raise ValueError(f"processor image_seq_len {declared} disagrees with the model's "
+                             f"{connector.seq_len} tokens a frame")
+        return connector
+
+    def preprocess(self, image) -> Frames:
+        """An RGB PIL image -> its frames (CPU)."""
+        return self.processor(image)
+
+    def num_tokens(self, frames: Frames) -> int:
+        return frames.pixels.shape[0] * self.seq_len
+
+    def placeholder(self, frames: Frames) -> str:
+        """The text that stands for this image in the prompt (module docstring)."""
+        run = self.image_token * self.seq_len
+        whole = f"{self.fake}{self.global_tag}{run}{self.fake}"
+        if frames.rows == 0 and frames.cols == 0:
+            return whole
+        rows = ["".join(f"{self.fake}<row_{r + 1}_col_{c + 1}>{run}" for c in range(frames.cols))
+                for r in range(frames.rows)]
+        return "".join(row + "\n" for row in rows) + "\n" + whole
+
+    @torch.inference_mode()
+    def encode(self, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Images' frames (``Frames.pixels``, (frames, 3, S, S) each) in one tower pass ->
+        one (frames * seq_len, hidden) per image."""
+        p = self.proj
+        pixels = torch.cat(list(payloads)).to(p.device, p.dtype)
+        feats = F.linear(pixel_shuffle(self.tower(pixels), self.scale), p)  # (frames, seq, hidden)
+        counts = [x.shape[0] for x in payloads]
+        return [x.reshape(-1, self.hidden_size) for x in feats.split(counts)]

@@ -1,0 +1,195 @@
+"""Real VLM checkpoint families against HF transformers, on tiny random checkpoints.
+
+Each family's directory is written by transformers' own classes (``tiny_vlms``) and read
+by both sides. Held equal to HF: the pixels (bit for bit), the prompt ids (image layout
+included), the image features (the same float32 ops, so equal up to GEMM rounding), the
+prefill logits and the greedy tokens of ``generate``.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+from tiny_vlms import BUILDERS
+
+from connectors.checkpoints import load_connector, read_processor_files
+from connectors.checkpoints.prompt import image_prompt, template_messages
+from mmserve.engine.request import EmbeddingSpan
+from mmserve.errors import InvalidRequestError
+from mmserve.models.chat_template import render_chat_template
+from mmserve.models.harness import SequenceRunner
+
+transformers = pytest.importorskip("transformers")
+
+
+def _png(width: int, height: int, seed: int) -> Image.Image:
+    """A drawn picture, through a PNG round trip as a client would send it."""
+    rng = np.random.default_rng(seed)
+    colour = lambda: tuple(int(c) for c in rng.integers(0, 255, 3))  # noqa: E731
+    img = Image.new("RGB", (width, height), colour())
+    draw = ImageDraw.Draw(img)
+    for _ in range(5):
+        x, y = int(rng.integers(0, width)), int(rng.integers(0, height))
+        draw.ellipse([x, y, x + width // 3, y + height // 3], fill=colour())
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
+# wide, tall, and large (3x3 tiles in SmolVLM, 2x2 in Idefics3)
+IMAGES = [_png(90, 50, 0), _png(40, 120, 1), _png(300, 200, 2)]
+CHATS = [[0], [1, 2]]  # image indices per conversation
+
+
+def _chat(images: list[int]) -> list[dict]:
+    parts = [{"type": "text", "text": "Look:"}]
+    parts += [{"type": "image_url", "image_url": {"url": f"data:{i}"}} for i in images]
+    return [{"role": "user", "content": parts + [{"type": "text", "text": "What is it?"}]}]
+
+
+class Family:
+    """One checkpoint loaded by both sides, and a prompt built by each."""
+
+    def __init__(self, path) -> None:
+        from mmserve.models.registry import load_model
+        from mmserve.models.tokenizer import Tokenizer
+
+        self.path = path
+        self.hf_processor = transformers.AutoProcessor.from_pretrained(path)
+        self.hf = transformers.AutoModelForImageTextToText.from_pretrained(path).eval()
+        self.connector = load_connector(path)
+        self.lm = load_model(path)
+        self.tokenizer = Tokenizer(path)
+        self.template = read_processor_files(path).chat_template
+
+    def hf_inputs(self, images: list[int]):
+        msgs = template_messages(_chat(images))
+        text = self.hf_processor.apply_chat_template(msgs, add_generation_prompt=True)
+        return self.hf_processor(text=text, images=[IMAGES[i] for i in images],
+                                 return_tensors="pt")
+
+    def ours(self, images: list[int]):
+        text = render_chat_template(self.template, template_messages(_chat(images)),
+                                    special_tokens=self.tokenizer.special_tokens)
+        frames = [self.connector.preprocess(IMAGES[i]) for i in images]
+        ids, runs = image_prompt(self.tokenizer, text, frames, self.connector)
+        return ids, runs, self.connector.encode([f.pixels for f in frames])
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, default_model_dir):
+    root = tmp_path_factory.mktemp("vlms")
+    return {name: build(default_model_dir, root / name) for name, build in BUILDERS.items()}
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def family(request, checkpoints):
+    torch.manual_seed(0)
+    return Family(checkpoints[request.param])
+
+
+def test_pixels_equal_hf_image_processor(family):
+    for img in IMAGES:
+        want = family.hf_processor.image_processor(img, return_tensors="pt")["pixel_values"]
+        got = family.connector.preprocess(img).pixels
+        assert torch.equal(want.reshape(-1, *got.shape[1:])[: got.shape[0]], got)
+
+
+@pytest.mark.parametrize("images", CHATS)
+def test_prompt_ids_and_features_equal_hf(family, images):
+    inputs = family.hf_inputs(images)
+    ids, runs, feats = family.ours(images)
+    assert ids == inputs["input_ids"][0].tolist()
+    assert sum(r.length for r in runs) == sum(f.shape[0] for f in feats)
+    pixels = {k: v for k, v in inputs.items() if k.startswith("pixel")}
+    with torch.no_grad():
+        want = family.hf.model.get_image_features(**pixels).pooler_output
+    want = torch.cat([w.reshape(-1, w.shape[-1]) for w in want])
+    torch.testing.assert_close(torch.cat(feats), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("images", CHATS)
+def test_greedy_tokens_equal_hf_generate(family, images):
+    inputs = family.hf_inputs(images)
+    n = inputs["input_ids"].shape[1]
+    with torch.no_grad():
+        want_logits = family.hf(**inputs).logits[0]
+        want = family.hf.generate(**inputs, max_new_tokens=8, do_sample=False)[0, n:].tolist()
+    ids, runs, feats = family.ours(images)
+    embeds = family.lm.embed(torch.tensor(ids)).clone()
+    for r in runs:
+        embeds[r.start: r.start + r.length] = feats[r.image][r.offset: r.offset + r.length]
+    runner = SequenceRunner(family.lm, max_len=n + 16)
+    logits = runner.step(ids, 0, embeds=embeds)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
+    got = [int(logits[-1].argmax())]
+    while len(got) < len(want) and got[-1] not in family.tokenizer.eos_token_ids:
+        got.append(int(runner.step(got[-1:], n + len(got) - 1)[-1].argmax()))
+    assert got == want
+
+
+def test_engine_serves_spans_like_generate(checkpoints):
+    """The engine path (prefix chunks, embedding spans, paged KV) gives HF's tokens."""
+    from mmserve import LLM, SamplingParams
+
+    fam = Family(checkpoints["idefics3"])
+    inputs = fam.hf_inputs([1, 2])
+    n = inputs["input_ids"].shape[1]
+    want = fam.hf.generate(**inputs, max_new_tokens=8, do_sample=False)[0, n:].tolist()
+    ids, runs, feats = fam.ours([1, 2])
+    spans = [EmbeddingSpan(r.start, feats[r.image][r.offset: r.offset + r.length]) for r in runs]
+    llm = LLM(str(fam.path), device="cpu", kv_cache_memory_mb=8, max_num_batched_tokens=64)
+    out = llm.generate(ids, SamplingParams(temperature=0, max_tokens=8), spans=[spans])
+    assert out[0].token_ids == want
+
+
+def test_marker_count_must_match_images(checkpoints):
+    fam = Family(checkpoints["llava_clip"])
+    frames = [fam.connector.preprocess(IMAGES[0])]
+    with pytest.raises(InvalidRequestError, match="2 image markers"):
+        image_prompt(fam.tokenizer, "USER: <image>\n<image>\nhi ASSISTANT:", frames, fam.connector)
+
+
+def test_single_frame_layout_equals_hf_without_splitting(checkpoints):
+    """Idefics3 with ``do_image_splitting`` off: one squeezed frame, the global layout."""
+    import dataclasses
+
+    fam = Family(checkpoints["idefics3"])
+    fam.connector.processor = dataclasses.replace(fam.connector.processor, split=False)
+    text = fam.hf_processor.apply_chat_template(template_messages(_chat([0])),
+                                                add_generation_prompt=True)
+    want = fam.hf_processor(text=text, images=[IMAGES[0]], do_image_splitting=False,
+                            return_tensors="pt")
+    ids, runs, _ = fam.ours([0])
+    assert ids == want["input_ids"][0].tolist() and len(runs) == 1
+    frames = fam.connector.preprocess(IMAGES[0])
+    assert (frames.rows, frames.cols) == (0, 0)
+    assert torch.equal(frames.pixels, want["pixel_values"][0])
+
+
+def test_older_llava_tensor_layouts_load_alike(checkpoints):
+    """transformers 4's names (``vision_tower.vision_model.*``) and the in-memory ones
+    (``model.language_model.*``, ``model.vision_tower.*``) give the same model."""
+    from connectors.checkpoints import LlavaConnector
+    from mmserve.models import vlm_text
+    from mmserve.models.weights import load_config, load_state_dict
+
+    path = checkpoints["llava_clip"]
+    config, sd = load_config(path), load_state_dict(path)
+    files = read_processor_files(path)
+    pixels = [LlavaConnector.from_checkpoint(config, files, sd).preprocess(IMAGES[0]).pixels]
+    want = LlavaConnector.from_checkpoint(config, files, sd).encode(pixels)[0]
+    want_text = vlm_text.text_weights(config, sd)
+    for old, new in [("vision_tower.", "vision_tower.vision_model."),
+                     ("vision_tower.", "model.vision_tower."),
+                     ("language_model.model.", "model.language_model.")]:
+        renamed = {new + k[len(old):] if k.startswith(old) else k: v for k, v in sd.items()}
+        got = LlavaConnector.from_checkpoint(config, files, renamed).encode(pixels)[0]
+        assert torch.equal(got, want)
+        text = vlm_text.text_weights(config, renamed)
+        assert text.keys() == want_text.keys()
+        assert all(torch.equal(text[k], want_text[k]) for k in text)
