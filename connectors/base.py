@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
 
 from mmserve.engine.request import EmbeddingSpan
 from mmserve.engine.span_encoder import SpanEncoder
+
+if TYPE_CHECKING:
+    from connectors.prompt import ImagePrompt
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,17 @@ class ImageProcessor(ABC):
     def prepare(self, image: Image.Image) -> PreparedImage:
         """A validated RGB image (``connectors.image_source.load_image``) -> its tensor(s)
         and prompt tokens."""
+
+    def splice(self, text: str, images: Sequence[PreparedImage],
+               encode: Callable[[str], list[int]]) -> ImagePrompt:
+        """A rendered prompt (``image_text``, or ``IMAGE_MARKER``, once per image) and its
+        prepared images -> ids and pending spans. The default is
+        ``connectors.prompt.splice_images``: the text between images tokenized piece by
+        piece with ``encode``. A processor whose model must see the prompt tokenized whole
+        (an HF checkpoint's: ``connectors.checkpoints``) overrides it."""
+        from connectors.prompt import IMAGE_MARKER, splice_images
+
+        return splice_images(text, images, encode, self.image_text or IMAGE_MARKER)
 
 
 class Connector(SpanEncoder):

@@ -20,15 +20,19 @@ image fills ``frames`` runs of ``seq_len`` placeholders, in frame order.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from connectors.base import Connector
 from connectors.checkpoints.files import ProcessorFiles
 from connectors.checkpoints.preprocess import Frames, TiledProcessor
-from connectors.checkpoints.towers import VisionTower
+from connectors.checkpoints.processor import CheckpointProcessor
+from connectors.checkpoints.towers import VisionTower, tower_spec
+from mmserve.models.tokenizer import Tokenizer
 
 MODEL_TYPES = ("idefics3", "smolvlm")
 
@@ -45,49 +49,23 @@ def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
     return x.reshape(b, seq // scale**2, dim * scale**2)
 
 
-class Idefics3Connector(nn.Module):
-    """Images -> (tokens, LM hidden) embeddings for an Idefics3/SmolVLM checkpoint."""
+@dataclass(frozen=True)
+class Idefics3Layout:
+    """The text an image stands as (module docstring), from the tokenizer's named tokens."""
 
-    def __init__(self, tower: VisionTower, proj: torch.Tensor, scale: int,
-                 processor: TiledProcessor, tokens: Mapping[str, str], image_token_id: int):
-        super().__init__()
-        self.tower = tower
-        self.proj = nn.Parameter(proj, requires_grad=False)  # (hidden, D * scale**2)
-        self.scale, self.processor = scale, processor
-        self.hidden_size = proj.shape[0]
-        self.seq_len = tower.spec.grid**2 // scale**2
-        self.image_token = tokens.get("image_token", "<image>")
-        self.image_token_id = image_token_id
-        self.fake = tokens.get("fake_image_token", "<fake_token_around_image>")
-        self.global_tag = tokens.get("global_image_token", "<global-img>")
+    seq_len: int
+    image: str = "<image>"
+    fake: str = "<fake_token_around_image>"
+    global_tag: str = "<global-img>"
 
     @classmethod
-    def from_checkpoint(cls, config: Mapping[str, Any], files: ProcessorFiles,
-                        sd: Mapping[str, torch.Tensor]) -> Idefics3Connector:
-        processor = TiledProcessor.from_config(files.image_processor)
-        tower = VisionTower.from_hf(config["vision_config"], sd, "model.vision_model.")
-        if processor.tile != tower.spec.image_size:
-            raise ValueError(f"tiles of {processor.tile}px (max_image_size) do not match the "
-                             f"vision tower's image_size {tower.spec.image_size}")
-        scale = config.get("scale_factor", 2)
-        connector = cls(tower, sd["model.connector.modality_projection.proj.weight"], scale,
-                        processor, files.named_tokens, config.get("image_token_id", 128257))
-        declared = files.processor.get("image_seq_len", connector.seq_len)
-        if declared != connector.seq_len:
-            raise ValueError(f"processor image_seq_len {declared} disagrees with the model's "
-                             f"{connector.seq_len} tokens a frame")
-        return connector
+    def named(cls, seq_len: int, tokens: Mapping[str, str]) -> Idefics3Layout:
+        return cls(seq_len, tokens.get("image_token", cls.image),
+                   tokens.get("fake_image_token", cls.fake),
+                   tokens.get("global_image_token", cls.global_tag))
 
-    def preprocess(self, image) -> Frames:
-        """An RGB PIL image -> its frames (CPU)."""
-        return self.processor(image)
-
-    def num_tokens(self, frames: Frames) -> int:
-        return frames.pixels.shape[0] * self.seq_len
-
-    def placeholder(self, frames: Frames) -> str:
-        """The text that stands for this image in the prompt (module docstring)."""
-        run = self.image_token * self.seq_len
+    def __call__(self, frames: Frames) -> str:
+        run = self.image * self.seq_len
         whole = f"{self.fake}{self.global_tag}{run}{self.fake}"
         if frames.rows == 0 and frames.cols == 0:
             return whole
@@ -95,10 +73,52 @@ class Idefics3Connector(nn.Module):
                 for r in range(frames.rows)]
         return "".join(row + "\n" for row in rows) + "\n" + whole
 
+
+def checkpoint_processor(config: Mapping[str, Any], files: ProcessorFiles,
+                         tokenizer: Tokenizer) -> CheckpointProcessor:
+    """The CPU half, from the config and processor files alone (no weights)."""
+    frames = TiledProcessor.from_config(files.image_processor)
+    spec = tower_spec(config.get("vision_config") or {})
+    if frames.tile != spec.image_size:
+        raise ValueError(f"tiles of {frames.tile}px (max_image_size) do not match the vision "
+                         f"tower's image_size {spec.image_size}")
+    scale = config.get("scale_factor", 2)
+    seq_len = spec.grid**2 // scale**2
+    declared = files.processor.get("image_seq_len", seq_len)
+    if declared != seq_len:
+        raise ValueError(f"processor image_seq_len {declared} disagrees with the model's "
+                         f"{seq_len} tokens a frame")
+    layout = Idefics3Layout.named(seq_len, files.named_tokens)
+    return CheckpointProcessor(frames, layout, layout.image,
+                               config.get("image_token_id", 128257), tokenizer)
+
+
+class Idefics3Connector(nn.Module, Connector):
+    """The SigLIP tower and pixel-shuffle projector of an Idefics3/SmolVLM checkpoint."""
+
+    def __init__(self, tower: VisionTower, proj: torch.Tensor, scale: int,
+                 processor: CheckpointProcessor) -> None:
+        super().__init__()
+        self.tower = tower
+        self.proj = nn.Parameter(proj, requires_grad=False)  # (hidden, D * scale**2)
+        self.scale, self.processor = scale, processor
+        self.hidden_size = proj.shape[0]
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return self.proj.device
+
+    @classmethod
+    def from_checkpoint(cls, config: Mapping[str, Any], files: ProcessorFiles,
+                        sd: Mapping[str, torch.Tensor], tokenizer: Tokenizer) -> Idefics3Connector:
+        tower = VisionTower.from_hf(config["vision_config"], sd, "model.vision_model.")
+        return cls(tower, sd["model.connector.modality_projection.proj.weight"],
+                   config.get("scale_factor", 2), checkpoint_processor(config, files, tokenizer))
+
     @torch.inference_mode()
     def encode(self, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Images' frames (``Frames.pixels``, (frames, 3, S, S) each) in one tower pass ->
-        one (frames * seq_len, hidden) per image."""
+        """Images' frames ((frames, 3, S, S) each) in one tower pass -> one
+        (frames * seq_len, hidden) per image."""
         p = self.proj
         pixels = torch.cat(list(payloads)).to(p.device, p.dtype)
         feats = F.linear(pixel_shuffle(self.tower(pixels), self.scale), p)  # (frames, seq, hidden)

@@ -14,15 +14,19 @@ feature row (576 for CLIP-L/14 at 336px with "default"), one run per image.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from connectors.base import Connector
 from connectors.checkpoints.files import ProcessorFiles
 from connectors.checkpoints.preprocess import Frames, SquareProcessor
-from connectors.checkpoints.towers import VisionTower, tower_spec
+from connectors.checkpoints.processor import CheckpointProcessor
+from connectors.checkpoints.towers import TowerSpec, VisionTower, tower_spec
+from mmserve.models.tokenizer import Tokenizer
 
 MODEL_TYPES = ("llava",)
 _ACTS = {"gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -49,12 +53,46 @@ def _tower_prefix(sd: Mapping[str, torch.Tensor]) -> str:
                      "checkpoint")
 
 
-class LlavaConnector(nn.Module):
-    """Images -> (tokens, LM hidden) embeddings for a LLaVA checkpoint."""
+def _feature_layers(config: Mapping[str, Any], spec: TowerSpec) -> list[int]:
+    """``vision_feature_layer`` as non-negative ``hidden_states`` indices (layers + 1 of
+    them: the embeddings, then each block)."""
+    wanted = config.get("vision_feature_layer", -2)
+    layers = [wanted] if isinstance(wanted, int) else list(wanted)
+    index = [i if i >= 0 else spec.layers + 1 + i for i in layers]
+    if not all(0 <= i <= spec.layers for i in index):
+        raise ValueError(f"vision_feature_layer {wanted} is outside a tower of "
+                         f"{spec.layers} layers")
+    return index
+
+
+def _drop_first(config: Mapping[str, Any]) -> bool:
+    strategy = config.get("vision_feature_select_strategy", "default")
+    if strategy not in ("default", "full"):
+        raise ValueError(f"vision_feature_select_strategy {strategy!r} is not supported; "
+                         "supported: default, full")
+    return strategy == "default"
+
+
+def checkpoint_processor(config: Mapping[str, Any], files: ProcessorFiles,
+                         tokenizer: Tokenizer) -> CheckpointProcessor:
+    """The CPU half, from the config and processor files alone (no weights)."""
+    spec = tower_spec(config.get("vision_config") or {})
+    _feature_layers(config, spec)
+    token = files.processor.get("image_token") or files.named_tokens.get("image_token",
+                                                                          "<image>")
+    tokens = spec.grid**2 + spec.prefix_tokens - int(_drop_first(config))
+    return CheckpointProcessor(
+        SquareProcessor.from_config(files.image_processor),
+        _SquareLayout(token, tokens, spec.image_size), token,
+        config.get("image_token_index", config.get("image_token_id", 32000)), tokenizer)
+
+
+class LlavaConnector(nn.Module, Connector):
+    """The CLIP/SigLIP tower and MLP projector of a LLaVA checkpoint."""
 
     def __init__(self, tower: VisionTower, layers: list[int], drop_first: bool,
-                 projector: dict[str, torch.Tensor], act: str, processor: SquareProcessor,
-                 image_token: str, image_token_id: int) -> None:
+                 projector: dict[str, torch.Tensor], act: str,
+                 processor: CheckpointProcessor) -> None:
         super().__init__()
         if act not in _ACTS:
             raise ValueError(f"projector_hidden_act {act!r} is not supported; supported: "
@@ -64,54 +102,25 @@ class LlavaConnector(nn.Module):
                                       for k, v in projector.items()})
         self.act, self.processor = _ACTS[act], processor
         self.hidden_size = projector["linear_2.weight"].shape[0]
-        self.image_token, self.image_token_id = image_token, image_token_id
-        spec = tower.spec
-        self.tokens = spec.grid**2 + spec.prefix_tokens - int(drop_first)
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return self.proj["linear_1_weight"].device
 
     @classmethod
     def from_checkpoint(cls, config: Mapping[str, Any], files: ProcessorFiles,
-                        sd: Mapping[str, torch.Tensor]) -> LlavaConnector:
+                        sd: Mapping[str, torch.Tensor], tokenizer: Tokenizer) -> LlavaConnector:
         vision = config.get("vision_config") or {}
-        spec = tower_spec(vision)
-        wanted = config.get("vision_feature_layer", -2)
-        layers = [wanted] if isinstance(wanted, int) else list(wanted)
-        # hidden_states has layers + 1 entries; build only the blocks the deepest one needs
-        index = [i if i >= 0 else spec.layers + 1 + i for i in layers]
-        if not all(0 <= i <= spec.layers for i in index):
-            raise ValueError(f"vision_feature_layer {wanted} is outside a tower of "
-                             f"{spec.layers} layers")
-        prefix = _tower_prefix(sd)
-        tower = VisionTower.from_hf(vision, sd, prefix, blocks=max(index), final_norm=False)
-        strategy = config.get("vision_feature_select_strategy", "default")
-        if strategy not in ("default", "full"):
-            raise ValueError(f"vision_feature_select_strategy {strategy!r} is not supported; "
-                             "supported: default, full")
-        token = files.processor.get("image_token") or files.named_tokens.get("image_token",
-                                                                              "<image>")
-        token_id = config.get("image_token_index", config.get("image_token_id", 32000))
-        return cls(tower, index, strategy == "default", _projector(sd),
+        layers = _feature_layers(config, tower_spec(vision))
+        tower = VisionTower.from_hf(vision, sd, _tower_prefix(sd), blocks=max(layers),
+                                    final_norm=False)
+        return cls(tower, layers, _drop_first(config), _projector(sd),
                    config.get("projector_hidden_act", "gelu"),
-                   SquareProcessor.from_config(files.image_processor), token, token_id)
-
-    def preprocess(self, image) -> Frames:
-        """An RGB PIL image -> its one frame (CPU)."""
-        frames = self.processor(image)
-        side = self.tower.spec.image_size
-        if frames.pixels.shape[-2:] != (side, side):
-            raise ValueError(f"the image processor gives {tuple(frames.pixels.shape[-2:])} "
-                             f"frames; the vision tower takes {side}x{side}")
-        return frames
-
-    def num_tokens(self, frames: Frames) -> int:
-        return self.tokens
-
-    def placeholder(self, frames: Frames) -> str:
-        return self.image_token * self.tokens
+                   checkpoint_processor(config, files, tokenizer))
 
     @torch.inference_mode()
     def encode(self, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Images' pixels (``Frames.pixels``, (1, 3, S, S) each) in one tower pass -> one
-        (tokens, hidden) each."""
+        """Images' pixels ((1, 3, S, S) each) in one tower pass -> one (tokens, hidden) each."""
         w = self.proj["linear_1_weight"]
         pixels = torch.cat(list(payloads)).to(w.device, w.dtype)
         states = self.tower.hidden_states(pixels)
@@ -123,3 +132,18 @@ class LlavaConnector(nn.Module):
         x = F.linear(self.act(x), p["linear_2_weight"],
                      p["linear_2_bias"] if "linear_2_bias" in p else None)
         return list(x)
+
+
+@dataclass(frozen=True)
+class _SquareLayout:
+    """One run of ``token`` per feature row; the frame must be the tower's square."""
+
+    token: str
+    tokens: int
+    side: int
+
+    def __call__(self, frames: Frames) -> str:
+        if frames.pixels.shape[-2:] != (self.side, self.side):
+            raise ValueError(f"the image processor gives {tuple(frames.pixels.shape[-2:])} "
+                             f"frames; the vision tower takes {self.side}x{self.side}")
+        return self.token * self.tokens

@@ -1,9 +1,10 @@
 """The model's tokenizer: a thin wrapper over ``tokenizers.Tokenizer`` plus its chat template.
 
 ``Tokenizer(model_dir)`` reads ``tokenizer.json``, ``tokenizer_config.json`` and (optionally)
-``generation_config.json`` / ``chat_template.jinja`` -- the HF layout, which is also what
-``gguf_convert`` writes. ``build_gguf_backend`` (below) builds the tokenizer a GGUF's metadata
-describes, reproducing transformers' GGUF tokenizer converters without importing transformers.
+``generation_config.json`` / ``chat_template.jinja`` / ``chat_template.json`` -- the HF layout,
+which is also what ``gguf_convert`` writes. ``build_gguf_backend`` (below) builds the tokenizer
+a GGUF's metadata describes, reproducing transformers' GGUF tokenizer converters without
+importing transformers.
 ``encode`` adds no special tokens by default, because chat templates write ``bos`` themselves.
 The stop set ``eos_token_ids`` is the union of the tokenizer's eos token and the generation
 config's ``eos_token_id`` (int or list). ``backend`` is the raw tokenizer, for detokenizers.
@@ -61,9 +62,12 @@ class Tokenizer:
         self.config = _read_json(model_dir / "tokenizer_config.json")
         generation = _read_json(model_dir / "generation_config.json")
         jinja_file = model_dir / "chat_template.jinja"
-        self.chat_template: str | None = (  # a chat_template.jinja file wins, as in HF
+        # a chat_template.jinja file wins, as in HF; then a processor's chat_template.json
+        # (VLM checkpoints saved by transformers 4), as its apply_chat_template reads it
+        processor_template = _read_json(model_dir / "chat_template.json").get("chat_template")
+        self.chat_template: str | None = (
             jinja_file.read_text(encoding="utf-8") if jinja_file.is_file()
-            else _pick_template(self.config.get("chat_template"))
+            else _pick_template(processor_template or self.config.get("chat_template"))
         )
         self.special_tokens: dict[str, str] = {
             name: text for name in _SPECIAL_NAMES if (text := _token_text(self.config.get(name)))

@@ -17,9 +17,8 @@ from PIL import Image, ImageDraw
 from tiny_vlms import BUILDERS
 
 from connectors.checkpoints import load_connector, read_processor_files
-from connectors.checkpoints.prompt import image_prompt, template_messages
-from mmserve.engine.request import EmbeddingSpan
-from mmserve.errors import InvalidRequestError
+from connectors.checkpoints.processor import template_messages
+from connectors.image_source import ImageError
 from mmserve.models.chat_template import render_chat_template
 from mmserve.models.harness import SequenceRunner
 
@@ -73,11 +72,16 @@ class Family:
                                  return_tensors="pt")
 
     def ours(self, images: list[int]):
+        """-> (prompt, its spans made ready by this connector's encode)."""
         text = render_chat_template(self.template, template_messages(_chat(images)),
                                     special_tokens=self.tokenizer.special_tokens)
-        frames = [self.connector.preprocess(IMAGES[i]) for i in images]
-        ids, runs = image_prompt(self.tokenizer, text, frames, self.connector)
-        return ids, runs, self.connector.encode([f.pixels for f in frames])
+        processor = self.connector.processor
+        prepared = [processor.prepare(IMAGES[i]) for i in images]
+        prompt = processor.splice(text, prepared, self.tokenizer.encode)
+        feats = dict(zip([p.digest for p in prepared],
+                         self.connector.encode([p.pixels for p in prepared]), strict=True))
+        rows = [feats[sp.source][sp.offset: sp.offset + sp.length] for sp in prompt.spans]
+        return prompt, rows
 
 
 @pytest.fixture(scope="module")
@@ -86,30 +90,44 @@ def checkpoints(tmp_path_factory, default_model_dir):
     return {name: build(default_model_dir, root / name) for name, build in BUILDERS.items()}
 
 
+@pytest.fixture(scope="module")
+def families(checkpoints):
+    """name -> its ``Family``, each loaded once for the module."""
+    loaded: dict[str, Family] = {}
+
+    def get(name: str) -> Family:
+        if name not in loaded:
+            loaded[name] = Family(checkpoints[name])
+        return loaded[name]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=list(BUILDERS))
-def family(request, checkpoints):
-    torch.manual_seed(0)
-    return Family(checkpoints[request.param])
+def family(request, families):
+    return families(request.param)
 
 
 def test_pixels_equal_hf_image_processor(family):
     for img in IMAGES:
         want = family.hf_processor.image_processor(img, return_tensors="pt")["pixel_values"]
-        got = family.connector.preprocess(img).pixels
+        got = family.connector.processor.prepare(img).pixels
         assert torch.equal(want.reshape(-1, *got.shape[1:])[: got.shape[0]], got)
 
 
 @pytest.mark.parametrize("images", CHATS)
 def test_prompt_ids_and_features_equal_hf(family, images):
     inputs = family.hf_inputs(images)
-    ids, runs, feats = family.ours(images)
-    assert ids == inputs["input_ids"][0].tolist()
-    assert sum(r.length for r in runs) == sum(f.shape[0] for f in feats)
+    prompt, rows = family.ours(images)
+    assert prompt.ids == inputs["input_ids"][0].tolist()
+    image_id = family.connector.processor.image_token_id
+    assert [i for sp in prompt.spans for i in prompt.ids[sp.start:sp.end]] == \
+        [i for i in prompt.ids if i == image_id]  # the spans cover every placeholder
     pixels = {k: v for k, v in inputs.items() if k.startswith("pixel")}
     with torch.no_grad():
         want = family.hf.model.get_image_features(**pixels).pooler_output
     want = torch.cat([w.reshape(-1, w.shape[-1]) for w in want])
-    torch.testing.assert_close(torch.cat(feats), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat(rows), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("images", CHATS)
@@ -119,12 +137,12 @@ def test_greedy_tokens_equal_hf_generate(family, images):
     with torch.no_grad():
         want_logits = family.hf(**inputs).logits[0]
         want = family.hf.generate(**inputs, max_new_tokens=8, do_sample=False)[0, n:].tolist()
-    ids, runs, feats = family.ours(images)
-    embeds = family.lm.embed(torch.tensor(ids)).clone()
-    for r in runs:
-        embeds[r.start: r.start + r.length] = feats[r.image][r.offset: r.offset + r.length]
+    prompt, rows = family.ours(images)
+    embeds = family.lm.embed(torch.tensor(prompt.ids)).clone()
+    for sp, x in zip(prompt.spans, rows, strict=True):
+        embeds[sp.start: sp.end] = x
     runner = SequenceRunner(family.lm, max_len=n + 16)
-    logits = runner.step(ids, 0, embeds=embeds)
+    logits = runner.step(prompt.ids, 0, embeds=embeds)
     torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
     got = [int(logits[-1].argmax())]
     while len(got) < len(want) and got[-1] not in family.tokenizer.eos_token_ids:
@@ -132,43 +150,56 @@ def test_greedy_tokens_equal_hf_generate(family, images):
     assert got == want
 
 
-def test_engine_serves_spans_like_generate(checkpoints):
-    """The engine path (prefix chunks, embedding spans, paged KV) gives HF's tokens."""
+def test_engine_encodes_pending_spans_like_generate(families):
+    """The engine path (the connector registered as its span encoder, prefill in chunks
+    that cut through tiles, paged KV) gives HF's tokens."""
     from mmserve import LLM, SamplingParams
 
-    fam = Family(checkpoints["idefics3"])
+    fam = families("idefics3")
     inputs = fam.hf_inputs([1, 2])
     n = inputs["input_ids"].shape[1]
     want = fam.hf.generate(**inputs, max_new_tokens=8, do_sample=False)[0, n:].tolist()
-    ids, runs, feats = fam.ours([1, 2])
-    spans = [EmbeddingSpan(r.start, feats[r.image][r.offset: r.offset + r.length]) for r in runs]
+    text = render_chat_template(fam.template, template_messages(_chat([1, 2])),
+                                special_tokens=fam.tokenizer.special_tokens)
+    processor = fam.connector.processor
+    prompt = processor.splice(text, [processor.prepare(IMAGES[i]) for i in (1, 2)],
+                              fam.tokenizer.encode)
+    assert all(sp.pending for sp in prompt.spans)
     llm = LLM(str(fam.path), device="cpu", kv_cache_memory_mb=8, max_num_batched_tokens=64)
-    out = llm.generate(ids, SamplingParams(temperature=0, max_tokens=8), spans=[spans])
+    llm.engine.set_span_encoder(fam.connector)
+    out = llm.generate(prompt.ids, SamplingParams(temperature=0, max_tokens=8),
+                       spans=[prompt.spans])
     assert out[0].token_ids == want
 
 
-def test_marker_count_must_match_images(checkpoints):
-    fam = Family(checkpoints["llava_clip"])
-    frames = [fam.connector.preprocess(IMAGES[0])]
-    with pytest.raises(InvalidRequestError, match="2 image markers"):
-        image_prompt(fam.tokenizer, "USER: <image>\n<image>\nhi ASSISTANT:", frames, fam.connector)
+def test_marker_count_must_match_images(families):
+    fam = families("llava_clip")
+    processor = fam.connector.processor
+    with pytest.raises(ImageError, match="2 image positions for 1 images"):
+        processor.splice("USER: <image>\n<image>\nhi ASSISTANT:",
+                         [processor.prepare(IMAGES[0])], fam.tokenizer.encode)
 
 
-def test_single_frame_layout_equals_hf_without_splitting(checkpoints):
+def test_single_frame_layout_equals_hf_without_splitting(families):
     """Idefics3 with ``do_image_splitting`` off: one squeezed frame, the global layout."""
     import dataclasses
 
-    fam = Family(checkpoints["idefics3"])
-    fam.connector.processor = dataclasses.replace(fam.connector.processor, split=False)
-    text = fam.hf_processor.apply_chat_template(template_messages(_chat([0])),
-                                                add_generation_prompt=True)
-    want = fam.hf_processor(text=text, images=[IMAGES[0]], do_image_splitting=False,
-                            return_tensors="pt")
-    ids, runs, _ = fam.ours([0])
-    assert ids == want["input_ids"][0].tolist() and len(runs) == 1
-    frames = fam.connector.preprocess(IMAGES[0])
-    assert (frames.rows, frames.cols) == (0, 0)
-    assert torch.equal(frames.pixels, want["pixel_values"][0])
+    fam = families("idefics3")
+    processor = fam.connector.processor
+    tiled = processor.frames
+    processor.frames = dataclasses.replace(tiled, split=False)
+    try:
+        text = fam.hf_processor.apply_chat_template(template_messages(_chat([0])),
+                                                    add_generation_prompt=True)
+        want = fam.hf_processor(text=text, images=[IMAGES[0]], do_image_splitting=False,
+                                return_tensors="pt")
+        prompt, _ = fam.ours([0])
+        prepared = processor.prepare(IMAGES[0])
+    finally:
+        processor.frames = tiled
+    assert prompt.ids == want["input_ids"][0].tolist() and len(prompt.spans) == 1
+    assert (prepared.rows, prepared.cols) == (0, 0)
+    assert torch.equal(prepared.pixels, want["pixel_values"][0])
 
 
 def test_older_llava_tensor_layouts_load_alike(checkpoints):
@@ -176,20 +207,51 @@ def test_older_llava_tensor_layouts_load_alike(checkpoints):
     (``model.language_model.*``, ``model.vision_tower.*``) give the same model."""
     from connectors.checkpoints import LlavaConnector
     from mmserve.models import vlm_text
+    from mmserve.models.tokenizer import Tokenizer
     from mmserve.models.weights import load_config, load_state_dict
 
     path = checkpoints["llava_clip"]
     config, sd = load_config(path), load_state_dict(path)
-    files = read_processor_files(path)
-    pixels = [LlavaConnector.from_checkpoint(config, files, sd).preprocess(IMAGES[0]).pixels]
-    want = LlavaConnector.from_checkpoint(config, files, sd).encode(pixels)[0]
+    files, tok = read_processor_files(path), Tokenizer(path)
+    connector = LlavaConnector.from_checkpoint(config, files, sd, tok)
+    pixels = [connector.processor.prepare(IMAGES[0]).pixels]
+    want = connector.encode(pixels)[0]
     want_text = vlm_text.text_weights(config, sd)
     for old, new in [("vision_tower.", "vision_tower.vision_model."),
                      ("vision_tower.", "model.vision_tower."),
                      ("language_model.model.", "model.language_model.")]:
         renamed = {new + k[len(old):] if k.startswith(old) else k: v for k, v in sd.items()}
-        got = LlavaConnector.from_checkpoint(config, files, renamed).encode(pixels)[0]
+        got = LlavaConnector.from_checkpoint(config, files, renamed, tok).encode(pixels)[0]
         assert torch.equal(got, want)
         text = vlm_text.text_weights(config, renamed)
         assert text.keys() == want_text.keys()
         assert all(torch.equal(text[k], want_text[k]) for k in text)
+
+
+def test_transformers4_processor_files_read_alike(checkpoints, tmp_path):
+    """preprocessor_config.json + chat_template.json (transformers 4's layout) give the
+    same processor and template as transformers 5's processor_config.json + .jinja."""
+    import json
+    import shutil
+
+    from connectors.checkpoints import load_processor
+    from mmserve.models.tokenizer import Tokenizer
+
+    new = checkpoints["smolvlm"]
+    old = tmp_path / "smolvlm_hf4"
+    old.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(new / name, old / name)
+    processor = json.loads((new / "processor_config.json").read_text())
+    (old / "preprocessor_config.json").write_text(json.dumps(processor.pop("image_processor")))
+    (old / "processor_config.json").write_text(json.dumps(processor))
+    template = (new / "chat_template.jinja").read_text()
+    (old / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    prompts = []
+    for path in (new, old):
+        tok, proc = Tokenizer(path), load_processor(path)
+        assert tok.chat_template == template
+        text = tok.apply_chat_template(template_messages(_chat([0])))
+        prompts.append(proc.splice(text, [proc.prepare(IMAGES[0])], tok.encode))
+    assert prompts[0].ids == prompts[1].ids
+    assert [sp.digest for sp in prompts[0].spans] == [sp.digest for sp in prompts[1].spans]

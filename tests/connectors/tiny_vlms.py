@@ -41,11 +41,18 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-def _tokenizer(src: Path, extra: list[str]):
+def _tokenizer(src: Path, extra: list[str], bos: bool = False):
+    """SmolLM2's tokenizer plus ``extra`` special tokens; ``bos``: it prepends a BOS when
+    asked for special tokens, as Llama's tokenizers do (and SmolLM2's does not)."""
+    from tokenizers import processors
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(src)
     tok.add_special_tokens({"additional_special_tokens": extra})
+    if bos:
+        first = tok.convert_ids_to_tokens(0)
+        tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{first} $A", pair=f"{first} $A {first} $B", special_tokens=[(first, 0)])
     return tok
 
 
@@ -129,7 +136,8 @@ def build_smolvlm(tokenizer_src: Path, out: Path) -> Path:
 
 
 def build_llava_clip(tokenizer_src: Path, out: Path) -> Path:
-    """LLaVA-1.5: CLIP tower read at layer -2 without its class token, Llama LM."""
+    """LLaVA-1.5: CLIP tower read at layer -2 without its class token, Llama LM, a
+    tokenizer that adds BOS (its template writes none)."""
     from transformers import (
         CLIPImageProcessor,
         LlavaConfig,
@@ -137,7 +145,7 @@ def build_llava_clip(tokenizer_src: Path, out: Path) -> Path:
         LlavaProcessor,
     )
 
-    tok = _tokenizer(tokenizer_src, ["<image>"])
+    tok = _tokenizer(tokenizer_src, ["<image>"], bos=True)
     torch.manual_seed(3)
     cfg = LlavaConfig(
         vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
