@@ -29,6 +29,10 @@ from connectors.checkpoints.towers import TowerSpec, VisionTower, tower_spec
 from mmserve.models.tokenizer import Tokenizer
 
 MODEL_TYPES = ("llava",)
+# LlavaConfig's tower when its config names none (CLIP ViT-L/14 at 336 px)
+DEFAULT_VISION = {"model_type": "clip_vision_model", "hidden_size": 1024,
+                  "intermediate_size": 4096, "patch_size": 14, "image_size": 336,
+                  "num_hidden_layers": 24, "num_attention_heads": 16}
 _ACTS = {"gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
          "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "silu": F.silu, "relu": F.relu}
 
@@ -76,7 +80,7 @@ def _drop_first(config: Mapping[str, Any]) -> bool:
 def checkpoint_processor(config: Mapping[str, Any], files: ProcessorFiles,
                          tokenizer: Tokenizer) -> CheckpointProcessor:
     """The CPU half, from the config and processor files alone (no weights)."""
-    spec = tower_spec(config.get("vision_config") or {})
+    spec = tower_spec(config.get("vision_config") or DEFAULT_VISION)
     _feature_layers(config, spec)
     token = files.processor.get("image_token") or files.named_tokens.get("image_token",
                                                                           "<image>")
@@ -110,7 +114,7 @@ class LlavaConnector(nn.Module, Connector):
     @classmethod
     def from_checkpoint(cls, config: Mapping[str, Any], files: ProcessorFiles,
                         sd: Mapping[str, torch.Tensor], tokenizer: Tokenizer) -> LlavaConnector:
-        vision = config.get("vision_config") or {}
+        vision = config.get("vision_config") or DEFAULT_VISION
         layers = _feature_layers(config, tower_spec(vision))
         tower = VisionTower.from_hf(vision, sd, _tower_prefix(sd), blocks=max(layers),
                                     final_norm=False)

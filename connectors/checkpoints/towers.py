@@ -57,6 +57,20 @@ class TowerSpec:
 
 _KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip",
           "idefics3_vision": "siglip", "smolvlm_vision": "siglip"}
+_BASE = {"num_hidden_layers": 12, "image_size": 224, "intermediate_size": 3072}
+# each HF vision config class's defaults (configs saved as a diff against them omit these)
+_DEFAULTS: dict[str, dict] = {
+    "clip_vision_model": _BASE | {"hidden_size": 768, "num_attention_heads": 12,
+                                  "patch_size": 32, "hidden_act": "quick_gelu",
+                                  "layer_norm_eps": 1e-5},
+    "siglip_vision_model": _BASE | {"hidden_size": 768, "num_attention_heads": 12,
+                                    "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
+                                    "layer_norm_eps": 1e-6},
+    "idefics3_vision": _BASE | {"hidden_size": 1152, "num_attention_heads": 16,
+                                "patch_size": 32, "hidden_act": "gelu_pytorch_tanh",
+                                "layer_norm_eps": 1e-6},
+}
+_DEFAULTS["smolvlm_vision"] = _DEFAULTS["idefics3_vision"]
 
 
 def tower_spec(vision_config: Mapping) -> TowerSpec:
@@ -65,24 +79,19 @@ def tower_spec(vision_config: Mapping) -> TowerSpec:
     if model_type not in _KINDS:
         raise ValueError(f"vision tower {model_type!r} is not supported; supported: "
                          f"{', '.join(sorted(_KINDS))}")
-    act = vision_config.get("hidden_act", "quick_gelu" if model_type.startswith("clip")
-                            else "gelu_pytorch_tanh")
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"vision tower activation {act!r} is not supported; supported: "
-                         f"{', '.join(sorted(_ACTIVATIONS))}")
-    size = vision_config.get("image_size", 224)
-    patch = vision_config.get("patch_size", 16)
+    cfg = _DEFAULTS[model_type] | dict(vision_config)
+    if cfg["hidden_act"] not in _ACTIVATIONS:
+        raise ValueError(f"vision tower activation {cfg['hidden_act']!r} is not supported; "
+                         f"supported: {', '.join(sorted(_ACTIVATIONS))}")
+    size, patch = cfg["image_size"], cfg["patch_size"]
     if not isinstance(size, int) or not isinstance(patch, int):
         raise ValueError(f"only square towers are supported, got image_size={size!r}, "
                          f"patch_size={patch!r}")
-    hidden = vision_config.get("hidden_size", 768)
     return TowerSpec(
-        kind=_KINDS[model_type], image_size=size, patch_size=patch, hidden=hidden,
-        intermediate=vision_config.get("intermediate_size", 3072),
-        layers=vision_config.get("num_hidden_layers", 12),
-        heads=vision_config.get("num_attention_heads", 12),
-        eps=vision_config.get("layer_norm_eps", 1e-5 if model_type.startswith("clip") else 1e-6),
-        act=act, bucketed_positions=model_type in ("idefics3_vision", "smolvlm_vision"))
+        kind=_KINDS[model_type], image_size=size, patch_size=patch, hidden=cfg["hidden_size"],
+        intermediate=cfg["intermediate_size"], layers=cfg["num_hidden_layers"],
+        heads=cfg["num_attention_heads"], eps=cfg["layer_norm_eps"], act=cfg["hidden_act"],
+        bucketed_positions=model_type in ("idefics3_vision", "smolvlm_vision"))
 
 
 def build_vit(spec: TowerSpec, blocks: int, final_norm: bool) -> VisionTransformer:
