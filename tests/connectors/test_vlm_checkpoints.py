@@ -255,3 +255,47 @@ def test_transformers4_processor_files_read_alike(checkpoints, tmp_path):
         prompts.append(proc.splice(text, [proc.prepare(IMAGES[0])], tok.encode))
     assert prompts[0].ids == prompts[1].ids
     assert [sp.digest for sp in prompts[0].spans] == [sp.digest for sp in prompts[1].spans]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_cuda_engine_gives_hf_tokens(checkpoints, name):
+    """On the GPU (float32, CUDA graphs, the engine's kernels), each family's pending image
+    spans encoded by the engine give the tokens of HF's generate on the same GPU; in
+    bfloat16 the connector's features stay within bf16 rounding of HF's."""
+    from connectors.checkpoints import load_connector, load_processor
+    from mmserve import LLM, SamplingParams
+    from mmserve.models.tokenizer import Tokenizer
+
+    path, images = checkpoints[name], [1, 2]
+    processor = transformers.AutoProcessor.from_pretrained(path)
+    text = processor.apply_chat_template(template_messages(_chat(images)),
+                                         add_generation_prompt=True)
+    inputs = processor(text=text, images=[IMAGES[i] for i in images], return_tensors="pt")
+    n = inputs["input_ids"].shape[1]
+    for dtype, name_ in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
+        hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).cuda()
+        cuda_inputs = inputs.to("cuda")
+        if "pixel_values" in cuda_inputs:
+            cuda_inputs["pixel_values"] = cuda_inputs["pixel_values"].to(dtype)
+        connector = load_connector(path, "cuda", dtype)
+        tok = Tokenizer(path)
+        ours = load_processor(path, tok)
+        prepared = [ours.prepare(IMAGES[i]) for i in images]
+        with torch.no_grad():
+            pixels = {k: v for k, v in cuda_inputs.items() if k.startswith("pixel")}
+            want = hf.model.get_image_features(**pixels).pooler_output
+        want = torch.cat([w.reshape(-1, w.shape[-1]) for w in want]).float()
+        got = torch.cat(connector.encode([p.pixels for p in prepared])).float()
+        tol = 1e-4 if dtype == torch.float32 else 5e-2
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        if dtype == torch.float32:
+            gen = hf.generate(**cuda_inputs, max_new_tokens=8, do_sample=False)[0, n:].tolist()
+            prompt = ours.splice(tok.apply_chat_template(template_messages(_chat(images))),
+                                 prepared, tok.encode)
+            llm = LLM(str(path), device="cuda", dtype=name_, kv_cache_memory_mb=64)
+            llm.engine.set_span_encoder(connector)
+            out = llm.generate(prompt.ids, SamplingParams(temperature=0, max_tokens=8),
+                               spans=[prompt.spans])
+            assert out[0].token_ids == gen
+        del hf, connector
