@@ -39,7 +39,10 @@ HELP = {
     "kv_cache_dtype": "auto (the model's dtype) | fp8_e4m3 (alias fp8): e4m3 keys/values with "
     "per-token, per-head scales, about twice the blocks of bf16 for the same memory",
     "max_num_seqs": "most sequences decoded together",
-    "max_num_batched_tokens": "token budget of one engine step",
+    "max_num_batched_tokens": "token budget of one engine step (decodes first, then prefill "
+    "chunks)",
+    "prefill_chunk_tokens": "most tokens of one prompt's prefill chunk in a step while other "
+    "prompts wait to prefill (default: max_num_batched_tokens // 4)",
     "max_waiting": "bound of the waiting queue; a full queue answers HTTP 429",
     "async_scheduling": "CUDA: launch the next decode step (greedy or sampled) before the "
     "last one's tokens reach the host, hiding the host's per-step work behind the GPU "
@@ -268,9 +271,11 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _bench_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("which", choices=("spec", "throughput"),
+    parser.add_argument("which", choices=("spec", "throughput", "stress"),
                         help="spec: speculative vs plain decode on the real model (CPU or GPU); "
-                        "throughput: engine vs HF transformers on random weights (CUDA)")
+                        "throughput: engine vs HF transformers on random weights (CUDA); "
+                        "stress: fuzzing, abort storms, overload, soak of a live server "
+                        "(docs/reliability.md)")
     parser.add_argument("--model", default=None, help=HELP["model"])
     parser.add_argument("--device", default="auto", help=HELP["device"])
     parser.add_argument("--speculative-config", default=None,
@@ -283,12 +288,32 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
                         help="spec: interleaved plain/spec pairs a row (a row's floor verdict "
                         "needs 5 or more: the interval for its median covers 90 %% then)")
     parser.add_argument("--out-dir", default="bench/out", help="where JSON and PNG go")
+    stress = parser.add_argument_group("stress options")
+    stress.add_argument("--only", default=None,
+                        help="comma-separated phases (default all): fuzz-http, fuzz-ws, "
+                        "abort-storm, overload, slow-clients, long-prefill, eviction, soak")
+    stress.add_argument("--fuzz-inputs", type=int, default=10_000)
+    stress.add_argument("--aborts", type=int, default=1000)
+    stress.add_argument("--soak-clients", type=int, default=64)
+    stress.add_argument("--soak-s", type=float, default=1800.0)
+    stress.add_argument("--max-num-seqs", type=int, default=8)
+    stress.add_argument("--max-waiting", type=int, default=16)
 
 
 @subcommand("bench", "measure speed against a baseline in the same run", _bench_flags)
 def bench(args: argparse.Namespace) -> int:
     import json
 
+    if args.which == "stress":
+        from mmserve.bench.stress import PHASES, StressConfig, run_stress
+
+        only = tuple(p for p in (args.only or ",".join(PHASES)).split(",") if p)
+        device = "cpu" if args.device == "auto" else args.device
+        results = run_stress(StressConfig(
+            only=only, device=device, model=args.model, fuzz_inputs=args.fuzz_inputs,
+            aborts=args.aborts, max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+            soak_clients=args.soak_clients, soak_s=args.soak_s, out_dir=args.out_dir))
+        return int(any(r.crashes or r.status_5xx or r.leaked_blocks for r in results))
     if args.which == "throughput":
         from mmserve.bench.throughput import run_throughput
 

@@ -28,6 +28,9 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8_e4m3 (alias fp8)
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
+    # while other prompts wait to prefill, one prompt's chunk of a step holds at most this
+    # many tokens (None: max_num_batched_tokens // 4); decodes always come first
+    prefill_chunk_tokens: int | None = None
     max_waiting: int = 256
     encoder_cache_mb: int = 256  # encoder outputs (image embeddings) kept by content hash
     enable_prefix_caching: bool = True
@@ -55,6 +58,8 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
@@ -99,6 +104,7 @@ class ServerConfig:
     ws_ping_interval_s: float = 20.0  # WebSocket pings; a peer silent past the timeout is dropped
     ws_ping_timeout_s: float = 20.0
     log_repeat_window_s: float = 60.0  # a repeated log line (same class) at most once per window
+    engine_stall_timeout_s: float = 120.0  # /health answers 503 when one step runs longer
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -111,7 +117,7 @@ class ServerConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("header_timeout_s", "body_timeout_s", "ws_ping_interval_s",
-                     "ws_ping_timeout_s", "log_repeat_window_s"):
+                     "ws_ping_timeout_s", "log_repeat_window_s", "engine_stall_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key:

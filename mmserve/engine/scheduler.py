@@ -1,10 +1,25 @@
 """Which requests run this step, and with how many tokens.
 
-One step mixes continuing prefill chunks, plain decodes and speculative verifies
-under a token budget (continuous batching with chunked prefill). Running requests
-go first, oldest first; when the KV pool runs dry the newest running request is
-preempted (its blocks freed, recomputed later). Waiting requests are admitted in
-arrival order while budget, sequence slots and blocks allow.
+One step mixes prefill chunks, plain decodes and speculative verifies under a
+token budget of ``max_num_batched_tokens`` (continuous batching with chunked
+prefill), in this order:
+
+1. every running request that is decoding gets its token (plus its drafts), oldest
+   first, so no stream ever skips a step for someone else's prompt;
+2. prompts being prefilled (running ones, then waiting ones admitted in arrival
+   order while sequence slots and blocks allow) share what is left in chunks; while
+   another prefill waits behind it, a chunk holds at most ``prefill_chunk`` tokens,
+   so one long prompt cannot take a whole step from the prompts queued after it.
+
+Bounds (``t(n)``: the time of a step of ``n`` tokens; ``B`` the budget, ``D`` the
+decoding requests, ``C`` the chunk cap): a running stream's inter-token gap is at most
+``t(B)``, whatever prompts arrive. A new prompt of ``p`` tokens with ``k`` prompts
+being prefilled ahead of it (and slots and blocks free) starts prefilling in the
+next step and gets its first token after at most ``t(B)`` (the step in flight) plus
+``ceil(p / (B - D - k*C))`` steps; behind one long prompt a short chat takes two
+steps. When the KV pool runs dry the newest running request not yet scheduled this
+step is preempted (its blocks freed, recomputed later); a step that has scheduled
+nothing may preempt the request itself.
 """
 
 from __future__ import annotations
@@ -42,12 +57,28 @@ class Schedule:
     preempted: list[Request]
 
 
+@dataclass
+class _Step:
+    """A step being put together: what is scheduled, what was preempted, budget left."""
+
+    budget: int
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    scheduled: set[int] = field(default_factory=set)  # id() of the scheduled requests
+
+    def add(self, seq: ScheduledSeq) -> None:
+        self.seqs.append(seq)
+        self.scheduled.add(id(seq.req))
+        self.budget -= seq.num_tokens
+
+
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_waiting: int) -> None:
+                 max_waiting: int, prefill_chunk: int | None = None) -> None:
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
+        self.prefill_chunk = prefill_chunk or max(1, max_num_batched_tokens // 4)
         self.max_waiting = max_waiting
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -63,50 +94,72 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self, drafts: dict[str, list[int]] | None = None) -> Schedule:
-        drafts = drafts or {}
-        budget = self.budget
-        seqs: list[ScheduledSeq] = []
-        preempted: list[Request] = []
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            pending = req.num_tokens - req.num_computed
-            draft = drafts.get(req.request_id, []) if pending == 1 else []
-            n = min(pending, budget)
-            draft = draft[: max(0, budget - n)]
-            if not self._reserve(req, n + len(draft), preempted):
-                break  # req itself was preempted; everything after it is gone too
-            seqs.append(ScheduledSeq(req, req.num_computed, n, draft))
-            budget -= n + len(draft)
-            i += 1
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            if preempted:
-                break  # memory is short this step; admit nobody
-            req = self.waiting[0]
+        step = _Step(self.budget)
+        self._schedule_decodes(step, drafts or {})
+        self._schedule_prefills(step)
+        return Schedule(step.seqs, step.preempted)
+
+    def _schedule_decodes(self, step: _Step, drafts: dict[str, list[int]]) -> None:
+        for req in list(self.running):
+            if step.budget <= 0:
+                return
+            if req not in self.running or req.num_tokens - req.num_computed != 1:
+                continue  # preempted this step, or prefilling
+            draft = drafts.get(req.request_id, [])[: step.budget - 1]
+            if self._reserve(req, 1 + len(draft), step):
+                step.add(ScheduledSeq(req, req.num_computed, 1, draft))
+
+    def _schedule_prefills(self, step: _Step) -> None:
+        prefilling = [r for r in self.running if r.num_tokens - r.num_computed > 1]
+        for i, req in enumerate(prefilling):
+            if step.budget <= 0:
+                return
+            if req not in self.running:
+                continue  # preempted for an earlier request this step
+            behind = len(prefilling) - i - 1 + self._admissible()
+            n = self._chunk(req.num_tokens - req.num_computed, step.budget, behind)
+            if self._reserve(req, n, step):
+                step.add(ScheduledSeq(req, req.num_computed, n))
+        while self._admissible() and step.budget > 0 and not step.preempted:
+            req = self.waiting[0]  # memory is short when someone was preempted: admit nobody
             table = self.blocks.allocate(req.request_id, req.all_ids,
                                          req.extra_keys(self.blocks.block_size))
             if table is None:
-                break
+                return
             self.waiting.popleft()
             req.table, req.status = table, Status.RUNNING
             req.num_computed = table.num_cached_tokens
             req.num_cached_tokens = max(req.num_cached_tokens, table.num_cached_tokens)
             self.running.append(req)
-            n = min(req.num_tokens - req.num_computed, budget)
-            seqs.append(ScheduledSeq(req, req.num_computed, n))
-            budget -= n
-        return Schedule(seqs, preempted)
+            n = self._chunk(req.num_tokens - req.num_computed, step.budget, self._admissible())
+            step.add(ScheduledSeq(req, req.num_computed, n))
 
-    def _reserve(self, req: Request, n: int, preempted: list[Request]) -> bool:
-        """Make room for ``n`` tokens past ``num_computed``, preempting the newest as needed."""
+    def _admissible(self) -> int:
+        """How many waiting requests a free sequence slot could take now (0 or 1 is enough
+        to know whether a prefill has company)."""
+        return int(bool(self.waiting) and len(self.running) < self.max_num_seqs)
+
+    def _chunk(self, pending: int, budget: int, behind: int) -> int:
+        """A prefill's share of the step: all it needs that fits, capped while others wait."""
+        return min(pending, budget, self.prefill_chunk if behind else budget)
+
+    def _reserve(self, req: Request, n: int, step: _Step) -> bool:
+        """Make room for ``n`` tokens past ``num_computed``, preempting the newest running
+        request this step has not scheduled (or ``req`` itself, when nothing else is left
+        to free and the step is empty)."""
         assert req.table is not None
         while True:
             extra = req.num_computed + n - req.table.num_tokens
             if extra <= 0 or self.blocks.append_slots(req.table, extra):
                 return True
-            victim = self.running[-1]
+            victim = next((r for r in reversed(self.running)
+                           if r is not req and id(r) not in step.scheduled), None)
+            if victim is None:
+                if step.seqs:
+                    return False  # others run this step and free blocks as they finish
+                victim = req
             self._preempt(victim)
-            preempted.append(victim)
+            step.preempted.append(victim)
             if victim is req:
                 return False
 
