@@ -29,3 +29,10 @@ class UnknownModelError(MMServeError, ValueError):
 
     status = 404
     code = "model_not_found"
+
+
+class EngineDeadError(MMServeError):
+    """The engine's loop has stopped; nothing can be served until a restart (HTTP 503)."""
+
+    status = 503
+    code = "engine_unavailable"

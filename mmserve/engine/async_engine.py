@@ -14,6 +14,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,7 +24,7 @@ from mmserve.engine.engine import LLMEngine
 from mmserve.engine.factory import create_engine, model_name
 from mmserve.engine.outputs import EngineStats, RequestOutput
 from mmserve.engine.request import EmbeddingSpan
-from mmserve.errors import QueueFullError
+from mmserve.errors import EngineDeadError, QueueFullError
 from mmserve.sampling_params import SamplingParams
 
 log = logging.getLogger("mmserve")
@@ -41,6 +42,8 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
         self._stopping = False
+        self._dead: BaseException | None = None  # why the loop ended, if it did unasked
+        self._step_since: float | None = None  # monotonic start of the step running now
         self._thread = threading.Thread(target=self._loop, name="mmserve-engine", daemon=True)
         self._thread.start()
 
@@ -53,6 +56,8 @@ class AsyncEngine:
                        request_id: str | None = None,
                        spans: list[EmbeddingSpan] | None = None) -> AsyncIterator[RequestOutput]:
         rid = request_id or f"req-{uuid.uuid4().hex}"
+        if not self.alive():
+            raise EngineDeadError(f"the engine has stopped ({self._dead!r}); restart the server")
         self.engine._validate(list(prompt_token_ids), params, rid, spans or [])
         waiting = len(self.engine.scheduler.waiting) + self._pending_adds
         if waiting >= self.engine.config.max_waiting:
@@ -84,6 +89,15 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    def alive(self) -> bool:
+        return self._dead is None and self._thread.is_alive()
+
+    def step_seconds(self) -> float:
+        """How long the step running now has run (0.0 between steps): a step that never
+        ends means a stuck engine (``/health`` says so past ``engine_stall_timeout_s``)."""
+        since = self._step_since
+        return 0.0 if since is None else time.monotonic() - since
+
     async def shutdown(self) -> None:
         await asyncio.to_thread(self.shutdown_sync)
 
@@ -98,18 +112,32 @@ class AsyncEngine:
 
     # -- engine thread ---------------------------------------------------------------
     def _loop(self) -> None:
+        """Run steps until shut down; if the loop itself dies, every stream gets the error
+        (a request never hangs on a dead engine)."""
+        try:
+            self._steps()
+        except BaseException as exc:
+            self._dead = exc
+            log.exception("the engine loop died")
+            for rid in list(self._streams):
+                self._deliver(rid, EngineDeadError(f"the engine has stopped: {exc!r}"))
+
+    def _steps(self) -> None:
         while not self._stopping:
             self._drain_inbox()
             if not self.engine.has_unfinished():
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
+            self._step_since = time.monotonic()
             try:
                 outputs = self.engine.step()
             except Exception as exc:  # a bug must not kill the server: fail in-flight requests
                 log.exception("engine step failed")
                 self._fail_all(exc)
                 continue
+            finally:
+                self._step_since = None
             for out in outputs:
                 self._deliver(out.request_id, out)
 

@@ -127,7 +127,8 @@ class LLMEngine:
             self.max_model_len = capacity
         self.blocks = BlockManager(self.kv.num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs,
-                                   config.max_num_batched_tokens, config.max_waiting)
+                                   config.max_num_batched_tokens, config.max_waiting,
+                                   config.prefill_chunk_tokens)
         graphs = self._capture_graphs(model, device)
         self.runner = ModelRunner(model, self.kv, bs, *(graphs or (None, None)))
         self.sampler = Sampler()
@@ -221,6 +222,8 @@ class LLMEngine:
         vocab = self.model.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab})")
         if len(prompt_ids) + 1 > self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt_ids)} tokens; this model's context is "

@@ -28,7 +28,19 @@ basic_router = APIRouter()
 
 
 @basic_router.get("/health")
-async def health() -> Response:
+async def health(request: Request) -> Response:
+    """200 while the engine loop runs; 503 when it has died or one step has run longer than
+    ``engine_stall_timeout_s`` (stuck). Engines without these probes are taken as alive."""
+    state = get_state(request)
+    engine = state.engine
+    alive = getattr(engine, "alive", None)
+    if alive is not None and not alive():
+        return JSONResponse({"status": "engine dead"}, status_code=503)
+    step_seconds = getattr(engine, "step_seconds", None)
+    stuck = step_seconds() if step_seconds is not None else 0.0
+    if stuck > state.config.engine_stall_timeout_s:
+        return JSONResponse({"status": "engine stuck", "step_seconds": round(stuck, 1)},
+                            status_code=503)
     return JSONResponse({"status": "ok"})
 
 

@@ -81,7 +81,10 @@ def test_lone_surrogate_is_400(http: httpx.Client, route: str, body: str, param:
     ({"prompt": "Hi", "seed": 2**70}, "seed", "integer_out_of_range"),
     ({"prompt": "Hi", "seed": 2**63 - 1}, "seed", "invalid_request_error"),
     ({"prompt": "Hi", "top_k": -(2**64)}, "top_k", "integer_out_of_range"),
-], ids=["negative-id", "id-past-vocab", "id-past-int64", "seed-2**70", "seed-past-n", "top_k"])
+    ({"prompt": "Hi", "min_tokens": 2, "stop_token_ids": [9931234]}, None,
+     "invalid_request_error"),  # found by the fuzzer: it failed the whole engine step
+], ids=["negative-id", "id-past-vocab", "id-past-int64", "seed-2**70", "seed-past-n", "top_k",
+        "stop-token-id-past-vocab"])
 def test_out_of_range_integers_are_400(http: httpx.Client, body: dict[str, Any], param: str,
                                        code: str) -> None:
     err = _error(http.post("/v1/completions", json={"max_tokens": 2, **body}))
