@@ -28,7 +28,8 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 MIME_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG",
-                "image/webp": "WEBP", "image/gif": "GIF", "image/bmp": "BMP"}
+                "image/webp": "WEBP", "image/gif": "GIF", "image/bmp": "BMP",
+                "image/tiff": "TIFF"}
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)"
                        r"(?P<b64>;base64)?,", re.ASCII)
 

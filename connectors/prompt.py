@@ -9,9 +9,11 @@ so the placeholder positions and the spans come from one place.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from connectors.base import PreparedImage
+from PIL import Image
+
+from connectors.base import ImageProcessor, PreparedImage
 from connectors.image_source import ImageError, ImageErrorKind
 from mmserve.engine.request import EmbeddingSpan
 
@@ -49,3 +51,21 @@ def splice_images(text: str, images: Sequence[PreparedImage], encode: Callable[[
             ids += img.tokens.ids
             n_image += len(img.tokens.ids)
     return ImagePrompt(ids, spans, n_image)
+
+
+def image_chat_prompt(tokenizer: Any, processor: ImageProcessor, images: Sequence[Image.Image],
+                      text: str) -> ImagePrompt:
+    """One user turn: the images (in order), then ``text``, through the chat template
+    with the generation prompt: what the server builds for the same chat request."""
+    prepared = [processor.prepare(img) for img in images]
+    if processor.image_text is None:
+        content: Any = IMAGE_MARKER * len(images) + text
+        marker = IMAGE_MARKER
+    else:
+        content = [{"type": "image"}] * len(images) + [{"type": "text", "text": text}]
+        marker = processor.image_text
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                             add_generation_prompt=True)
+    assert marker in rendered or not images, "the chat template dropped the images"
+    return processor.splice(rendered, prepared,
+                            lambda s: tokenizer.encode(s, add_special_tokens=False))

@@ -56,6 +56,16 @@ HELP = {
     "tool_call_parser": "tool-call format to parse from the output, or 'auto' (from the chat "
     "template); default off",
     "reasoning_parser": "reasoning format to parse from the output, or 'auto'; default off",
+    "connector": "vision connector: auto (the shipped default when serving the LM it was "
+    "trained for), none, or a connector directory (default: auto)",
+    "encoder_cache_mb": "memory for cached image encodings, kept by content hash",
+    "max_images_per_request": "most images in one chat request",
+    "max_image_bytes": "largest encoded image (bytes)",
+    "max_image_pixels": "largest image (width x height), checked before decoding",
+    "image_formats": "accepted image formats, comma-separated",
+    "allow_remote_images": "fetch http(s) image URLs (default: off; data: URLs only)",
+    "allowed_local_media_path": "accept local image paths under this directory (default: off)",
+    "remote_image_timeout_s": "timeout for fetching a remote image",
 }
 
 
@@ -271,19 +281,26 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _bench_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("which", choices=("spec", "throughput", "stress"),
+    parser.add_argument("which", choices=("spec", "throughput", "stress", "vision"),
                         help="spec: speculative vs plain decode on the real model (CPU or GPU); "
                         "throughput: engine vs HF transformers on random weights (CUDA); "
                         "stress: fuzzing, abort storms, overload, soak of a live server "
-                        "(docs/reliability.md)")
+                        "(docs/reliability.md); "
+                        "vision: captioning images/s vs HF transformers (CPU or GPU)")
     parser.add_argument("--model", default=None, help=HELP["model"])
     parser.add_argument("--device", default="auto", help=HELP["device"])
     parser.add_argument("--speculative-config", default=None,
                         help='JSON, default {"method": "ngram", "num_speculative_tokens": "auto"}')
     parser.add_argument("--workloads", default="edit,code,chat,long",
                         help="comma-separated: edit, code, chat, long")
-    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--concurrency", default=None,
+                        help="comma-separated; default 1,4,16 (spec), 1,8,32 (vision)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="new tokens a request; default 96 (spec), 24 (vision)")
+    parser.add_argument("--connector", default="auto", help="vision: " + HELP["connector"])
+    parser.add_argument("--images", type=int, default=64,
+                        help="vision: images a concurrency level")
+    parser.add_argument("--no-hf", action="store_true", help="vision: skip the HF baseline")
     parser.add_argument("--repeats", type=int, default=2,
                         help="spec: interleaved plain/spec pairs a row (a row's floor verdict "
                         "needs 5 or more: the interval for its median covers 90 %% then)")
@@ -319,14 +336,116 @@ def bench(args: argparse.Namespace) -> int:
 
         run_throughput({"out_dir": args.out_dir})
         return 0
+    default_conc, default_new = ("1,8,32", 24) if args.which == "vision" else ("1,4,16", 96)
+    conc = tuple(int(c) for c in (args.concurrency or default_conc).split(",") if c)
+    new_tokens = args.max_tokens or default_new
+    if args.which == "vision":
+        from mmserve.bench.vision import run_vision_bench
+
+        run_vision_bench(args.connector, args.model, args.device, args.images, conc, new_tokens,
+                         args.out_dir, hf=not args.no_hf)
+        return 0
     from mmserve.bench.spec import run_spec_bench
 
     run_spec_bench(
         args.model,
         json.loads(args.speculative_config) if args.speculative_config else None,
-        tuple(w for w in args.workloads.split(",") if w),
-        tuple(int(c) for c in args.concurrency.split(",") if c),
-        args.max_tokens, repeats=args.repeats, device=args.device, out_dir=args.out_dir)
+        tuple(w for w in args.workloads.split(",") if w), conc,
+        new_tokens, repeats=args.repeats, device=args.device, out_dir=args.out_dir)
+    return 0
+
+
+def _connector_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("recipe", "train", "eval"),
+                        help="recipe: build the offline default from nothing (pretrain a ViT on "
+                        "generated images, train its projector, evaluate); train: train a "
+                        "projector for a timm encoder on --data; eval: held-out caption accuracy")
+    parser.add_argument("--out", help="connector directory to write (recipe, train) or read "
+                        "(eval)")
+    parser.add_argument("--lm", default=None, help="the frozen LM; default " + DEFAULT_MODEL)
+    parser.add_argument("--device", default="auto", help=HELP["device"])
+    parser.add_argument("--preset", default="cpu", choices=("cpu", "gpu", "tiny"),
+                        help="recipe: cpu (a small machine, hours) or gpu (one H100, minutes)")
+    parser.add_argument("--encoder-weights", default=None,
+                        help="recipe: use this pretrained encoder file, skip pretraining")
+    parser.add_argument("--encoder", default=None,
+                        help="train: timm model name (weights from --encoder-file)")
+    parser.add_argument("--encoder-file", default=None, help="train: local encoder weights")
+    parser.add_argument("--encoder-kwargs", default="{}", help="train: JSON for create_model")
+    parser.add_argument("--projector", default="mlp2x_gelu",
+                        help="train: mlp2x_gelu | shuffle_linear | shuffle_mlp")
+    parser.add_argument("--scale", type=int, default=1, help="train: pixel-shuffle factor")
+    parser.add_argument("--data", default="synthetic:8000",
+                        help="train: synthetic:N or a JSONL manifest of {image, caption}")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--save-every", type=int, default=50)
+    parser.add_argument("--images", type=int, default=200, help="eval: held-out images")
+
+
+@subcommand("connector", "build, train or evaluate a vision connector", _connector_flags)
+def connector(args: argparse.Namespace) -> int:
+    import json
+
+    if not args.out:
+        print("mmserve: error: --out DIR is required", file=sys.stderr)
+        return 2
+    if args.action == "recipe":
+        from connectors.recipe import run_recipe
+
+        report = run_recipe(args.out, args.preset, args.lm, args.device, args.encoder_weights,
+                            args.images)
+    elif args.action == "eval":
+        from connectors.evaluate import evaluate_connector
+
+        report = evaluate_connector(args.out, args.lm, args.images, args.device)
+    else:
+        from connectors.train_cli import train_connector
+
+        if not args.encoder:
+            print("mmserve: error: train needs --encoder NAME", file=sys.stderr)
+            return 2
+        report = train_connector(args.out, args.encoder, args.encoder_file,
+                                 json.loads(args.encoder_kwargs), args.projector, args.scale,
+                                 args.data, args.lm, args.device, args.steps, args.batch_size,
+                                 args.lr, args.save_every)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _caption_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a directory of images or a JSONL manifest of {image}")
+    parser.add_argument("--out", required=True, help="captions JSONL (appended; resumable)")
+    parser.add_argument("--concurrency", type=int, default=32, help="images in flight")
+    parser.add_argument("--prompt", default=None,
+                        help="the instruction; default: the connector's own")
+    parser.add_argument("--max-tokens", type=int, default=48)
+
+
+@subcommand("caption", "caption a folder or manifest of images into a JSONL file",
+            engine_flags, _caption_flags)
+def caption(args: argparse.Namespace) -> int:
+    from connectors.caption_job import caption_all, list_images
+    from mmserve.engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine.from_config(config_from(EngineConfig, args))
+    try:
+        if engine.image_processor is None:
+            print("mmserve: error: no vision connector is served; pass --connector DIR",
+                  file=sys.stderr)
+            return 2
+        text = args.prompt or getattr(engine.engine.connector.config, "prompt",
+                                      "Describe the image.")
+        params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+        from pathlib import Path
+
+        result = asyncio.run(caption_all(engine, list_images(args.source), Path(args.out),
+                                         args.concurrency, text, params))
+        print(f"mmserve: captioned {result.done} images ({result.failed} failed, "
+              f"{result.skipped} already done) in {result.seconds:.1f}s -> {args.out}")
+    finally:
+        engine.shutdown_sync()
     return 0
 
 

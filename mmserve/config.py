@@ -32,6 +32,9 @@ class EngineConfig:
     # many tokens (None: max_num_batched_tokens // 4); decodes always come first
     prefill_chunk_tokens: int | None = None
     max_waiting: int = 256
+    # vision: "auto" (the shipped default connector when the model is the LM it was
+    # trained for) | "none" | a connector directory
+    connector: str | None = "auto"
     encoder_cache_mb: int = 256  # encoder outputs (image embeddings) kept by content hash
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
@@ -55,7 +58,8 @@ class EngineConfig:
             allowed = ", ".join(KV_CACHE_DTYPES)
             raise ValueError(
                 f"kv_cache_dtype must be one of {allowed}, got {self.kv_cache_dtype!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb",
+                     "encoder_cache_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
@@ -105,6 +109,14 @@ class ServerConfig:
     ws_ping_timeout_s: float = 20.0
     log_repeat_window_s: float = 60.0  # a repeated log line (same class) at most once per window
     engine_stall_timeout_s: float = 120.0  # /health answers 503 when one step runs longer
+    # images in chat requests (served when the engine has a vision connector)
+    max_images_per_request: int = 8
+    max_image_bytes: int = 8 * 1024 * 1024  # encoded size of one image
+    max_image_pixels: int = 25_000_000  # width x height, read from the header before decoding
+    image_formats: str = "PNG,JPEG,WEBP,GIF,BMP"  # comma-separated PIL format names
+    allow_remote_images: bool = False  # fetch http(s) image URLs
+    allowed_local_media_path: str | None = None  # accept file paths under this directory
+    remote_image_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -122,6 +134,17 @@ class ServerConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be non-empty when set")
+        for name in ("max_images_per_request", "max_image_bytes", "max_image_pixels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        formats = {f.strip().upper() for f in self.image_formats.split(",") if f.strip()}
+        known = {"PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"}
+        if not formats or not formats <= known:
+            raise ValueError(f"image_formats must be a comma-separated subset of "
+                             f"{', '.join(sorted(known))}, got {self.image_formats!r}")
+        if self.remote_image_timeout_s <= 0:
+            raise ValueError(f"remote_image_timeout_s must be > 0, got "
+                             f"{self.remote_image_timeout_s}")
         levels = ("critical", "error", "warning", "info", "debug", "trace")
         if self.log_level not in levels:
             allowed = ", ".join(levels)

@@ -36,6 +36,8 @@ class AsyncEngine:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.max_waiting = engine.config.max_waiting
+        # the CPU half of the served vision connector (None: text only)
+        self.image_processor = engine.connector.processor if engine.connector else None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._pending_adds = 0  # adds posted but not yet seen by the engine thread
         self._count_lock = threading.Lock()

@@ -33,6 +33,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -113,7 +114,8 @@ class LLMEngine:
                  spec: Speculator | None = None,
                  span_encoder: SpanEncoder | None = None) -> None:
         self.config, self.model, self.tokenizer = config, model, tokenizer
-        self.max_model_len, self.device = max_model_len, device
+        self.max_model_len, self.device, self.dtype = max_model_len, device, dtype
+        self.connector: Any = None  # a vision connector, when one is served (factory)
         bs = config.block_size
         kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
         if config.num_kv_blocks is not None:

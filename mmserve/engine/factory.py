@@ -67,8 +67,24 @@ def create_engine(config: EngineConfig) -> LLMEngine:
     if limit > model.max_position_embeddings:
         raise ValueError(f"max_model_len {limit} exceeds the model's context of "
                          f"{model.max_position_embeddings} tokens")
-    return LLMEngine(config, model, tokenizer, limit, device, dtype,
-                     build_speculator(config, model, device, dtype))
+    engine = LLMEngine(config, model, tokenizer, limit, device, dtype,
+                       build_speculator(config, model, device, dtype))
+    attach_connector(engine, config, path)
+    return engine
+
+
+def attach_connector(engine: LLMEngine, config: EngineConfig, model_path: Path) -> None:
+    """Load the connector ``config.connector`` names (if any) as the engine's span encoder."""
+    from connectors.loader import load_connector, resolve_connector
+
+    where = resolve_connector(config.connector, model_name(config), model_path)
+    if where is None:
+        return
+    start = time.perf_counter()
+    connector = load_connector(where, engine.tokenizer, engine.device, engine.dtype)
+    engine.set_span_encoder(connector)
+    engine.connector = connector
+    log.info("loaded vision connector %s in %.2fs", where, time.perf_counter() - start)
 
 
 def build_speculator(config: EngineConfig, model, device: torch.device,

@@ -129,6 +129,7 @@ class ChatContext:
     parser_settings: ParserSettings
     want_logprobs: bool = False
     include_usage: bool = False
+    num_image_tokens: int = 0  # of num_prompt_tokens, those the images occupy
     created: int = field(default_factory=lambda: int(time.time()))
 
     def new_states(self) -> list[ChoiceState]:
@@ -137,7 +138,8 @@ class ChatContext:
     def usage(self, states: list[ChoiceState]) -> Usage:
         cached = max((s.num_cached for s in states), default=0)
         return make_usage(self.num_prompt_tokens, sum(s.num_tokens for s in states), cached,
-                          sum(s.num_draft for s in states), sum(s.num_accepted for s in states))
+                          sum(s.num_draft for s in states), sum(s.num_accepted for s in states),
+                          self.num_image_tokens)
 
 
 async def collect_chat(

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from mmserve.engine.outputs import EngineStats, RequestOutput
+from mmserve.engine.request import EmbeddingSpan
 from mmserve.sampling_params import SamplingParams
 
 
@@ -30,7 +31,10 @@ class EngineClient(Protocol):
 
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]: ...
+    ) -> AsyncIterator[RequestOutput]:
+        """Also takes ``spans=`` (a list of ``EmbeddingSpan``) when the engine serves images
+        (``image_processor`` is set); the server passes it only then."""
+        ...
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -42,14 +46,22 @@ def new_id(prefix: str) -> str:
 
 
 def fan_out(
-    engine: EngineClient, prompt_ids: list[int], params: SamplingParams, request_id: str
+    engine: EngineClient, prompt_ids: list[int], params: SamplingParams, request_id: str,
+    spans: Sequence[EmbeddingSpan] = (),
 ) -> list[AsyncIterator[RequestOutput]]:
-    """One engine request per choice (the engine runs n=1); seeded choices get ``seed + i``."""
+    """One engine request per choice (the engine runs n=1); seeded choices get ``seed + i``.
+    Each choice gets its own copies of the embedding spans (the engine fills them in)."""
     streams = []
     for i in range(params.n):
         seed = None if params.seed is None else params.seed + i
         choice_params = replace(params, n=1, seed=seed)
-        streams.append(engine.generate(list(prompt_ids), choice_params, f"{request_id}-{i}"))
+        rid = f"{request_id}-{i}"
+        if spans:
+            mine = [replace(s) for s in spans]
+            streams.append(engine.generate(list(prompt_ids), choice_params, rid,
+                                           spans=mine))  # type: ignore[call-arg]
+        else:
+            streams.append(engine.generate(list(prompt_ids), choice_params, rid))
     return streams
 
 

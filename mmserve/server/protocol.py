@@ -26,11 +26,17 @@ class _Open(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
+class ImageURL(_Open):
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(_Open):
-    """A content part; only text parts are served until vision input lands."""
+    """A content part: text (``text``/``input_text``) or an image (``image_url``)."""
 
     type: str
     text: str | None = None
+    image_url: ImageURL | None = None
 
 
 class FunctionCall(_Strict):

@@ -16,6 +16,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from connectors.image_source import ImageError
+from connectors.prompt import IMAGE_MARKER, ImagePrompt
 from mmserve.server.chat_output import (
     ChatContext,
     collect_chat,
@@ -24,6 +26,7 @@ from mmserve.server.chat_output import (
 )
 from mmserve.server.engine_client import PrimedStreams, aclose, fan_out, new_id
 from mmserve.server.errors import ParamError
+from mmserve.server.images import ImageRef, prepare_images
 from mmserve.server.limits import check_fan_out, check_prompt_bytes, check_stop, guard_json_body
 from mmserve.server.protocol import ChatCompletionRequest, ChatMessage
 from mmserve.server.serving import (
@@ -40,19 +43,39 @@ router = APIRouter()
 ENDPOINT = "/v1/chat/completions"
 
 
-def _text_of(message: ChatMessage, index: int) -> str:
+def _content_of(message: ChatMessage, index: int, images: list[ImageRef] | None,
+                image_text: str | None) -> Any:
+    """A message's content for the chat template. Image parts are collected into
+    ``images`` (None: this server takes no images) and stand in the content as
+    ``IMAGE_MARKER`` (string content), or as ``{"type": "image"}`` parts when the
+    connector's template prints ``image_text`` for them."""
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
-    texts = []
-    for part in message.content:
-        if part.type not in ("text", "input_text") or part.text is None:
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(message.content):
+        where = f"messages.{index}.content.{j}"
+        if part.type in ("text", "input_text") and part.text is not None:
+            parts.append({"type": "text", "text": part.text})
+        elif part.type in ("image_url", "input_image") and part.image_url is not None:
+            if images is None:
+                raise ParamError("this server has no vision connector, so it takes no images; "
+                                 "send text parts, or serve with --connector", param=where)
+            images.append(ImageRef(part.image_url.url, where))
+            parts.append({"type": "image"})
+        else:
             raise ParamError(
                 f"content part type {part.type!r} is not supported; send text parts "
-                "({'type': 'text', 'text': ...}) or a string",
-                param=f"messages.{index}.content",
-            )
-        texts.append(part.text)
-    return "".join(texts)
+                "({'type': 'text', 'text': ...}), image_url parts or a string", param=where)
+    if image_text is not None and any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] if p["type"] == "text" else IMAGE_MARKER for p in parts)
+
+
+def _text_only(content: Any) -> str:
+    """The text of a templated message's content (image parts and markers aside)."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content)
+    return str(content).replace(IMAGE_MARKER, "")
 
 
 def _arguments(raw: str | dict[str, Any]) -> Any:
@@ -65,13 +88,15 @@ def _arguments(raw: str | dict[str, Any]) -> Any:
         return raw
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """OpenAI messages → the dicts a Hugging Face chat template reads."""
+def template_messages(messages: list[ChatMessage], images: list[ImageRef] | None = None,
+                      image_text: str | None = None) -> list[dict[str, Any]]:
+    """OpenAI messages → the dicts a Hugging Face chat template reads (image parts are
+    collected into ``images``, see ``_content_of``)."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         msg: dict[str, Any] = {
             "role": "system" if m.role == "developer" else m.role,
-            "content": _text_of(m, i),
+            "content": _content_of(m, i, images, image_text),
         }
         if m.name:
             msg["name"] = m.name
@@ -101,19 +126,30 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     engine = state.engine
     check_stop(body.stop, state.config)
     check_fan_out(body.n, getattr(engine, "max_waiting", None))
-    messages = template_messages(body.messages)
+    processor = getattr(engine, "image_processor", None)
+    refs: list[ImageRef] | None = [] if processor is not None else None
+    image_text = processor.image_text if processor is not None else None
+    messages = template_messages(body.messages, refs, image_text)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    texts = [str(m["content"]) for m in messages]
+    texts = [_text_only(m["content"]) for m in messages]
     check_prompt_bytes(texts + ([json.dumps(tools)] if tools else []),
                        state.config.max_prompt_bytes, "messages")
+    images = await prepare_images(refs, state.config, processor) if refs and processor else []
 
-    def render() -> tuple[str, list[int]]:
+    def render() -> tuple[str, ImagePrompt]:
         text = engine.tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True
         )
-        return text, engine.tokenizer.encode(text, add_special_tokens=False)
+        encode = lambda t: engine.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+        if not images or processor is None:
+            return text, ImagePrompt(encode(text), [], 0)
+        try:
+            return text, processor.splice(text, images, encode)
+        except ImageError as exc:
+            raise ParamError(str(exc), param="messages") from exc
 
-    prompt_text, prompt_ids = await in_thread(render)
+    prompt_text, prompt = await in_thread(render)
+    prompt_ids = prompt.ids
     max_tokens = resolve_max_tokens(
         body.requested_max_tokens(), len(prompt_ids), engine.max_model_len, "messages"
     )
@@ -129,8 +165,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         ),
         want_logprobs=body.logprobs,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        num_image_tokens=prompt.num_image_tokens,
     )
-    streams = PrimedStreams(fan_out(engine, prompt_ids, params, request_id))
+    streams = PrimedStreams(fan_out(engine, prompt_ids, params, request_id, prompt.spans))
     await until_disconnect(request, streams.prime())
     outputs = timed(state.metrics, ENDPOINT, start, streams.merged())
     if body.stream:

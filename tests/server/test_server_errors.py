@@ -39,14 +39,14 @@ BAD_CHAT_BODIES: list[tuple[str, Any, int, str | None]] = [
     ("n zero", {"messages": OK_MESSAGES, "n": 0}, 400, "n"),
     ("bad role", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
     (
-        "image part",
+        "image part without an image",
         {
             "messages": [
                 {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
             ]
         },
         400,
-        "messages.0.content",
+        "messages.0.content.0",
     ),
     (
         "prompt longer than the context",
