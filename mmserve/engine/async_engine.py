@@ -6,6 +6,12 @@ thread drains the inbox between steps, runs the step, and hands each output to
 its request's asyncio queue with ``call_soon_threadsafe``. A consumer that stops
 iterating (client disconnect, task cancelled) aborts its request, whose blocks
 are freed before the next step.
+
+An optional output stage (``OutputStage``; speech's ``tts.stage.AudioStage``) runs on the
+engine thread after each step, on the engine's device: it turns the step's tokens into
+what the request streams (PCM), so that, not the tokens, leaves the loop. A request
+carries a payload for it (``generate(..., stage_request=...)``); an aborted request's
+stage state is released with its blocks.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from mmserve.config import EngineConfig
 from mmserve.engine.engine import LLMEngine
@@ -30,9 +36,19 @@ from mmserve.sampling_params import SamplingParams
 log = logging.getLogger("mmserve")
 
 
+class OutputStage(Protocol):
+    """Per-request post-processing on the engine thread (see the module docstring)."""
+
+    def open(self, request_id: str, payload: Any) -> None: ...
+
+    def process(self, outputs: list[RequestOutput]) -> None: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, name: str) -> None:
-        self.engine, self.model_name = engine, name
+    def __init__(self, engine: LLMEngine, name: str, stage: OutputStage | None = None) -> None:
+        self.engine, self.model_name, self.stage = engine, name, stage
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.max_waiting = engine.config.max_waiting
@@ -56,10 +72,13 @@ class AsyncEngine:
     # -- asyncio side ----------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str | None = None,
-                       spans: list[EmbeddingSpan] | None = None) -> AsyncIterator[RequestOutput]:
+                       spans: list[EmbeddingSpan] | None = None,
+                       stage_request: Any = None) -> AsyncIterator[RequestOutput]:
         rid = request_id or f"req-{uuid.uuid4().hex}"
         if not self.alive():
             raise EngineDeadError(f"the engine has stopped ({self._dead!r}); restart the server")
+        if stage_request is not None and self.stage is None:
+            raise ValueError("this engine has no output stage for a stage request")
         self.engine._validate(list(prompt_token_ids), params, rid, spans or [])
         waiting = len(self.engine.scheduler.waiting) + self._pending_adds
         if waiting >= self.engine.config.max_waiting:
@@ -68,7 +87,7 @@ class AsyncEngine:
         self._streams[rid] = (asyncio.get_running_loop(), stream)
         with self._count_lock:
             self._pending_adds += 1
-        self._post("add", (list(prompt_token_ids), params, rid, spans))
+        self._post("add", (list(prompt_token_ids), params, rid, spans, stage_request))
         done = False
         try:
             while True:
@@ -140,6 +159,13 @@ class AsyncEngine:
                 continue
             finally:
                 self._step_since = None
+            if self.stage is not None:
+                try:
+                    self.stage.process(outputs)
+                except Exception as exc:
+                    log.exception("output stage failed")
+                    self._fail_all(exc)
+                    continue
             for out in outputs:
                 self._deliver(out.request_id, out)
 
@@ -152,19 +178,26 @@ class AsyncEngine:
             if kind == "add":
                 with self._count_lock:
                     self._pending_adds -= 1
-                prompt, params, rid, spans = payload
+                prompt, params, rid, spans, staged = payload
                 if rid not in self._streams:
                     continue  # the consumer went away before we saw the request
                 try:
                     self.engine.add_request(prompt, params, rid, spans)
+                    if staged is not None:
+                        self.stage.open(rid, staged)  # type: ignore[union-attr]
                 except Exception as exc:
+                    self.engine.abort(rid)
                     self._deliver(rid, exc)
             else:
                 self.engine.abort(payload)
+                if self.stage is not None:
+                    self.stage.release(payload)
 
     def _fail_all(self, exc: Exception) -> None:
         for rid in list(self.engine.requests):
             self.engine.abort(rid)
+            if self.stage is not None:
+                self.stage.release(rid)
             self._deliver(rid, RuntimeError(f"engine step failed: {exc}"))
 
     def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:

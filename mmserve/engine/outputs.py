@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -34,6 +35,9 @@ class RequestOutput:
     num_accepted_tokens: int = 0  # of those, accepted by verification
     arrival_time: float = 0.0
     first_token_time: float | None = None
+    # set by an output stage on the engine thread (``AsyncEngine``): speech's PCM of this
+    # delta's frames (float32 numpy at the voice's sample rate)
+    audio: Any = None
 
 
 @dataclass
