@@ -1,0 +1,75 @@
+"""The default voice's parts: the frame codec streams what it decodes whole, text splits
+where speech pauses, the training Llama is HF's Llama, and ``mmserve voice train`` runs
+end to end at toy scale into a voice the engine speaks with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tts.framecodec import FrameCodec, FrameCodecConfig
+from tts.text import phonemize, split_clauses
+
+
+def test_frame_codec_streaming_equals_whole():
+    torch.manual_seed(0)
+    codec = FrameCodec(FrameCodecConfig(dec_dim=32, enc_dim=32)).eval()
+    codes = torch.randint(0, codec.codebook_size, (2, 23, 1))
+    whole = codec.decode(codes).numpy()
+    state = codec.init_state(2)
+    parts = [codec.step(codes[:, a:b], state).rows() for a, b in ((0, 1), (1, 8), (8, 23))]
+    stream = np.stack([np.concatenate([p[r] for p in parts]) for r in range(2)])
+    assert codec.lookahead_frames == 0 and stream.shape == whole.shape == (2, 23 * 480)
+    assert np.abs(stream - whole).max() <= codec.tolerance
+    assert codec.flush(state).rows()[0].size == 0  # causal: nothing was held back
+
+
+def test_split_clauses_keeps_every_word_and_the_limit():
+    text = ("Short one. " + "A long clause, with commas, that goes on and on; " * 6
+            + "Supercalifragilisticexpialidocious" * 3 + " end?")
+    pieces = split_clauses(text, 60)
+    assert all(len(p) <= 60 for p in pieces)
+    assert "".join(pieces).replace(" ", "") == text.replace(" ", "")
+    assert pieces[0] == "Short one."
+
+
+def test_phonemes_mark_words_and_clause_punctuation():
+    ph = phonemize("Yes, it is. Is it?")
+    assert ph.num_phonemes == sum(ph.is_phoneme) > 5
+    assert [s for s in ph.symbols if s in ",.?"] == [",", ".", "?"]
+    assert "|" in ph.symbols
+
+
+def test_training_llama_is_hf_llama():
+    transformers = pytest.importorskip("transformers")
+    from tts.train.llama import TrainLlama, llama_config
+
+    cfg = llama_config("small", 300) | {"hidden_size": 128, "num_attention_heads": 2,
+                                        "num_key_value_heads": 1, "intermediate_size": 256}
+    torch.manual_seed(0)
+    ours = TrainLlama(cfg).eval()
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
+    hf.load_state_dict(ours.state_dict(), strict=False)
+    hf.tie_weights()
+    ids = torch.randint(0, 300, (2, 17))
+    with torch.no_grad():
+        assert torch.allclose(ours(ids), hf(ids).logits.float(), atol=1e-4)
+
+
+def test_voice_train_end_to_end_at_toy_scale(tmp_path):
+    from mmserve.cli import main
+    from tts.synthesizer import Synthesizer
+
+    work = tmp_path / "work"
+    argv = ["voice", "train", "--work-dir", str(work), "--sentences", "6", "--held-out", "2",
+            "--codec-steps", "2", "--codec-batch", "2", "--backbone-steps", "2",
+            "--backbone-batch", "2", "--backbone-size", "tiny", "--device", "cpu"]
+    assert main(argv) == 0
+    assert main(argv) == 0  # every stage done: resumes to nothing
+    voice = work / "voice"
+    assert (voice / "voice.json").is_file() and (voice / "codec" / "codec.json").is_file()
+    synth = Synthesizer(str(voice), device="cpu", kv_cache_memory_mb=16)
+    synth.voice.frames_per_phoneme = 1  # an untrained model: bound its output
+    audio = synth.synthesize("Hi.")
+    assert audio.sample_rate == 24000 and len(audio.samples) % 480 == 0

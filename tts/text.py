@@ -1,0 +1,105 @@
+"""Text for speech: splitting at clause boundaries, and the phoneme symbols a voice reads.
+
+``split_clauses`` cuts long input into pieces a voice speaks one request at a time: at
+sentence ends first, then at clause punctuation, then between words, so no piece is
+longer than ``max_chars`` (a word longer than that is cut). Every character of the input
+lands in exactly one piece (whitespace between pieces aside), so nothing is dropped.
+
+``phoneme_symbols`` turns espeak's phoneme events into the symbol string the default
+voice reads: each phoneme (stress marks kept), ``|`` before each word but the first, and
+the punctuation that caused a clause pause (``, . ? ! ; :``) just before that pause, since
+the punctuation is what sets espeak's intonation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tts.espeak import Espeak, Phoneme
+
+PUNCTUATION = ",.?!;:"
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+")
+_CLAUSE_END = re.compile(r"(?<=[,;:])\s+|\s+(?=[-\u2013\u2014]\s)")
+
+
+def split_clauses(text: str, max_chars: int = 200) -> list[str]:
+    """Pieces of ``text`` of at most ``max_chars`` characters, cut where speech pauses."""
+    out: list[str] = []
+    for sentence in _SENTENCE_END.split(text.strip()):
+        if len(sentence) <= max_chars:
+            out.append(sentence)
+            continue
+        for clause in _pack(_CLAUSE_END.split(sentence), max_chars, " "):
+            out += [clause] if len(clause) <= max_chars else _pack(
+                clause.split(), max_chars, " ", cut=True)
+    return [p.strip() for p in out if p.strip()]
+
+
+def _pack(parts: list[str], limit: int, sep: str, cut: bool = False) -> list[str]:
+    """Greedily join consecutive ``parts`` into pieces of at most ``limit`` characters."""
+    pieces: list[str] = []
+    cur = ""
+    for part in parts:
+        while cut and len(part) > limit:  # a "word" longer than a piece
+            if cur:
+                pieces.append(cur)
+                cur = ""
+            pieces.append(part[:limit])
+            part = part[limit:]
+        if cur and len(cur) + len(sep) + len(part) > limit:
+            pieces.append(cur)
+            cur = part
+        else:
+            cur = f"{cur}{sep}{part}" if cur else part
+    if cur:
+        pieces.append(cur)
+    return pieces
+
+
+@dataclass
+class Phonemized:
+    """A text's symbols, which of them are phonemes (with a duration in speech), and each
+    phoneme's start sample in espeak's own rendering (22,050 Hz; teacher data only)."""
+
+    symbols: list[str]
+    is_phoneme: list[bool]
+    starts: list[int]  # one per phoneme
+    num_samples: int  # length of espeak's rendering
+
+    @property
+    def num_phonemes(self) -> int:
+        return len(self.starts)
+
+
+def phoneme_symbols(text: str, events: list[Phoneme], num_samples: int = 0) -> Phonemized:
+    symbols: list[str] = []
+    is_ph: list[bool] = []
+    starts: list[int] = []
+    for i, ev in enumerate(events):
+        if ev.word_start and i > 0 and symbols and symbols[-1] != "|":
+            symbols.append("|")
+            is_ph.append(False)
+        if ev.name == "_:":
+            mark = _punctuation_at(text, ev.text_position)
+            if mark:
+                symbols.append(mark)
+                is_ph.append(False)
+        symbols.append(ev.name)
+        is_ph.append(True)
+        starts.append(ev.sample)
+    return Phonemized(symbols, is_ph, starts, num_samples)
+
+
+def _punctuation_at(text: str, position: int) -> str | None:
+    """The punctuation mark at or just before espeak's 1-based ``position``."""
+    for i in (position - 1, position - 2, position - 3):
+        if 0 <= i < len(text) and text[i] in PUNCTUATION:
+            return text[i]
+    return None
+
+
+def phonemize(text: str) -> Phonemized:
+    """The symbols the default voice reads for ``text`` (espeak-ng, en-us)."""
+    audio, events = Espeak.get().synthesize(text)
+    return phoneme_symbols(text, events, len(audio))

@@ -1,0 +1,138 @@
+"""Stage 3 of ``mmserve voice train``: the backbone learns phoneme symbols -> codec frames.
+
+Each teacher sentence becomes one sequence in the default voice's layout
+(``tts.phoneme_voice``): the prompt, then per codec frame ``[Q_k, C_code]`` where ``k`` is
+the phoneme espeak was speaking at the centre of the frame's window, then ``<eos>``.
+The loss covers everything after ``<speech>``. ``lm_data.npz`` (built once from the
+teacher's index and ``codes.npz``; a few MB) is all this stage reads, so it can run on
+a machine without espeak-ng: carry that file and the codec.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tts.phoneme_voice import EOS, PAD, PhonemeVocab
+from tts.text import Phonemized
+from tts.train.llama import TrainLlama, llama_config
+from tts.train.loop import train
+
+NUM_Q = 256
+HOP = 480
+
+
+def build_lm_data(work: Path) -> Path:
+    """``lm_data.npz``: every sentence's token sequence and where its loss starts."""
+    out = work / "lm_data.npz"
+    if out.is_file():
+        return out
+    index = json.loads((work / "teacher" / "index.json").read_text())
+    codes = np.load(work / "codes.npz")
+    symbols = sorted({s for it in index for s in it["symbols"]})
+    vocab = PhonemeVocab(symbols, NUM_Q, _codebook(work))
+    seqs, starts, offsets = [], [], [0]
+    for i, it in enumerate(index):
+        frames = codes["codes"][codes["offsets"][i]:codes["offsets"][i + 1]]
+        seq, start = sequence(vocab, it, frames)
+        seqs.append(seq)
+        starts.append(start)
+        offsets.append(offsets[-1] + len(seq))
+    np.savez(work / "lm_data.tmp.npz", tokens=np.concatenate(seqs).astype(np.int32),
+             offsets=np.array(offsets, np.int64), loss_from=np.array(starts, np.int64),
+             symbols=np.array(vocab.symbols), num_q=NUM_Q, codebook=vocab.codebook)
+    (work / "lm_data.tmp.npz").replace(out)
+    return out
+
+
+def _codebook(work: Path) -> int:
+    cfg = json.loads((work / "codec" / "final" / "codec.json").read_text())
+    return int(np.prod(cfg["levels"]))
+
+
+def sequence(vocab: PhonemeVocab, item: dict, frames: np.ndarray) -> tuple[np.ndarray, int]:
+    """One sentence's tokens and the index of its first predicted token."""
+    ph = Phonemized(item["symbols"], item["is_phoneme"], item["starts"], item["length"])
+    prompt = vocab.prompt(ph) if ph.num_phonemes <= vocab.num_q else []
+    if not prompt or ph.num_phonemes == 0:
+        return np.zeros(0, np.int64), 0
+    centres = np.arange(len(frames)) * HOP + HOP
+    ks = np.clip(np.searchsorted(np.array(item["starts"]), centres, side="right") - 1,
+                 0, ph.num_phonemes - 1)
+    body = np.stack([vocab.q_base + ks, vocab.code_base + frames.astype(np.int64)], 1)
+    seq = np.concatenate([prompt, body.reshape(-1), [EOS]])
+    return seq, len(prompt)
+
+
+class LMData:
+    def __init__(self, path: Path, held_out: int) -> None:
+        d = np.load(path)
+        self.tokens, self.offsets, self.loss_from = d["tokens"], d["offsets"], d["loss_from"]
+        self.vocab = PhonemeVocab(list(d["symbols"]), int(d["num_q"]), int(d["codebook"]))
+        n = len(self.offsets) - 1
+        lengths = np.diff(self.offsets)
+        train = [i for i in range(n - held_out) if lengths[i] > 0]
+        self.by_length = sorted(train, key=lambda i: int(lengths[i]))  # for bucketing
+
+    def batch(self, rng: np.random.Generator, size: int, device: str
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids (B, T), loss mask (B, T)) for ``size`` random training sentences of about
+        the same length (neighbours in length order: little padding)."""
+        at = int(rng.integers(0, len(self.by_length) - size + 1))
+        pick = self.by_length[at: at + size]
+        seqs = [self.tokens[self.offsets[i]:self.offsets[i + 1]] for i in pick]
+        t = max(len(s) for s in seqs)
+        ids = np.full((size, t), PAD, np.int64)
+        mask = np.zeros((size, t), np.float32)
+        for b, (i, s) in enumerate(zip(pick, seqs, strict=True)):
+            ids[b, : len(s)] = s
+            mask[b, self.loss_from[i]: len(s)] = 1.0  # targets: after <speech>, to <eos>
+        return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+
+
+def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool:
+    data = LMData(build_lm_data(work), cfg.held_out)
+    torch.manual_seed(cfg.seed)
+    mcfg = llama_config(cfg.backbone_size, data.vocab.size)
+    model = TrainLlama(mcfg).to(device)
+    autocast = torch.autocast("cuda", torch.bfloat16) if device == "cuda" else None
+
+    def step_fn(step: int) -> torch.Tensor:
+        ids, mask = data.batch(np.random.default_rng([11, step]), cfg.backbone_batch, device)
+        if autocast is not None:
+            with autocast:
+                logits = model(ids[:, :-1])
+        else:
+            logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                               reduction="none")
+        m = mask[:, 1:].reshape(-1)
+        return (loss * m).sum() / m.sum()
+
+    if not train("backbone", work / "backbone", model, step_fn, cfg.backbone_steps,
+                 cfg.backbone_lr, warmup=500, deadline=deadline):
+        return False
+    save_backbone(model, mcfg, data.vocab, work / "backbone" / "final")
+    return True
+
+
+def save_backbone(model: TrainLlama, mcfg: dict, vocab: PhonemeVocab, out: Path) -> None:
+    """An HF-layout model directory the engine loads (float16 safetensors, tokenizer)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to(torch.float16).cpu().contiguous()
+          for k, v in model.state_dict().items()}
+    save_file(sd, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(mcfg, indent=1))
+    (out / "tokenizer.json").write_text(vocab.tokenizer_json())
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}))
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": EOS, "pad_token_id": PAD}))
+    (out / "vocab.json").write_text(json.dumps(
+        {"symbols": vocab.symbols, "num_q": vocab.num_q, "codebook": vocab.codebook}))

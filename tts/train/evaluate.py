@@ -1,0 +1,96 @@
+"""``mmserve voice eval``: the default voice against its teacher on held-out sentences.
+
+For each held-out sentence (re-drawn from the corpus settings in ``voice.json``, never
+trained on): espeak-ng's rendering (the teacher), the voice's, and the codec's own
+resynthesis of the teacher audio (encode -> decode: the best the voice could do with
+this codec). Reported: DTW-aligned MCD of voice and of resynthesis against the teacher,
+their difference (target <= 1.5 dB), speech durations against the teacher's (target
+within 15 %), and spectrogram PNGs (teacher / resynthesis / voice) for the first few.
+The resynthesis needs the codec's encoder, which only the training work directory has.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tts import quality
+from tts.train.corpus import sentences
+from tts.train.teacher import speak
+
+MCD_TARGET_DB, DURATION_TARGET = 1.5, 0.15
+
+
+def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4) -> dict:
+    from tts.framecodec import FrameCodec
+    from tts.registry import voice_dir as resolve
+    from tts.synthesizer import Synthesizer
+
+    vdir = resolve(voice_dir)
+    meta = json.loads((vdir / "voice.json").read_text())
+    corpus = meta.get("corpus") or {"sentences": cfg.sentences, "held_out": cfg.held_out,
+                                     "seed": cfg.seed}
+    texts = sentences(corpus["sentences"], corpus["seed"])[-corpus["held_out"]:][:n]
+    synth = Synthesizer(str(vdir), device=cfg.device if cfg.device != "auto" else "auto")
+    encoder = _trained_codec(cfg, FrameCodec)
+    out = Path(report)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, text in enumerate(texts):
+        teacher, _ = speak(text)
+        t0 = time.perf_counter()
+        voice = synth.synthesize(text).samples
+        row = {"text": text, "synth_s": time.perf_counter() - t0,
+               "mcd_voice_db": quality.mcd(teacher, voice),
+               "teacher_s": quality.speech_seconds(teacher),
+               "voice_s": quality.speech_seconds(voice)}
+        pics = [("teacher (espeak-ng)", teacher)]
+        if encoder is not None:
+            with torch.inference_mode():
+                codes = encoder.encode(torch.from_numpy(teacher)[None]).codes[..., None]
+                resynth = encoder.decode(codes)[0].numpy()
+            row["mcd_resynth_db"] = quality.mcd(teacher, resynth)
+            pics.append(("codec resynthesis", resynth))
+        pics.append(("voice", voice))
+        if i < pictures:
+            quality.spectrogram_png(pics, out / f"spectrogram_{i}.png")
+        rows.append(row)
+        print(f"[{i + 1}/{len(texts)}] MCD voice {row['mcd_voice_db']:.2f} dB"
+              + (f", resynth {row['mcd_resynth_db']:.2f} dB" if "mcd_resynth_db" in row else "")
+              + f"; {row['voice_s']:.2f} s vs {row['teacher_s']:.2f} s", flush=True)
+    summary = _summary(rows)
+    (out / "voice_quality.json").write_text(json.dumps({"summary": summary, "rows": rows,
+                                                        "voice": str(vdir)}, indent=1))
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
+def _trained_codec(cfg, cls):
+    work, _ = cfg.paths()
+    ckpt = work / "codec" / "ckpt.pt"
+    if not ckpt.is_file():
+        print(f"no codec checkpoint at {ckpt}: resynthesis baseline skipped")
+        return None
+    codec = cls()
+    codec.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=False)["model"])
+    return codec.eval()
+
+
+def _summary(rows: list[dict]) -> dict:
+    voice = np.array([r["mcd_voice_db"] for r in rows])
+    ratio = np.array([r["voice_s"] / r["teacher_s"] for r in rows])
+    s = {"sentences": len(rows), "mcd_voice_db": float(voice.mean()),
+         "duration_ratio_mean": float(ratio.mean()),
+         "duration_within_15pct": float(np.mean(np.abs(ratio - 1) <= DURATION_TARGET)),
+         "duration_abs_err_mean": float(np.mean(np.abs(ratio - 1)))}
+    if all("mcd_resynth_db" in r for r in rows):
+        resynth = np.array([r["mcd_resynth_db"] for r in rows])
+        s["mcd_resynth_db"] = float(resynth.mean())
+        s["mcd_gap_db"] = s["mcd_voice_db"] - s["mcd_resynth_db"]
+        s["mcd_target_met"] = bool(s["mcd_gap_db"] <= MCD_TARGET_DB)
+    s["duration_target_met"] = bool(s["duration_abs_err_mean"] <= DURATION_TARGET)
+    return s

@@ -1,0 +1,93 @@
+"""A resumable training loop: checkpoints every few minutes, resumes where it stopped.
+
+``train(name, work, model, step_fn, steps, ...)`` runs ``step_fn(step) -> loss`` under
+AdamW with linear warm-up and cosine decay. Model, optimizer, step and RNG states are
+saved to ``work/ckpt.pt`` every ``save_every_s`` seconds, at the end and when the time
+budget runs out, so a killed or time-boxed run continues from its last checkpoint with the
+same schedule (the schedule depends on the step only).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def _set_rng(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def train(name: str, work: Path, model: nn.Module, step_fn: Callable[[int], torch.Tensor],
+          steps: int, lr: float, warmup: int = 200, deadline: float | None = None,
+          save_every_s: float = 300.0, log_every: int = 50, weight_decay: float = 0.01,
+          on_log: Callable[[int, float], None] | None = None) -> bool:
+    """Train until ``steps`` (True) or until ``deadline`` (time.time(); False)."""
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt = work / "ckpt.pt"
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
+                            betas=(0.9, 0.98), weight_decay=weight_decay)
+    step = 0
+    if ckpt.is_file():
+        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        step = saved["step"]
+        _set_rng(saved["rng"])
+        print(f"{name}: resumed at step {step}/{steps}", flush=True)
+    last_save, t0, avg = time.time(), time.time(), None
+    model.train()
+    while step < steps:
+        if deadline is not None and time.time() > deadline:
+            _save(ckpt, model, opt, step)
+            print(f"{name}: time is up at step {step}/{steps}; checkpoint saved", flush=True)
+            return False
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        loss = step_fn(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        value = float(loss.detach())
+        avg = value if avg is None else 0.98 * avg + 0.02 * value
+        if step % log_every == 0 or step == steps:
+            print(f"{name}: step {step}/{steps} loss {avg:.4f} "
+                  f"({(time.time() - t0) / 60:.1f} min)", flush=True)
+            if on_log is not None:
+                on_log(step, avg)
+        if time.time() - last_save > save_every_s:
+            _save(ckpt, model, opt, step)
+            last_save = time.time()
+    _save(ckpt, model, opt, step)
+    model.eval()
+    return True
+
+
+def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                "rng": _rng_state()}, tmp)
+    os.replace(tmp, path)
