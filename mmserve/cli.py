@@ -22,7 +22,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from mmserve.config import DEFAULT_MODEL, EngineConfig, ServerConfig
+from mmserve.config import DEFAULT_MODEL, EngineConfig, ServerConfig, SpeechConfig
 from mmserve.sampling_params import SamplingParams
 
 C = TypeVar("C")
@@ -150,6 +150,7 @@ def config_from(cls: type[C], args: argparse.Namespace) -> C:
 
 engine_flags = dataclass_flags(EngineConfig)
 server_flags = dataclass_flags(ServerConfig)
+speech_flags = dataclass_flags(SpeechConfig)
 sampling_flags = dataclass_flags(
     SamplingParams, ("temperature", "top_p", "top_k", "max_tokens")
 )  # --seed comes from EngineConfig and seeds the sampling too
@@ -160,6 +161,7 @@ sampling_flags = dataclass_flags(
     "serve a model over the OpenAI HTTP API and the Realtime WebSocket",
     engine_flags,
     server_flags,
+    speech_flags,
 )
 def serve(args: argparse.Namespace) -> int:
     from mmserve.server.launch import run_server
@@ -167,7 +169,8 @@ def serve(args: argparse.Namespace) -> int:
     server_config = config_from(ServerConfig, args)
     if server_config.api_key is None and os.environ.get("MMSERVE_API_KEY"):
         server_config.api_key = os.environ["MMSERVE_API_KEY"]
-    return run_server(config_from(EngineConfig, args), server_config)
+    return run_server(config_from(EngineConfig, args), server_config,
+                      config_from(SpeechConfig, args))
 
 
 def _pull_flags(parser: argparse.ArgumentParser) -> None:
@@ -281,12 +284,13 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _bench_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("which", choices=("spec", "throughput", "stress", "vision"),
+    parser.add_argument("which", choices=("spec", "throughput", "stress", "vision", "speech"),
                         help="spec: speculative vs plain decode on the real model (CPU or GPU); "
                         "throughput: engine vs HF transformers on random weights (CUDA); "
                         "stress: fuzzing, abort storms, overload, soak of a live server "
                         "(docs/reliability.md); "
-                        "vision: captioning images/s vs HF transformers (CPU or GPU)")
+                        "vision: captioning images/s vs HF transformers (CPU or GPU); "
+                        "speech: time to first audio and real-time factor (CPU or GPU)")
     parser.add_argument("--model", default=None, help=HELP["model"])
     parser.add_argument("--device", default="auto", help=HELP["device"])
     parser.add_argument("--speculative-config", default=None,
@@ -315,6 +319,14 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
     stress.add_argument("--soak-s", type=float, default=1800.0)
     stress.add_argument("--max-num-seqs", type=int, default=8)
     stress.add_argument("--max-waiting", type=int, default=16)
+    speech = parser.add_argument_group("speech options")
+    speech.add_argument("--streams", default="1,8,32",
+                        help="concurrent streams, comma-separated")
+    speech.add_argument("--voices", default="default,orpheus-3b",
+                        help="default (the shipped voice), orpheus-3b (Llama-3B shape + SNAC "
+                        "24 kHz, random weights), or voice directories")
+    speech.add_argument("--seconds", type=float, default=4.0,
+                        help="audio each stream generates")
 
 
 @subcommand("bench", "measure speed against a baseline in the same run", _bench_flags)
@@ -331,6 +343,12 @@ def bench(args: argparse.Namespace) -> int:
             aborts=args.aborts, max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
             soak_clients=args.soak_clients, soak_s=args.soak_s, out_dir=args.out_dir))
         return int(any(r.crashes or r.status_5xx or r.leaked_blocks for r in results))
+    if args.which == "speech":
+        from mmserve.bench.speech import run_speech_bench
+
+        run_speech_bench(args.voices.split(","), [int(s) for s in args.streams.split(",")],
+                         args.seconds, args.device, args.out_dir)
+        return 0
     if args.which == "throughput":
         from mmserve.bench.throughput import run_throughput
 
@@ -473,7 +491,12 @@ def ngram(args: argparse.Namespace) -> int:
     return 0
 
 
+def _register_speech() -> None:
+    from mmserve import cli_speech  # noqa: F401 - registers say, voices, voice
+
+
 def build_parser() -> argparse.ArgumentParser:
+    _register_speech()
     parser = argparse.ArgumentParser(prog="mmserve", description="mmserve: LLM serving")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for cmd in SUBCOMMANDS.values():
@@ -495,5 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # run as the package module, so plug-in subcommands register there
+    from mmserve.cli import main as package_main
+
+    sys.exit(package_main())

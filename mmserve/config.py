@@ -149,3 +149,26 @@ class ServerConfig:
         if self.log_level not in levels:
             allowed = ", ".join(levels)
             raise ValueError(f"log_level must be one of {allowed}, got {self.log_level!r}")
+
+
+@dataclass
+class SpeechConfig:
+    """Speech output (``POST /v1/audio/speech``): which voice the server loads."""
+
+    voice: str = "default"  # "default": the voice shipped in tts/voices | a voice dir | "none"
+    snac: str | None = None  # an Orpheus voice's SNAC decoder dir (default: <voice>/snac)
+    voice_device: str = "auto"  # auto | cpu | cuda
+    voice_max_num_seqs: int = 32  # voice pieces decoded together
+    voice_kv_cache_memory_mb: int = 256
+    max_speech_input_chars: int = 4096  # longer inputs get HTTP 400 (OpenAI's limit)
+
+    def __post_init__(self) -> None:
+        if self.voice_device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"voice_device must be auto, cpu or cuda, got {self.voice_device!r}")
+        for name in ("voice_max_num_seqs", "voice_kv_cache_memory_mb", "max_speech_input_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.voice.lower() != "none"

@@ -7,6 +7,8 @@ with an API key and one without) can share a process and even an engine.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -20,6 +22,7 @@ from mmserve.server.protocol_out import ModelCard, ModelList
 from mmserve.server.realtime import router as realtime_router
 from mmserve.server.routes_chat import router as chat_router
 from mmserve.server.routes_completions import router as completions_router
+from mmserve.server.routes_speech import router as speech_router
 from mmserve.server.serving import ServerState, get_state
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -57,8 +60,10 @@ async def metrics(request: Request) -> Response:
     return Response(get_state(request).metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
 
-def create_app(engine: EngineClient, server_config: ServerConfig | None = None) -> FastAPI:
-    """Build the OpenAI-compatible app around a running engine."""
+def create_app(engine: EngineClient, server_config: ServerConfig | None = None,
+               speech: Any = None, max_speech_input_chars: int = 4096) -> FastAPI:
+    """Build the OpenAI-compatible app around a running engine (and, for
+    ``/v1/audio/speech``, a ``tts.service.SpeechService``)."""
     config = server_config or ServerConfig()
     model_name = config.served_model_name or engine.model_name
     formats = resolve_formats(
@@ -69,8 +74,10 @@ def create_app(engine: EngineClient, server_config: ServerConfig | None = None) 
     metrics_ = ServerMetrics(engine.stats, model_name)
     app = FastAPI(title="mmserve", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.mm = ServerState(engine, config, model_name, formats, metrics_)
+    app.state.speech, app.state.speech_max_chars = speech, max_speech_input_chars
     install_error_handlers(app)
-    for router in (basic_router, chat_router, completions_router, realtime_router):
+    for router in (basic_router, chat_router, completions_router, realtime_router,
+                   speech_router):
         app.include_router(router)
     app.add_middleware(
         ServingMiddleware,

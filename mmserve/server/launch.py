@@ -15,7 +15,7 @@ from typing import TextIO
 
 import uvicorn
 
-from mmserve.config import EngineConfig, ServerConfig
+from mmserve.config import EngineConfig, ServerConfig, SpeechConfig
 from mmserve.server.app import create_app
 from mmserve.server.connections import ConnectionLimits, guarded_h11
 from mmserve.server.engine_client import EngineClient
@@ -52,9 +52,11 @@ def bound_address(server: uvicorn.Server, config: ServerConfig) -> tuple[str, in
     return config.host, config.port
 
 
-async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO = sys.stdout) -> None:
+async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO = sys.stdout,
+                    speech: object = None, max_speech_input_chars: int = 4096) -> None:
     """Serve ``engine`` until uvicorn stops (SIGINT/SIGTERM); announce the address on ``out``."""
-    server = uvicorn.Server(uvicorn_config(create_app(engine, config), config))
+    app = create_app(engine, config, speech, max_speech_input_chars)
+    server = uvicorn.Server(uvicorn_config(app, config))
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
@@ -70,8 +72,9 @@ async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO = sy
     await task
 
 
-def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
-    """Load the model, serve it, and shut the engine down when the server stops."""
+def run_server(engine_config: EngineConfig, server_config: ServerConfig,
+               speech_config: SpeechConfig | None = None) -> int:
+    """Load the model (and the voice), serve, and shut the engines down when it stops."""
     from mmserve.engine.async_engine import AsyncEngine
 
     logging.basicConfig(
@@ -82,16 +85,37 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     _raise_fd_limit()
     print(f"mmserve: loading {engine_config.model or 'the default model'} ...", flush=True)
     engine = AsyncEngine.from_config(engine_config)
+    speech_config = speech_config or SpeechConfig()
+    speech = start_speech(speech_config) if speech_config.enabled else None
     # uvicorn re-raises the signal it caught once it has drained; make SIGTERM an exit
     # that unwinds (and shuts the engine down) instead of killing the process outright.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        asyncio.run(serve_app(engine, server_config))
+        asyncio.run(serve_app(engine, server_config, speech=speech,
+                              max_speech_input_chars=speech_config.max_speech_input_chars))
     except KeyboardInterrupt:
         pass
     finally:
         engine.shutdown_sync()
+        if speech is not None:
+            speech.shutdown()
     return 0
+
+
+def start_speech(config: SpeechConfig):  # -> tts.service.SpeechService | None
+    """The voice's engine and audio stage, for ``/v1/audio/speech`` (None, with a warning,
+    when the default voice is asked for but not installed)."""
+    from tts.registry import DEFAULT_VOICE_DIR
+    from tts.service import SpeechService
+
+    if config.voice == "default" and not (DEFAULT_VOICE_DIR / "voice.json").is_file():
+        print(f"mmserve: no default voice in {DEFAULT_VOICE_DIR} (build it with `mmserve voice "
+              "train`); /v1/audio/speech is off", flush=True)
+        return None
+    print(f"mmserve: loading voice {config.voice} ...", flush=True)
+    return SpeechService.start(config.voice, config.voice_device, config.snac,
+                               max_num_seqs=config.voice_max_num_seqs,
+                               kv_cache_memory_mb=config.voice_kv_cache_memory_mb)
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

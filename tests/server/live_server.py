@@ -20,10 +20,11 @@ from mmserve.server.launch import bound_address, uvicorn_config
 class LiveServer:
     """``with LiveServer(engine, config) as srv:`` serves until the block ends."""
 
-    def __init__(self, engine: Any, config: ServerConfig | None = None) -> None:
+    def __init__(self, engine: Any, config: ServerConfig | None = None,
+                 speech: Any = None) -> None:
         self.config = config or ServerConfig(host="127.0.0.1", port=0, log_level="warning")
         self.engine = engine
-        self.app = create_app(engine, self.config)
+        self.app = create_app(engine, self.config, speech)
         self.server = uvicorn.Server(uvicorn_config(self.app, self.config))
         self.thread = threading.Thread(target=self.server.run, name="live-uvicorn", daemon=True)
         self.host, self.port = "127.0.0.1", 0
