@@ -31,7 +31,7 @@ from connectors.base import Connector
 from connectors.checkpoints.files import ProcessorFiles
 from connectors.checkpoints.preprocess import Frames, TiledProcessor
 from connectors.checkpoints.processor import CheckpointProcessor
-from connectors.checkpoints.towers import VisionTower, tower_spec
+from connectors.checkpoints.towers import VisionTower, in_chunks, tower_spec
 from mmserve.models.tokenizer import Tokenizer
 
 MODEL_TYPES = ("idefics3", "smolvlm")
@@ -117,10 +117,13 @@ class Idefics3Connector(nn.Module, Connector):
 
     @torch.inference_mode()
     def encode(self, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Images' frames ((frames, 3, S, S) each) in one tower pass -> one
-        (frames * seq_len, hidden) per image."""
+        """Images' frames ((frames, 3, S, S) each), all through the tower together (in
+        fixed-size passes, ``towers.in_chunks``) -> one (frames * seq_len, hidden) per image."""
         p = self.proj
         pixels = torch.cat(list(payloads)).to(p.device, p.dtype)
-        feats = F.linear(pixel_shuffle(self.tower(pixels), self.scale), p)  # (frames, seq, hidden)
+        feats = in_chunks(self._frames, pixels)  # (frames, seq_len, hidden)
         counts = [x.shape[0] for x in payloads]
         return [x.reshape(-1, self.hidden_size) for x in feats.split(counts)]
+
+    def _frames(self, pixels: torch.Tensor) -> torch.Tensor:
+        return F.linear(pixel_shuffle(self.tower(pixels), self.scale), self.proj)

@@ -25,7 +25,7 @@ from connectors.base import Connector
 from connectors.checkpoints.files import ProcessorFiles
 from connectors.checkpoints.preprocess import Frames, SquareProcessor
 from connectors.checkpoints.processor import CheckpointProcessor
-from connectors.checkpoints.towers import TowerSpec, VisionTower, tower_spec
+from connectors.checkpoints.towers import TowerSpec, VisionTower, in_chunks, tower_spec
 from mmserve.models.tokenizer import Tokenizer
 
 MODEL_TYPES = ("llava",)
@@ -124,18 +124,22 @@ class LlavaConnector(nn.Module, Connector):
 
     @torch.inference_mode()
     def encode(self, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Images' pixels ((1, 3, S, S) each) in one tower pass -> one (tokens, hidden) each."""
+        """Images' pixels ((1, 3, S, S) each), all through the tower together (in fixed-size
+        passes, ``towers.in_chunks``) -> one (tokens, hidden) each."""
         w = self.proj["linear_1_weight"]
         pixels = torch.cat(list(payloads)).to(w.device, w.dtype)
+        return list(in_chunks(self._frames, pixels))
+
+    def _frames(self, pixels: torch.Tensor) -> torch.Tensor:
         states = self.tower.hidden_states(pixels)
         feats = torch.cat([states[i] for i in self.layers], dim=-1)  # (B, prefix + P, D*n)
         if self.drop_first:
             feats = feats[:, 1:]
         p = self.proj
-        x = F.linear(feats, w, p["linear_1_bias"] if "linear_1_bias" in p else None)
-        x = F.linear(self.act(x), p["linear_2_weight"],
-                     p["linear_2_bias"] if "linear_2_bias" in p else None)
-        return list(x)
+        x = F.linear(feats, p["linear_1_weight"],
+                     p["linear_1_bias"] if "linear_1_bias" in p else None)
+        return F.linear(self.act(x), p["linear_2_weight"],
+                        p["linear_2_bias"] if "linear_2_bias" in p else None)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ feature layer needs are built.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -192,3 +192,20 @@ class VisionTower(nn.Module):
             x = block(x)
             states.append(x)
         return states
+
+
+CHUNK = 8  # frames a tower pass (batch invariance: see ``in_chunks``)
+
+
+def in_chunks(fn: Callable[[torch.Tensor], torch.Tensor], frames: torch.Tensor,
+              chunk: int = CHUNK) -> torch.Tensor:
+    """``fn`` over (N, ...) frames in passes of exactly ``chunk`` (the last padded with
+    zeros), so every frame goes through the same kernel shapes whatever it is batched with:
+    an image's embeddings do not depend on the step that encoded it, and a cached encoding
+    equals a fresh one (``SpanEncoder``'s contract)."""
+    n = frames.shape[0]
+    pad = -n % chunk
+    if pad:
+        frames = torch.cat([frames, frames.new_zeros(pad, *frames.shape[1:])])
+    outs = [fn(frames[i: i + chunk]) for i in range(0, frames.shape[0], chunk)]
+    return (torch.cat(outs) if len(outs) > 1 else outs[0])[:n]

@@ -115,6 +115,16 @@ def test_pixels_equal_hf_image_processor(family):
         assert torch.equal(want.reshape(-1, *got.shape[1:])[: got.shape[0]], got)
 
 
+def test_encoding_does_not_depend_on_the_batch(family):
+    """An image's rows are the same bits alone or among others (the engine batches the
+    images of a step and caches encodings across steps)."""
+    processor = family.connector.processor
+    pixels = [processor.prepare(img).pixels for img in IMAGES]
+    alone = family.connector.encode(pixels[1:2])[0]
+    together = family.connector.encode(pixels)[1]
+    assert torch.equal(alone, together)
+
+
 @pytest.mark.parametrize("images", CHATS)
 def test_prompt_ids_and_features_equal_hf(family, images):
     inputs = family.hf_inputs(images)
@@ -262,7 +272,8 @@ def test_transformers4_processor_files_read_alike(checkpoints, tmp_path):
 def test_cuda_engine_gives_hf_tokens(checkpoints, name):
     """On the GPU (float32, CUDA graphs, the engine's kernels), each family's pending image
     spans encoded by the engine give the tokens of HF's generate on the same GPU; in
-    bfloat16 the connector's features stay within bf16 rounding of HF's."""
+    bfloat16 the connector's features stay within bf16 rounding of HF's; an image's
+    encoding is the same bits alone or batched with another."""
     from connectors.checkpoints import load_connector, load_processor
     from mmserve import LLM, SamplingParams
     from mmserve.models.tokenizer import Tokenizer
@@ -286,9 +297,11 @@ def test_cuda_engine_gives_hf_tokens(checkpoints, name):
             pixels = {k: v for k, v in cuda_inputs.items() if k.startswith("pixel")}
             want = hf.model.get_image_features(**pixels).pooler_output
         want = torch.cat([w.reshape(-1, w.shape[-1]) for w in want]).float()
-        got = torch.cat(connector.encode([p.pixels for p in prepared])).float()
+        encoded = connector.encode([p.pixels for p in prepared])
         tol = 1e-4 if dtype == torch.float32 else 5e-2
-        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        torch.testing.assert_close(torch.cat(encoded).float(), want, rtol=tol, atol=tol)
+        # batch invariance where kernels do pick by shape: alone == among others
+        assert torch.equal(connector.encode([prepared[1].pixels])[0], encoded[1])
         if dtype == torch.float32:
             gen = hf.generate(**cuda_inputs, max_new_tokens=8, do_sample=False)[0, n:].tolist()
             prompt = ours.splice(tok.apply_chat_template(template_messages(_chat(images))),
