@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mmserve.structured.spec import StructuredOutput
+
 
 @dataclass
 class SamplingParams:
@@ -25,6 +27,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # number of top logprobs per token; 0 = only the sampled one
     skip_special_tokens: bool = True
+    # constrain the output to a JSON schema, regex, choice, grammar or tool-call markup
+    # (plain data: the engine compiles it); see docs/structured-output.md
+    structured: StructuredOutput | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, [-100, 100]
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -56,6 +62,20 @@ class SamplingParams:
             f"logprobs must be between 0 and 20, got {self.logprobs}",
         )
         _check(all(s for s in self.stop), "stop strings must be non-empty")
+        _check(self.structured is None or isinstance(self.structured, StructuredOutput),
+               "structured must be a StructuredOutput")
+        if self.structured is not None:
+            # a grammar decides where the output may end: EOS is its end
+            _check(not self.ignore_eos, "ignore_eos cannot be combined with structured output")
+            _check(self.min_tokens == 0,
+                   "min_tokens cannot be combined with structured output (the grammar "
+                   "decides where the output ends)")
+        if self.logit_bias is not None:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            _check(all(-100.0 <= v <= 100.0 for v in self.logit_bias.values()),
+                   "logit_bias values must be in [-100, 100]")
+            _check(all(k >= 0 for k in self.logit_bias), "logit_bias keys must be token ids")
+            self.logit_bias = self.logit_bias or None
 
     @property
     def greedy(self) -> bool:

@@ -55,6 +55,7 @@ from mmserve.errors import InvalidRequestError
 from mmserve.kernels.triton_copy import copy_flat
 from mmserve.models.base import CausalLM
 from mmserve.sampling_params import SamplingParams
+from mmserve.structured.grammar import GrammarCompiler
 
 log = logging.getLogger("mmserve")
 
@@ -145,6 +146,7 @@ class LLMEngine:
             spec.controller.padded = True
             spec.controller.query_sizes = tuple(self.runner.graphs.qsizes)
         self.requests: dict[str, Request] = {}
+        self._grammars: GrammarCompiler | None = None
         self._ids = itertools.count()
         # async scheduling: on CUDA only (on CPU a step launched ahead runs at once, so
         # there is nothing to overlap; tests switch it on there to check its bookkeeping)
@@ -203,10 +205,11 @@ class LLMEngine:
         """Queue a request; raises InvalidRequestError / QueueFullError without side effects."""
         request_id = request_id or f"req-{next(self._ids)}"
         self._validate(prompt_ids, params, request_id, spans or [])
+        grammar = self.grammars.state(params.structured) if params.structured else None
         limit = len(prompt_ids) + (params.max_tokens or self.max_model_len)
         req = Request(
             request_id, list(prompt_ids), params,
-            SamplingState.create(params, self.tokenizer.eos_token_ids, self.device),
+            SamplingState.create(params, self.tokenizer.eos_token_ids, self.device, grammar),
             IncrementalDetokenizer(self.tokenizer.backend, prompt_ids, params.skip_special_tokens),
             StopChecker(params.stop, params.include_stop_str_in_output),
             set(self.tokenizer.eos_token_ids), min(limit, self.max_model_len), list(spans or []))
@@ -231,6 +234,8 @@ class LLMEngine:
                 f"the prompt has {len(prompt_ids)} tokens; this model's context is "
                 f"{self.max_model_len} tokens, so the prompt may have at most "
                 f"{self.max_model_len - 1}")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab})")
         for sp in spans:
             if sp.pending and self.spans is None:
                 raise InvalidRequestError(
@@ -268,6 +273,14 @@ class LLMEngine:
         if spec is None:
             raise ValueError("this engine was built without a speculative_config")
         self.spec, self._spec_off = (spec, None) if enabled else (None, spec)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles structured-output constraints (built on the first one: importing the
+        grammar library takes seconds, and most engines never see a constraint)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.model.vocab_size)
+        return self._grammars
 
     @property
     def speculator(self) -> Speculator | None:
@@ -362,12 +375,29 @@ class LLMEngine:
         if self.spec is not None:
             drafts = self.spec.propose(self.scheduler.running, len(self.scheduler.waiting))
             quiet = self.spec.quiet
+            if drafts:
+                drafts = self._grammar_drafts(drafts)
         seqs = self.scheduler.schedule(drafts).seqs
         if not seqs:
             return None
         if self.spans is not None:  # pending spans the chunks read: one batched encode
             self.spans.fill((s.req, s.start, s.start + s.num_real) for s in seqs if s.req.spans)
         return seqs, self.runner.run(seqs), quiet
+
+    def _grammar_drafts(self, drafts: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Drafts cut at the first token a constrained request's grammar refuses (a token
+        the target could never pick after the mask: verifying it would be wasted rows)."""
+        out = {}
+        for request_id, draft in drafts.items():
+            req = self.requests.get(request_id)
+            grammar = req.sampling.grammar if req is not None else None
+            if grammar is not None:
+                draft = draft[:grammar.valid_prefix(draft)]
+                if not draft and self.spec is not None:  # as a drafter that found nothing
+                    self.spec.controller.no_draft(request_id)
+            if draft:
+                out[request_id] = draft
+        return out
 
     def _prelaunch(self) -> _Prelaunched | None:
         step = self._propose_and_run()

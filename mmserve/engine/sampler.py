@@ -7,7 +7,8 @@ Contract
   rows that don't need the step, and all randomness comes from the row's own
   ``torch.Generator`` (in its ``SamplingState``). A seeded request therefore yields
   the same tokens alone or in any batch.
-- Processing order (vLLM's): presence/frequency penalties (OpenAI semantics, counts
+- Processing order (vLLM's): the grammar's token bitmask (structured output) -> logit_bias
+  -> presence/frequency penalties (OpenAI semantics, counts
   of the request's generated tokens) -> min_tokens (EOS and stop_token_ids banned)
   -> temperature -> min_p -> top_k -> top_p. Each filter acts on the distribution
   left by the previous one. Greedy rows (``temperature == 0``) take the argmax of
@@ -32,6 +33,8 @@ from typing import NamedTuple
 import torch
 
 from mmserve.sampling_params import SamplingParams
+from mmserve.structured.bitmask import MaskBuffer, apply_bitmask
+from mmserve.structured.grammar import GrammarState
 
 _MIN_TEMPERATURE = 1e-5  # below this, logits / T may overflow float32; the result is ~greedy
 _TINY = 1e-30  # floor for Exp(1) noise so p / q never divides by zero
@@ -43,7 +46,9 @@ class SamplingState:
     across preemption, so a recomputed request continues its random stream).
 
     ``output_counts`` counts the request's generated tokens (for penalties); the
-    engine calls ``observe`` once per token it appends to the output.
+    engine calls ``observe`` once per token it appends to the output, which also advances
+    the request's grammar (structured output), so the grammar state always matches the
+    output kept (across preemption too: the output is kept, the grammar with it).
     """
 
     params: SamplingParams
@@ -51,10 +56,13 @@ class SamplingState:
     banned_before_min_tokens: list[int]  # EOS (unless ignore_eos) + stop_token_ids
     output_counts: dict[int, int] = field(default_factory=dict)
     num_generated: int = 0
+    grammar: GrammarState | None = None  # compiled by the engine from params.structured
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # logit_bias as (ids, values)
 
     @classmethod
     def create(
-        cls, params: SamplingParams, eos_token_ids: set[int], device: torch.device | str = "cpu"
+        cls, params: SamplingParams, eos_token_ids: set[int], device: torch.device | str = "cpu",
+        grammar: GrammarState | None = None,
     ) -> SamplingState:
         """Seed the generator from ``params.seed``, or from fresh OS randomness when None.
 
@@ -64,12 +72,20 @@ class SamplingState:
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
         banned = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
-        return cls(params, generator, sorted(banned))
+        bias = None
+        if params.logit_bias:
+            ids = sorted(params.logit_bias)
+            bias = (torch.tensor(ids, dtype=torch.long, device=device),
+                    torch.tensor([params.logit_bias[i] for i in ids], dtype=torch.float32,
+                                 device=device))
+        return cls(params, generator, sorted(banned), grammar=grammar, bias=bias)
 
     def observe(self, token_id: int) -> None:
         """Record one generated token (after it is accepted into the output)."""
         self.output_counts[token_id] = self.output_counts.get(token_id, 0) + 1
         self.num_generated += 1
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
 
     def counts_with(self, extra: list[int]) -> dict[int, int]:
         """Output counts as if ``extra`` had also been generated (not recorded)."""
@@ -100,14 +116,20 @@ def sample_from_probs(probs_row: torch.Tensor, generator: torch.Generator) -> in
 
 
 class Sampler:
-    """Stateless; all per-request state is in the ``SamplingState`` objects.
+    """Stateless (but for a reused host buffer for grammar bitmasks); all per-request
+    state is in the ``SamplingState`` objects.
 
     ``extra_tokens`` (optional, one list per row) are tokens to count as already
     generated on top of the state, for penalties and min_tokens. Speculative
     verification passes the k+1 positions of one request as k+1 rows sharing one
     state, with ``extra_tokens = [[], [d1], [d1, d2], ...]``. Neither method calls
-    ``observe``: the caller records the tokens it keeps.
+    ``observe``: the caller records the tokens it keeps. A row whose state has a grammar
+    is masked by the grammar's state after its ``extra_tokens`` (a verify row's drafts),
+    on the host while the step's forward runs on the device.
     """
+
+    def __init__(self) -> None:
+        self._masks: dict[tuple[int, torch.device], MaskBuffer] = {}
 
     def sample(
         self,
@@ -183,8 +205,11 @@ class Sampler:
         extra = extra_tokens if extra_tokens is not None else [[] for _ in states]
         assert len(extra) == len(states)
         x = logits.float().clone()  # (B, V)
+        self._apply_grammars(x, states, extra)
         for i, (state, more) in enumerate(zip(states, extra, strict=True)):
             if adjusts(state, more):  # most rows: nothing to do, no row view made
+                if state.bias is not None:
+                    x[i].index_add_(0, state.bias[0], state.bias[1])
                 _apply_penalties(x[i], state, more)
                 _apply_min_tokens(x[i], state, more)
         rows = [i for i, s in enumerate(states) if not s.params.greedy]
@@ -192,6 +217,27 @@ class Sampler:
             at = _index(rows, x.device)
             x[at] = _apply_filters(x[at], [states[i].params for i in rows])
         return x
+
+
+    def _apply_grammars(self, x: torch.Tensor, states: list[SamplingState],
+                        extra: list[list[int]]) -> None:
+        """Mask the rows of ``x`` (B, V) whose request has a grammar, in place: the host
+        fills their bitmasks (the device may still be running the forward), one copy
+        takes them over, and one masked fill applies them."""
+        rows = [i for i, s in enumerate(states) if s.grammar is not None]
+        if not rows:
+            return
+        key = (x.shape[1], x.device)
+        buf = self._masks.get(key)
+        if buf is None:
+            buf = self._masks[key] = MaskBuffer(x.shape[1], x.device)
+        host = buf.take(len(rows))  # (R, W)
+        for r, i in enumerate(rows):
+            grammar = states[i].grammar
+            assert grammar is not None
+            grammar.fill(host, r, extra[i])
+        at = _index(rows, x.device)
+        x[at] = apply_bitmask(x[at], buf.to_device(host))
 
 
 def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -214,9 +260,10 @@ def _index(rows: list[int], device: torch.device) -> slice | torch.Tensor:
 
 
 def adjusts(state: SamplingState, extra: list[int]) -> bool:
-    """Whether a penalty or min_tokens changes this row's logits."""
+    """Whether a grammar, a logit bias, a penalty or min_tokens changes this row's logits."""
     p = state.params
-    return (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+    return (state.grammar is not None or state.bias is not None
+            or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
             or (state.num_generated + len(extra) < p.min_tokens
                 and bool(state.banned_before_min_tokens)))
 

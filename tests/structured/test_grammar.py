@@ -1,0 +1,132 @@
+"""The grammar layer on the default model's tokenizer: compile errors carry the library's
+reason, compiled grammars are cached, a mask filled ahead of drafts equals a fresh matcher
+advanced by them (the rollback the verifier relies on), and the bitmask on logits equals a
+per-token reference."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mmserve.errors import InvalidRequestError
+from mmserve.models.tokenizer import Tokenizer
+from mmserve.sampling_params import SamplingParams
+from mmserve.structured import StructuredOutput
+from mmserve.structured.bitmask import apply_bitmask, bitmask_words
+from mmserve.structured.grammar import GrammarCompiler
+
+VOCAB = 49152
+SCHEMA = {"type": "object", "properties": {
+    "user": {"type": "object", "properties": {"id": {"type": "integer"},
+                                              "tags": {"type": "array",
+                                                       "items": {"type": "string"}}},
+             "required": ["id", "tags"]},
+    "kind": {"enum": ["a", "b"]}, "score": {"type": "number"}},
+    "required": ["user", "kind", "score"]}
+DOC = '{"user": {"id": 7, "tags": ["x", "yz"]}, "kind": "b", "score": -1.5}'
+
+
+@pytest.fixture(scope="module")
+def tok(default_model_dir) -> Tokenizer:
+    return Tokenizer(default_model_dir)
+
+
+@pytest.fixture(scope="module")
+def grammars(tok) -> GrammarCompiler:
+    return GrammarCompiler(tok, VOCAB)
+
+
+def _allowed(mask: torch.Tensor, row: int) -> set[int]:
+    """The row's allowed ids (``apply_bitmask`` is checked against a per-bit reference
+    below)."""
+    masked = apply_bitmask(torch.zeros(1, VOCAB), mask[row:row + 1])
+    return set(torch.isfinite(masked[0]).nonzero().flatten().tolist())
+
+
+def test_constraints_are_plain_data_and_validated():
+    assert StructuredOutput.json_schema(SCHEMA) == StructuredOutput("json", json.dumps(SCHEMA))
+    for bad in (("xml", "x"), ("json", "[1]"), ("json", "{"), ("choice", "[]"),
+                ("choice", '["a", 1]'), ("regex", "")):
+        with pytest.raises(ValueError):
+            StructuredOutput(*bad)
+    with pytest.raises(ValueError, match="ignore_eos"):
+        SamplingParams(structured=StructuredOutput("json_object"), ignore_eos=True)
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={5: 101.0})
+
+
+def test_invalid_constraints_say_why(grammars):
+    with pytest.raises(InvalidRequestError, match="Unsupported type"):
+        grammars.compile(StructuredOutput("json", '{"type": "nonsense"}'))
+    with pytest.raises(InvalidRequestError, match="parenthesis"):
+        grammars.compile(StructuredOutput("regex", "(ab"))
+    with pytest.raises(InvalidRequestError, match="grammar"):
+        grammars.compile(StructuredOutput("grammar", "root ::= undefined_rule"))
+
+
+def test_compiled_grammars_are_cached_by_constraint(grammars):
+    before = grammars.compiles
+    spec = StructuredOutput.json_schema(SCHEMA)
+    a = grammars.compile(spec)
+    assert grammars.compile(StructuredOutput.json_schema(SCHEMA)) is a
+    assert grammars.compiles == before + 1
+
+
+def test_document_accepted_and_only_eos_after_it(grammars, tok):
+    state = grammars.state(StructuredOutput.json_schema(SCHEMA))
+    mask = torch.empty(1, bitmask_words(VOCAB), dtype=torch.int32)
+    for t in tok.encode(DOC):
+        state.fill(mask, 0)
+        assert t in _allowed(mask, 0)
+        assert state.accept(t)
+    assert state.completed and not state.terminated
+    state.fill(mask, 0)
+    assert _allowed(mask, 0) == set(tok.eos_token_ids)
+
+
+def test_mask_ahead_of_drafts_equals_a_matcher_advanced_by_them(grammars, tok):
+    """``fill(ahead=drafts)`` rolls the drafts back: the state is unchanged afterwards, and
+    the mask is that of a fresh matcher that accepted them (what a verify row needs)."""
+    spec = StructuredOutput.json_schema(SCHEMA)
+    ids = tok.encode(DOC)
+    state = grammars.state(spec)
+    mask = torch.empty(2, bitmask_words(VOCAB), dtype=torch.int32)
+    for i in range(0, len(ids) - 3, 3):
+        drafts = ids[i:i + 3]
+        ref = grammars.state(spec)
+        for t in ids[:i] + drafts:
+            assert ref.accept(t)
+        state.fill(mask, 0, drafts)
+        ref.fill(mask, 1)
+        assert torch.equal(mask[0], mask[1])
+        assert state.valid_prefix(drafts + [tok.eos_token_id]) == 3  # EOS is refused mid-doc
+        for t in drafts:
+            assert state.accept(t)
+
+
+def test_choice_and_regex(grammars, tok):
+    state = grammars.state(StructuredOutput.choices(["yes", "no"]))
+    mask = torch.empty(1, bitmask_words(VOCAB), dtype=torch.int32)
+    state.fill(mask, 0)
+    firsts = {tok.decode([t]) for t in _allowed(mask, 0)}
+    assert firsts and all("yes".startswith(f) or "no".startswith(f) for f in firsts)
+    assert state.valid_prefix(tok.encode("maybe")) == 0
+    digits = grammars.state(StructuredOutput("regex", r"\d{3}"))
+    assert digits.valid_prefix(tok.encode("123")) == len(tok.encode("123"))
+    assert digits.valid_prefix(tok.encode("12a")) < len(tok.encode("12a"))
+
+
+def test_apply_bitmask_equals_a_per_token_reference():
+    g = torch.Generator().manual_seed(0)
+    vocab = 1000
+    logits = torch.randn(5, vocab, generator=g)
+    words = bitmask_words(vocab)
+    mask = torch.randint(-2**31, 2**31 - 1, (5, words), generator=g, dtype=torch.int64)
+    mask = mask.to(torch.int32)
+    out = apply_bitmask(logits.clone(), mask)
+    for r in range(5):
+        for t in range(vocab):
+            on = (int(mask[r, t // 32]) >> (t % 32)) & 1
+            assert out[r, t].item() == (logits[r, t].item() if on else float("-inf"))
