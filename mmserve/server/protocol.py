@@ -1,21 +1,57 @@
 """Pydantic request models of the OpenAI HTTP API (the subset mmserve serves).
 
 Models are strict (``"5"`` is not an int, ``true`` is not a number) so a wrong
-type is a 400 naming the parameter; unknown fields are ignored, as OpenAI-
-compatible servers do, so clients that send ``store`` or ``metadata`` still work.
-``to_sampling_params`` is where request fields map onto ``SamplingParams``.
+type is a 400 naming the parameter. Fields that change nothing mmserve returns
+(``store``, ``metadata``, ``service_tier``, ...) are accepted and ignored, as OpenAI-
+compatible servers do; a field that would change the output and that mmserve does not
+implement (``best_of``, ``prompt_logprobs``, vLLM's removed ``guided_*``, ...) is a 400
+naming it, never silently dropped (``UNSUPPORTED``). ``to_sampling_params`` is where
+request fields map onto ``SamplingParams``.
 """
 
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mmserve.sampling_params import SamplingParams
+from mmserve.server.errors import ParamError
+from mmserve.structured.spec import StructuredOutput
 
 MAX_N = 16
+
+# fields OpenAI or vLLM clients send that would change the output and that mmserve does
+# not implement -> what to say (a value of None/default is accepted: it asks for nothing)
+UNSUPPORTED: dict[str, str] = {
+    "best_of": "best_of is not supported; use n and pick on the client",
+    "prompt_logprobs": "prompt_logprobs is not supported (the prefill keeps only its last "
+                       "row's logits)",
+    "use_beam_search": "beam search is not supported",
+    "length_penalty": "length_penalty (beam search) is not supported",
+    "repetition_penalty": "repetition_penalty is not supported; use presence_penalty or "
+                          "frequency_penalty",
+    "bad_words": "bad_words is not supported; use logit_bias",
+    "allowed_token_ids": "allowed_token_ids is not supported; use logit_bias or "
+                         "structured_outputs",
+    "logits_processors": "logits_processors is not supported",
+    "truncate_prompt_tokens": "truncate_prompt_tokens is not supported",
+    "prediction": "predicted outputs (prediction) are not supported",
+    "functions": "functions is not supported; use tools",
+    "function_call": "function_call is not supported; use tool_choice",
+    "web_search_options": "web_search_options is not supported",
+    "audio": "audio output is not supported on this endpoint; use /v1/audio/speech",
+    "guided_json": "guided_json was removed (as in vLLM); use structured_outputs.json",
+    "guided_regex": "guided_regex was removed (as in vLLM); use structured_outputs.regex",
+    "guided_choice": "guided_choice was removed (as in vLLM); use structured_outputs.choice",
+    "guided_grammar": "guided_grammar was removed (as in vLLM); use "
+                      "structured_outputs.grammar",
+    "guided_decoding_backend": "guided_decoding_backend is not supported (the backend is "
+                               "xgrammar)",
+    "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
+}
 
 
 class _Strict(BaseModel):
@@ -73,8 +109,35 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _SamplingFields(_Strict):
-    """Fields shared by chat and text completions (OpenAI names; extras from vLLM)."""
+class JsonSchemaFormat(_Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI ``response_format``: text (free), any JSON object, or a JSON schema (always
+    enforced strictly: the grammar admits only documents the schema accepts)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs`` extra (exactly one of its fields)."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+
+
+class _SamplingFields(_Open):
+    """Fields shared by chat and text completions (OpenAI names; extras from vLLM). Extra
+    fields are kept (``model_extra``) so ``refuse_unsupported`` can name them."""
 
     model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
@@ -92,6 +155,9 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop")
     @classmethod
@@ -109,7 +175,40 @@ class _SamplingFields(_Strict):
     def num_logprobs(self) -> int | None:
         """Top logprobs to return per token under this endpoint's fields (None: off)."""
 
-    def to_sampling_params(self, max_tokens: int | None) -> SamplingParams:
+    def refuse_unsupported(self) -> None:
+        """400 naming the first field mmserve would otherwise drop (``UNSUPPORTED``)."""
+        for name, value in (self.model_extra or {}).items():
+            if name not in UNSUPPORTED or _neutral(name, value):
+                continue
+            raise ParamError(UNSUPPORTED[name], param=name)
+
+    def structured(self) -> StructuredOutput | None:
+        """The output constraint from ``response_format`` or ``structured_outputs``."""
+        rf, so = self.response_format, self.structured_outputs
+        if rf is not None and rf.type != "text" and so is not None:
+            raise ParamError("give response_format or structured_outputs, not both",
+                             param="structured_outputs")
+        if rf is not None and rf.type == "json_object":
+            return StructuredOutput("json_object")
+        if rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise ParamError("response_format json_schema needs json_schema.schema",
+                                 param="response_format.json_schema")
+            return StructuredOutput.json_schema(rf.json_schema.schema_)
+        return _structured_outputs(so) if so is not None else None
+
+    def bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(k): v for k, v in self.logit_bias.items()}
+        except ValueError as err:
+            raise ParamError("logit_bias keys must be token ids", param="logit_bias") from err
+
+    def to_sampling_params(self, max_tokens: int | None,
+                           structured: StructuredOutput | None = None) -> SamplingParams:
+        """``structured``: the constraint the route settled on (default: ``structured()``)."""
+        self.refuse_unsupported()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             n=self.n,
@@ -126,7 +225,35 @@ class _SamplingFields(_Strict):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             logprobs=self.num_logprobs(),
+            structured=structured if structured is not None else self.structured(),
+            logit_bias=self.bias(),
         )
+
+
+def _neutral(name: str, value: Any) -> bool:
+    """A value that asks for nothing (null, false, empty, best_of=1)."""
+    if value is None or value is False or value == [] or value == {}:
+        return True
+    return name == "best_of" and value == 1 and value is not True
+
+
+def _structured_outputs(so: StructuredOutputs) -> StructuredOutput:
+    given = {k: v for k, v in so.model_dump(by_alias=True).items() if v not in (None, False)}
+    if len(given) != 1:
+        raise ParamError("structured_outputs takes exactly one of json, regex, choice, grammar, "
+                         f"json_object, structural_tag; got {sorted(given) or 'none'}",
+                         param="structured_outputs")
+    (kind, value), = given.items()
+    if kind == "json_object":
+        return StructuredOutput("json_object")
+    if kind == "choice":
+        return StructuredOutput.choices(value)
+    if kind in ("json", "structural_tag") and not isinstance(value, str):
+        value = json.dumps(value)
+    try:
+        return StructuredOutput(kind, value)
+    except ValueError as err:
+        raise ParamError(str(err), param=f"structured_outputs.{kind}") from err
 
 
 class ChatCompletionRequest(_SamplingFields):

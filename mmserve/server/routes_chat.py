@@ -38,6 +38,7 @@ from mmserve.server.serving import (
     timed,
     until_disconnect,
 )
+from mmserve.server.tool_choice import plan_tools
 
 router = APIRouter()
 ENDPOINT = "/v1/chat/completions"
@@ -153,7 +154,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     max_tokens = resolve_max_tokens(
         body.requested_max_tokens(), len(prompt_ids), engine.max_model_len, "messages"
     )
-    params = body.to_sampling_params(max_tokens)
+    choice, tool_format, structured = plan_tools(body, tools, state.formats[0])
+    params = body.to_sampling_params(max_tokens, structured)
     request_id = new_id("chatcmpl-")
     ctx = ChatContext(
         request_id=request_id,
@@ -161,7 +163,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         num_prompt_tokens=len(prompt_ids),
         n=params.n,
         parser_settings=request_parser_settings(
-            state.formats, tools, body.tool_choice, prompt_text
+            (tool_format, state.formats[1]), tools, choice, prompt_text
         ),
         want_logprobs=body.logprobs,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
