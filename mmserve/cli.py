@@ -284,13 +284,15 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _bench_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("which", choices=("spec", "throughput", "stress", "vision", "speech"),
+    parser.add_argument("which", choices=("spec", "throughput", "stress", "vision", "speech",
+                                          "structured"),
                         help="spec: speculative vs plain decode on the real model (CPU or GPU); "
                         "throughput: engine vs HF transformers on random weights (CUDA); "
                         "stress: fuzzing, abort storms, overload, soak of a live server "
                         "(docs/reliability.md); "
                         "vision: captioning images/s vs HF transformers (CPU or GPU); "
-                        "speech: time to first audio and real-time factor (CPU or GPU)")
+                        "speech: time to first audio and real-time factor (CPU or GPU); "
+                        "structured: constrained vs free decode (docs/structured-output.md)")
     parser.add_argument("--model", default=None, help=HELP["model"])
     parser.add_argument("--device", default="auto", help=HELP["device"])
     parser.add_argument("--speculative-config", default=None,
@@ -348,6 +350,13 @@ def bench(args: argparse.Namespace) -> int:
 
         run_speech_bench(args.voices.split(","), [int(s) for s in args.streams.split(",")],
                          args.seconds, args.device, args.out_dir)
+        return 0
+    if args.which == "structured":
+        from mmserve.bench.structured import run_structured_bench
+
+        run_structured_bench(args.model, args.device,
+                             tuple(int(c) for c in args.concurrency.split(",")),
+                             args.max_tokens, args.repeats, args.out_dir)
         return 0
     if args.which == "throughput":
         from mmserve.bench.throughput import run_throughput

@@ -34,7 +34,7 @@ import torch
 
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured.bitmask import MaskBuffer, apply_bitmask
-from mmserve.structured.grammar import GrammarState
+from mmserve.structured.grammar import GrammarState, fill_many
 
 _MIN_TEMPERATURE = 1e-5  # below this, logits / T may overflow float32; the result is ~greedy
 _TINY = 1e-30  # floor for Exp(1) noise so p / q never divides by zero
@@ -232,10 +232,15 @@ class Sampler:
         if buf is None:
             buf = self._masks[key] = MaskBuffer(x.shape[1], x.device)
         host = buf.take(len(rows))  # (R, W)
+        plain: list[tuple[GrammarState, int]] = []
         for r, i in enumerate(rows):
             grammar = states[i].grammar
             assert grammar is not None
-            grammar.fill(host, r, extra[i])
+            if extra[i]:  # a verify row: the state after its earlier drafts
+                grammar.fill(host, r, extra[i])
+            else:
+                plain.append((grammar, r))
+        fill_many([g for g, _ in plain], host, [r for _, r in plain])
         at = _index(rows, x.device)
         x[at] = apply_bitmask(x[at], buf.to_device(host))
 

@@ -83,6 +83,28 @@ class GrammarState:
         return bool(self.matcher.is_terminated())
 
 
+_BATCH: list[Any] = []  # one xgrammar BatchGrammarMatcher (its thread pool), made on first use
+
+
+def fill_many(states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Sequence[int]
+              ) -> None:
+    """``states[j].fill(bitmask, rows[j])`` for every j, with nothing ahead, in one call
+    that xgrammar spreads over its threads (a step's plain constrained rows)."""
+    live = [(s.matcher, r) for s, r in zip(states, rows, strict=True)
+            if not s.matcher.is_terminated()]
+    if not live:
+        return
+    if len(live) == 1:
+        live[0][0].fill_next_token_bitmask(bitmask, live[0][1])
+        return
+    if not _BATCH:
+        import xgrammar as xgr
+
+        _BATCH.append(xgr.BatchGrammarMatcher())
+    _BATCH[0].batch_fill_next_token_bitmask([m for m, _ in live], bitmask,
+                                            [r for _, r in live])
+
+
 class GrammarCompiler:
     """Compiles ``StructuredOutput`` constraints for one tokenizer; compiled grammars are
     cached by (kind, value), so a schema sent again costs a dictionary look-up."""

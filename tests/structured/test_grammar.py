@@ -15,7 +15,7 @@ from mmserve.models.tokenizer import Tokenizer
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured import StructuredOutput
 from mmserve.structured.bitmask import apply_bitmask, bitmask_words
-from mmserve.structured.grammar import GrammarCompiler
+from mmserve.structured.grammar import GrammarCompiler, fill_many
 
 VOCAB = 49152
 SCHEMA = {"type": "object", "properties": {
@@ -130,3 +130,19 @@ def test_apply_bitmask_equals_a_per_token_reference():
         for t in range(vocab):
             on = (int(mask[r, t // 32]) >> (t % 32)) & 1
             assert out[r, t].item() == (logits[r, t].item() if on else float("-inf"))
+
+
+def test_batched_fill_equals_one_by_one(grammars, tok):
+    specs = [StructuredOutput.json_schema(SCHEMA), StructuredOutput("json_object"),
+             StructuredOutput("regex", r"\d{3}")]
+    states = [grammars.state(s) for s in specs]
+    for state, text in zip(states, ['{"user": {', '{"a', "1"], strict=True):
+        for t in tok.encode(text):
+            assert state.accept(t)
+    words = bitmask_words(VOCAB)
+    batched = torch.empty(3, words, dtype=torch.int32)
+    fill_many(states, batched, [2, 0, 1])
+    single = torch.empty(3, words, dtype=torch.int32)
+    for state, row in zip(states, [2, 0, 1], strict=True):
+        state.fill(single, row)
+    assert torch.equal(batched, single)
