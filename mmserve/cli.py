@@ -354,9 +354,9 @@ def bench(args: argparse.Namespace) -> int:
     if args.which == "structured":
         from mmserve.bench.structured import run_structured_bench
 
-        run_structured_bench(args.model, args.device,
-                             tuple(int(c) for c in args.concurrency.split(",")),
-                             args.max_tokens, args.repeats, args.out_dir)
+        batches = tuple(int(c) for c in (args.concurrency or "1,32").split(",") if c)
+        run_structured_bench(args.model, args.device, batches, args.max_tokens or 128,
+                             args.repeats, args.out_dir)
         return 0
     if args.which == "throughput":
         from mmserve.bench.throughput import run_throughput
