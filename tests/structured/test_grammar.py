@@ -146,3 +146,19 @@ def test_batched_fill_equals_one_by_one(grammars, tok):
     for state, row in zip(states, [2, 0, 1], strict=True):
         state.fill(single, row)
     assert torch.equal(batched, single)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bitmask_through_the_pinned_buffer_on_cuda_equals_cpu():
+    from mmserve.structured.bitmask import MaskBuffer
+
+    g = torch.Generator().manual_seed(1)
+    vocab = 49152
+    logits = torch.randn(4, vocab, generator=g)
+    buf = MaskBuffer(vocab, torch.device("cuda"))
+    host = buf.take(4)
+    host.copy_(torch.randint(-2**31, 2**31 - 1, host.shape, generator=g).to(torch.int32))
+    want = apply_bitmask(logits.clone(), host.clone())
+    got = apply_bitmask(logits.cuda(), buf.to_device(host))
+    assert torch.equal(got.cpu(), want)
+    assert buf.take(2).shape == (2, bitmask_words(vocab))  # waits for the copy, then reuses
