@@ -113,11 +113,38 @@ def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool
         m = mask[:, 1:].reshape(-1)
         return (loss * m).sum() / m.sum()
 
-    if not train("backbone", work / "backbone", model, step_fn, cfg.backbone_steps,
-                 cfg.backbone_lr, warmup=500, deadline=deadline):
+    steps = cfg.backbone_steps or fit_steps(model, step_fn, deadline, work / "backbone")
+    if not train("backbone", work / "backbone", model, step_fn, steps,
+                 cfg.backbone_lr, warmup=min(500, steps // 10), deadline=deadline):
         return False
     save_backbone(model, mcfg, data.vocab, work / "backbone" / "final")
     return True
+
+
+def fit_steps(model: TrainLlama, step_fn, deadline: float | None, work: Path,
+              probe: int = 20) -> int:
+    """``--backbone-steps 0``: as many steps as fit before ``deadline`` (a 5 % margin),
+    from the time of ``probe`` forward/backward passes that update nothing (after 3 to warm
+    up). The count is fixed before training starts and kept in ``steps.json``, so the
+    schedule is a pure function of the step and a resumed run keeps it."""
+    import time
+
+    saved = work / "steps.json"
+    if saved.is_file():
+        return int(json.loads(saved.read_text())["steps"])
+    if deadline is None:
+        raise ValueError("backbone_steps 0 (fit the time) needs --minutes")
+    for i in range(3 + probe):
+        if i == 3:
+            t = time.time()
+        step_fn(10**9 + i).backward()
+    model.zero_grad(set_to_none=True)
+    per_step = (time.time() - t) / probe * 1.1  # the optimizer's share
+    steps = max(100, int(0.95 * (deadline - time.time()) / per_step))
+    print(f"backbone: {per_step * 1000:.1f} ms a step -> {steps} steps fit", flush=True)
+    work.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({"steps": steps, "ms_per_step": 1000 * per_step}))
+    return steps
 
 
 def save_backbone(model: TrainLlama, mcfg: dict, vocab: PhonemeVocab, out: Path) -> None:
