@@ -56,7 +56,8 @@ def _prompts(llm):
 
 def _params(i: int, temperature: float = 0.0) -> SamplingParams:
     spec = CONSTRAINTS[i] if i < len(CONSTRAINTS) else None
-    return SamplingParams(temperature=temperature, seed=i, max_tokens=MAX, structured=spec)
+    return SamplingParams(temperature=temperature, seed=i, max_tokens=MAX if spec else 12,
+                          structured=spec)
 
 
 def _run(llm, prompts, params) -> list:
