@@ -52,7 +52,7 @@ class _MaskTimer:
             self.seconds += time.perf_counter() - t
             self.calls += 1
 
-        sampler._apply_grammars = timed  # type: ignore[method-assign]
+        sampler._apply_grammars = timed  # type: ignore[method-assign,assignment]
 
 
 def _prompts(engine: LLMEngine, n: int) -> list[list[int]]:
