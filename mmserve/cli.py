@@ -47,6 +47,12 @@ HELP = {
     "async_scheduling": "CUDA: launch the next decode step (greedy or sampled) before the "
     "last one's tokens reach the host, hiding the host's per-step work behind the GPU "
     "(default: on)",
+    "audio_scheduling": "deadline: audio frames by playback deadline, new streams admitted "
+    "only when every stream can still play in real time | fifo: arrival order, all admitted",
+    "audio_window": "most audio streams in one step; default --max-num-seqs",
+    "audio_lead_s": "an audio stream this many seconds ahead of its playback skips steps",
+    "audio_queue_s": "a new audio stream waits this long past its first-audio target, then "
+    "is refused",
     "host": "address to bind",
     "port": "port to bind (0: any free port)",
     "api_key": "require 'Authorization: Bearer <key>' on HTTP and WebSocket "

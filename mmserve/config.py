@@ -46,6 +46,12 @@ class EngineConfig:
     seed: int = 0
     # vLLM-style JSON object (or dict), e.g. {"method": "ngram", "num_speculative_tokens": "auto"}
     speculative_config: str | dict | None = None
+    # audio streams (mmserve.engine.deadlines): "deadline" serves frames by playback deadline
+    # with admission control; "fifo" in arrival order, everyone admitted (the baseline)
+    audio_scheduling: str = "deadline"
+    audio_window: int | None = None  # audio rows a step at most (None: max_num_seqs)
+    audio_lead_s: float = 1.0  # a stream this far ahead of its playback skips steps
+    audio_queue_s: float = 1.0  # a new stream waits this long past its first-audio target
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -68,6 +74,14 @@ class EngineConfig:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
+        if self.audio_scheduling not in ("deadline", "fifo"):
+            raise ValueError(
+                f"audio_scheduling must be deadline or fifo, got {self.audio_scheduling!r}")
+        if self.audio_window is not None and self.audio_window < 1:
+            raise ValueError(f"audio_window must be >= 1, got {self.audio_window}")
+        if self.audio_lead_s <= 0 or self.audio_queue_s < 0:
+            raise ValueError("audio_lead_s must be > 0 and audio_queue_s >= 0, got "
+                             f"{self.audio_lead_s} and {self.audio_queue_s}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         self.spec_config()  # validate early, with SpecConfig's messages

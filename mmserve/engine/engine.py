@@ -40,9 +40,11 @@ import torch
 from mmserve.config import EngineConfig
 from mmserve.engine.block_manager import BlockManager, BlockTable
 from mmserve.engine.cuda_graphs import DEFAULT_SIZES, PREFILL_SIZES, DecodeGraphs
+from mmserve.engine.deadlines import AudioPolicy
 from mmserve.engine.detokenizer import IncrementalDetokenizer
 from mmserve.engine.kv_cache import KVCache, kv_cache_dtype
 from mmserve.engine.outputs import EngineStats, RequestOutput
+from mmserve.engine.playback import AudioSpec
 from mmserve.engine.request import EmbeddingSpan, Request, Status
 from mmserve.engine.runner import ModelRunner, StepLogits
 from mmserve.engine.sampler import Sampler, SampleResult, SamplingState, adjusts
@@ -102,6 +104,12 @@ class _Prelaunched:
     quiet: bool
 
 
+def audio_policy(config: EngineConfig) -> AudioPolicy:
+    """The scheduler's audio policy as ``config`` sets it."""
+    return AudioPolicy(config.audio_scheduling, config.audio_window or config.max_num_seqs,
+                       config.audio_lead_s, config.audio_queue_s)
+
+
 def _picked_on_device(req: Request, ahead: int) -> bool:
     """No logprobs, and nothing for the sampler to apply ``ahead`` tokens from now
     (penalties, min_tokens): the request's next token can be picked on the device, the
@@ -131,7 +139,7 @@ class LLMEngine:
         self.blocks = BlockManager(self.kv.num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.max_waiting,
-                                   config.prefill_chunk_tokens)
+                                   config.prefill_chunk_tokens, audio_policy(config))
         graphs = self._capture_graphs(model, device)
         self.runner = ModelRunner(model, self.kv, bs, *(graphs or (None, None)))
         self.sampler = Sampler()
@@ -159,6 +167,7 @@ class LLMEngine:
         # text work falls in it
         self._recorded_at = 0.0
         self._carried_emit = 0.0
+        self._ran_nothing = False  # the last step scheduled nothing (``idle_for``)
         self.ahead_steps = 0  # steps launched ahead (tests, benchmarks)
         self.prelaunched_steps = 0  # steps launched before the last step's outputs
         self.prompt_tokens_total = 0
@@ -201,7 +210,8 @@ class LLMEngine:
     # -- requests --------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None,
-                    spans: list[EmbeddingSpan] | None = None) -> str:
+                    spans: list[EmbeddingSpan] | None = None,
+                    audio: AudioSpec | None = None) -> str:
         """Queue a request; raises InvalidRequestError / QueueFullError without side effects."""
         request_id = request_id or f"req-{next(self._ids)}"
         self._validate(prompt_ids, params, request_id, spans or [])
@@ -210,10 +220,14 @@ class LLMEngine:
         req = Request(
             request_id, list(prompt_ids), params,
             SamplingState.create(params, self.tokenizer.eos_token_ids, self.device, grammar),
-            IncrementalDetokenizer(self.tokenizer.backend, prompt_ids, params.skip_special_tokens),
+            IncrementalDetokenizer(self.tokenizer.backend, prompt_ids, params.skip_special_tokens,
+                                   getattr(self.tokenizer, "all_special_ids", None)),
             StopChecker(params.stop, params.include_stop_str_in_output),
-            set(self.tokenizer.eos_token_ids), min(limit, self.max_model_len), list(spans or []))
+            set(self.tokenizer.eos_token_ids), min(limit, self.max_model_len), list(spans or []),
+            audio)
         self.scheduler.add(req)
+        if audio is not None:
+            self.scheduler.policy.attach(req)
         self.requests[request_id] = req
         self.prompt_tokens_total += len(prompt_ids)
         return request_id
@@ -255,6 +269,7 @@ class LLMEngine:
         if req is None or req.finished:
             return None
         self.scheduler.finish(req)
+        self.scheduler.policy.detach(req)
         if self.spec is not None:
             self.spec.forget(request_id)
         req.finish_reason = "abort"
@@ -290,6 +305,7 @@ class LLMEngine:
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
+        self._ran_nothing = False
         launched, self._ahead = self._ahead, None
         if launched is not None and all(s.req.finished for s in launched.seqs):
             launched = None  # every request of the step ahead finished (or was aborted)
@@ -300,7 +316,9 @@ class LLMEngine:
         else:
             step = self._propose_and_run()
             if step is None:
-                return []
+                self._ran_nothing = True
+                self.scheduler.policy.idle()
+                return self._refused()
             seqs, result, quiet = step
             carried = 0.0
         if not isinstance(launched, _Launched):
@@ -366,7 +384,29 @@ class LLMEngine:
             self.appender.catch_up(req)
         if self._ahead is not None:  # that text work falls in the next step's time
             self._carried_emit = (time.perf_counter() - t) * share
-        return [req.take_output() for req in done]
+        policy = self.scheduler.policy
+        policy.end_step(len(seqs), sum(s.num_tokens for s in seqs))
+        return [req.take_output() for req in done if policy.releases(req)] + self._refused()
+
+    def _refused(self) -> list[RequestOutput]:
+        """Outputs for the waiting audio streams the audio policy refused this step."""
+        outs = []
+        for req in self.scheduler.refused:
+            self._finish(req)
+            req.finish_reason = "overloaded"
+            outs.append(req.take_output())
+        self.scheduler.refused.clear()
+        return outs
+
+    def idle_for(self) -> float:
+        """After a step that ran nothing: seconds until a request the audio policy skipped
+        or queued may run (0: step again now), so the step loop can sleep, not spin."""
+        sched = self.scheduler
+        if not self._ran_nothing or not sched.has_work():
+            return 0.0
+        now = sched.policy.clock()
+        wake = sched.policy.next_wake(now, sched.running, sched.waiting)
+        return 0.0 if wake is None else max(0.0, wake - now)
 
     def _propose_and_run(self) -> tuple[list[ScheduledSeq], StepLogits, bool] | None:
         """Draft, schedule and launch a step -> (its sequences, logits, the speculator's
@@ -453,6 +493,8 @@ class LLMEngine:
         would draft nothing. (A request that ends at an EOS or a stop string frees its
         slot a step later than it would have: the one step ahead its row ran in.)"""
         running, waiting = self.scheduler.running, len(self.scheduler.waiting)
+        if not self.scheduler.policy.steady():
+            return None
         if (waiting and len(running) < self.scheduler.max_num_seqs) or len(running) != len(
                 cur.seqs) or any(s.req is not r for s, r in zip(cur.seqs, running, strict=True)):
             return None
@@ -542,6 +584,7 @@ class LLMEngine:
 
     def _finish(self, req: Request) -> None:
         self.scheduler.finish(req)
+        self.scheduler.policy.detach(req)
         self.requests.pop(req.request_id, None)
         if self.spec is not None:
             self.spec.forget(req.request_id)
@@ -557,7 +600,7 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             prefix_cache_hit_tokens_total=self.blocks.prefix_hits,
             prefix_cache_query_tokens_total=self.blocks.prefix_queries,
-            **self._encoder_stats(), **self._spec_stats())
+            **self.scheduler.policy.stats(), **self._encoder_stats(), **self._spec_stats())
 
     def _encoder_stats(self) -> dict:
         if self.spans is None:

@@ -26,7 +26,7 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None  # "stop" | "length" | "abort" | "overloaded" | None: running
     num_prompt_tokens: int
     num_cached_tokens: int = 0
     new_logprobs: list[TokenLogprob] | None = None
@@ -62,3 +62,5 @@ class EngineStats:
     encoder_calls_total: int = 0  # batched span-encoder calls (at most one a step)
     encoder_payloads_total: int = 0  # payloads (images) that went through the encoder
     encoder_cache_hits_total: int = 0  # payloads served from the encoder-output cache
+    audio_streams_active: int = 0  # audio streams the engine holds (playing or queued)
+    audio_streams_refused_total: int = 0  # refused by admission control (deadline mode)

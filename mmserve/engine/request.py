@@ -19,6 +19,7 @@ import torch
 from mmserve.engine.block_manager import BlockTable
 from mmserve.engine.detokenizer import IncrementalDetokenizer
 from mmserve.engine.outputs import RequestOutput, TokenLogprob
+from mmserve.engine.playback import AudioSpec, AudioStream
 from mmserve.engine.sampler import SamplingState
 from mmserve.engine.stop import StopChecker
 from mmserve.sampling_params import SamplingParams
@@ -90,6 +91,7 @@ class Request:
     eos_ids: set[int]
     max_total_len: int  # context limit: prompt + output never exceeds this
     spans: list[EmbeddingSpan] = field(default_factory=list)
+    audio: AudioSpec | None = None  # an audio stream's request: served by its deadlines
     arrival_time: float = field(default_factory=time.monotonic)
     # set by the engine as the request runs
     output_ids: list[int] = field(default_factory=list)
@@ -108,6 +110,7 @@ class Request:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_preemptions: int = 0
+    playback: AudioStream | None = None  # its stream's clock (set by the audio policy)
 
     @property
     def all_ids(self) -> list[int]:

@@ -20,6 +20,13 @@ next step and gets its first token after at most ``t(B)`` (the step in flight) p
 steps. When the KV pool runs dry the newest running request not yet scheduled this
 step is preempted (its blocks freed, recomputed later); a step that has scheduled
 nothing may preempt the request itself.
+
+Audio requests (``Request.audio``) are ordered, skipped and admitted by the audio policy
+(``mmserve.engine.deadlines``): by playback deadline, or in arrival order (``fifo``);
+running requests are sorted by it before both passes, so decodes and prefills take
+audio first, text in the budget and slots audio leaves (and, while a stream is close to
+its deadline, in the time it can spare). Waiting audio streams the policy refuses are
+handed back through ``refused``, for the engine to finish.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from mmserve.engine.block_manager import BlockManager
+from mmserve.engine.deadlines import AudioPolicy
 from mmserve.engine.request import Request, Status
 from mmserve.errors import QueueFullError
 
@@ -74,8 +82,10 @@ class _Step:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_waiting: int, prefill_chunk: int | None = None) -> None:
+                 max_waiting: int, prefill_chunk: int | None = None,
+                 policy: AudioPolicy | None = None) -> None:
         self.blocks = blocks
+        self.policy = policy or AudioPolicy()
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.prefill_chunk = prefill_chunk or max(1, max_num_batched_tokens // 4)
@@ -83,6 +93,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.refused: list[Request] = []  # refused by the audio policy, for the engine
 
     def add(self, req: Request) -> None:
         if len(self.waiting) >= self.max_waiting:
@@ -95,6 +106,7 @@ class Scheduler:
 
     def schedule(self, drafts: dict[str, list[int]] | None = None) -> Schedule:
         step = _Step(self.budget)
+        self.refused += self.policy.begin_step(self.running, self.waiting)
         self._schedule_decodes(step, drafts or {})
         self._schedule_prefills(step)
         return Schedule(step.seqs, step.preempted)
@@ -105,23 +117,29 @@ class Scheduler:
                 return
             if req not in self.running or req.num_tokens - req.num_computed != 1:
                 continue  # preempted this step, or prefilling
+            if self.policy.skips(req):
+                continue  # an audio stream well ahead of its playback (or outside the window)
             draft = drafts.get(req.request_id, [])[: step.budget - 1]
             if self._reserve(req, 1 + len(draft), step):
                 step.add(ScheduledSeq(req, req.num_computed, 1, draft))
 
     def _schedule_prefills(self, step: _Step) -> None:
-        prefilling = [r for r in self.running if r.num_tokens - r.num_computed > 1]
+        prefilling = [r for r in self.running if r.num_tokens - r.num_computed > 1
+                      and not self.policy.skips(r)]
         for i, req in enumerate(prefilling):
             if step.budget <= 0:
                 return
             if req not in self.running:
                 continue  # preempted for an earlier request this step
             behind = len(prefilling) - i - 1 + self._admissible()
-            n = self._chunk(req.num_tokens - req.num_computed, step.budget, behind)
-            if self._reserve(req, n, step):
+            n = self.policy.chunk(
+                req, self._chunk(req.num_tokens - req.num_computed, step.budget, behind))
+            if n > 0 and self._reserve(req, n, step):  # 0: it would make an audio stream late
                 step.add(ScheduledSeq(req, req.num_computed, n))
         while self._admissible() and step.budget > 0 and not step.preempted:
             req = self.waiting[0]  # memory is short when someone was preempted: admit nobody
+            if not self.policy.admits(req):
+                return
             table = self.blocks.allocate(req.request_id, req.all_ids,
                                          req.extra_keys(self.blocks.block_size))
             if table is None:
@@ -131,7 +149,9 @@ class Scheduler:
             req.num_computed = table.num_cached_tokens
             req.num_cached_tokens = max(req.num_cached_tokens, table.num_cached_tokens)
             self.running.append(req)
-            n = self._chunk(req.num_tokens - req.num_computed, step.budget, self._admissible())
+            n = self.policy.chunk(
+                req, self._chunk(req.num_tokens - req.num_computed, step.budget,
+                                 self._admissible()))
             step.add(ScheduledSeq(req, req.num_computed, n))
 
     def _admissible(self) -> int:

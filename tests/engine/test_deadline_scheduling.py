@@ -1,0 +1,147 @@
+"""Audio deadline scheduling on a simulated clock: the engine's real scheduler and steps
+(a tiny random Llama on the CPU), with time advanced by a step-cost model instead of the
+wall clock, so the outcome is the same on any machine.
+
+The load is more voice than the simulated machine can play in real time: 24 streams
+arrive 20 ms apart, each 2 s of audio (50 frames of 2 tokens, 40 ms a frame), and a step
+costs 4 ms + 1 ms a row, so at most 16 streams can run every step and keep up. The
+client model here (written apart from the engine's own clock) plays each stream from its
+first chunk plus a 200 ms buffer and counts every silence while it waits for a chunk.
+FIFO admits all 24 and every one of them falls behind; deadline scheduling plays the
+streams it admits without a gap and refuses the others once their first-audio target
+has passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mmserve.config import EngineConfig
+from mmserve.engine.engine import LLMEngine
+from mmserve.engine.playback import AudioSpec
+from mmserve.sampling_params import SamplingParams
+
+FRAME_S, TPF, FRAMES, BUFFER_S = 0.04, 2, 50, 0.2
+STREAMS, ARRIVAL_GAP_S = 24, 0.02
+
+
+class SimClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def step_cost(seqs) -> float:
+    """The simulated machine: 4 ms a step, 1 ms a row, 20 us a prefill token."""
+    prefill = sum(s.num_tokens for s in seqs if s.num_tokens > 1)
+    return 0.004 + 0.001 * len(seqs) + 0.00002 * prefill
+
+
+def tiny_model():
+    from mmserve.models.registry import build_model
+
+    h, inter, vocab = 64, 128, 512
+    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=1, num_attention_heads=2,
+               num_key_value_heads=1, intermediate_size=inter, vocab_size=vocab, head_dim=32,
+               tie_word_embeddings=True, max_position_embeddings=1024)
+    g = torch.Generator().manual_seed(0)
+    p = "model.layers.0"
+    shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
+              f"{p}.self_attn.q_proj.weight": (h, h), f"{p}.self_attn.k_proj.weight": (32, h),
+              f"{p}.self_attn.v_proj.weight": (32, h), f"{p}.self_attn.o_proj.weight": (h, h),
+              f"{p}.mlp.gate_proj.weight": (inter, h), f"{p}.mlp.up_proj.weight": (inter, h),
+              f"{p}.mlp.down_proj.weight": (h, inter), f"{p}.input_layernorm.weight": (h,),
+              f"{p}.post_attention_layernorm.weight": (h,)}
+    sd = {k: torch.randn(s, generator=g) * (1.0 if len(s) == 1 else s[-1] ** -0.5)
+          for k, s in shapes.items()}
+    return build_model(cfg, sd, torch.float32, "cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    from mmserve.models.tokenizer import Tokenizer
+
+    return Tokenizer(default_model_dir)
+
+
+def simulate(mode: str, tokenizer) -> tuple[dict[str, list], dict[str, str], LLMEngine]:
+    """Run the load -> ({stream: [(time, tokens)] chunks}, {stream: finish reason}, engine)."""
+    config = EngineConfig(device="cpu", max_num_seqs=64, num_kv_blocks=512,
+                          enable_prefix_caching=False, async_scheduling=False,
+                          audio_scheduling=mode, audio_lead_s=0.6, audio_queue_s=1.0)
+    engine = LLMEngine(config, tiny_model(), tokenizer, 512, torch.device("cpu"), torch.float32)
+    clock = SimClock()
+    engine.scheduler.policy.clock = clock
+    run = engine.runner.run
+
+    def timed_run(seqs, *args, **kwargs):
+        out = run(seqs, *args, **kwargs)
+        clock.t += step_cost(seqs)
+        return out
+
+    engine.runner.run = timed_run
+    params = SamplingParams(temperature=0, max_tokens=FRAMES * TPF, ignore_eos=True)
+    spec = AudioSpec("s", FRAME_S, TPF, buffer_s=BUFFER_S, first_audio_s=0.25,
+                     first_chunk_frames=1, max_chunk_frames=8)
+    arrivals = [(i * ARRIVAL_GAP_S, f"s{i}") for i in range(STREAMS)]
+    chunks: dict[str, list] = {sid: [] for _, sid in arrivals}
+    reasons: dict[str, str] = {}
+    while arrivals or engine.has_unfinished():
+        while arrivals and arrivals[0][0] <= clock.t:
+            _, sid = arrivals.pop(0)
+            prompt = [(7 * int(sid[1:]) + j) % 500 + 3 for j in range(16)]
+            engine.add_request(prompt, params, sid, audio=dataclasses.replace(spec, stream_id=sid))
+        for out in engine.step():
+            if out.new_token_ids:
+                chunks[out.request_id].append((clock.t, len(out.new_token_ids)))
+            if out.finished:
+                reasons[out.request_id] = out.finish_reason
+        if not engine.has_unfinished() or engine.idle_for() > 0:
+            nxt = clock.t + (engine.idle_for() if engine.has_unfinished() else 1.0)
+            clock.t = min(nxt, arrivals[0][0]) if arrivals else nxt
+    return chunks, reasons, engine
+
+
+def client_gaps(chunks: list[tuple[float, int]]) -> tuple[float, float]:
+    """The client's (time of first audio, total silence after playback began)."""
+    first = chunks[0][0]
+    cursor, silence = first + BUFFER_S, 0.0
+    for t, tokens in chunks:
+        if t > cursor + 1e-9:
+            silence += t - cursor
+            cursor = t
+        cursor += -(-tokens // TPF) * FRAME_S
+    return first, silence
+
+
+def test_deadline_scheduling_plays_what_it_admits_where_fifo_underruns(tokenizer):
+    fifo_chunks, fifo_reasons, fifo = simulate("fifo", tokenizer)
+    chunks, reasons, deadline = simulate("deadline", tokenizer)
+    for eng in (fifo, deadline):
+        assert eng.blocks.num_used_blocks == 0 and not eng.scheduler.policy.streams
+
+    # FIFO: every stream admitted and played to the end, nearly all with gaps
+    assert set(fifo_reasons.values()) == {"length"}
+    fifo_silence = [client_gaps(c)[1] for c in fifo_chunks.values()]
+    assert sum(s > 0 for s in fifo_silence) >= STREAMS * 3 // 4
+    assert max(fifo_silence) > 0.2
+
+    # deadline: the admitted streams play without a gap; the rest are refused, not starved
+    served = [sid for sid, r in reasons.items() if r == "length"]
+    refused = [sid for sid, r in reasons.items() if r == "overloaded"]
+    assert len(served) + len(refused) == STREAMS
+    assert len(served) >= 10 and refused
+    for sid in served:
+        first, silence = client_gaps(chunks[sid])
+        assert silence == 0.0, (sid, silence)
+        assert sum(n for _, n in chunks[sid]) == FRAMES * TPF
+    assert all(not chunks[sid] for sid in refused)
+    assert deadline.stats().audio_streams_refused_total == len(refused)
+    # first chunks are small and later ones larger
+    assert max(chunks[served[0]][0][1], 0) <= 2 * TPF
+    assert max(n for _, n in chunks[served[0]]) >= 4 * TPF
