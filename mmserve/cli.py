@@ -291,14 +291,15 @@ def generate(args: argparse.Namespace) -> int:
 
 def _bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("which", choices=("spec", "throughput", "stress", "vision", "speech",
-                                          "structured"),
+                                          "structured", "voice"),
                         help="spec: speculative vs plain decode on the real model (CPU or GPU); "
                         "throughput: engine vs HF transformers on random weights (CUDA); "
                         "stress: fuzzing, abort storms, overload, soak of a live server "
                         "(docs/reliability.md); "
                         "vision: captioning images/s vs HF transformers (CPU or GPU); "
                         "speech: time to first audio and real-time factor (CPU or GPU); "
-                        "structured: constrained vs free decode (docs/structured-output.md)")
+                        "structured: constrained vs free decode (docs/structured-output.md); "
+                        "voice: concurrent voice streams, deadline vs FIFO scheduling")
     parser.add_argument("--model", default=None, help=HELP["model"])
     parser.add_argument("--device", default="auto", help=HELP["device"])
     parser.add_argument("--speculative-config", default=None,
@@ -327,14 +328,26 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
     stress.add_argument("--soak-s", type=float, default=1800.0)
     stress.add_argument("--max-num-seqs", type=int, default=8)
     stress.add_argument("--max-waiting", type=int, default=16)
-    speech = parser.add_argument_group("speech options")
-    speech.add_argument("--streams", default="1,8,32",
-                        help="concurrent streams, comma-separated")
-    speech.add_argument("--voices", default="default,orpheus-3b",
-                        help="default (the shipped voice), orpheus-3b (Llama-3B shape + SNAC "
-                        "24 kHz, random weights), or voice directories")
+    speech = parser.add_argument_group("speech and voice options")
+    speech.add_argument("--streams", default=None,
+                        help="concurrent streams, comma-separated; default 1,8,32 (speech), "
+                        "1,8,32,64,128,256 (voice)")
+    speech.add_argument("--voices", default=None,
+                        help="speech: default (the shipped voice), orpheus-3b (Llama-3B shape "
+                        "+ SNAC 24 kHz, random weights), or voice directories (default both "
+                        "named); voice: gepard-0.5b (random 0.5B backbone at Gepard's 80 ms "
+                        "frames) and/or default (default both)")
     speech.add_argument("--seconds", type=float, default=4.0,
                         help="audio each stream generates")
+    speech.add_argument("--buffer-ms", type=float, default=200.0,
+                        help="voice: the client's buffer")
+    speech.add_argument("--ramp-s", type=float, default=1.0, help="voice: streams arrive over this")
+    speech.add_argument("--text-clients", type=int, default=16,
+                        help="voice: text clients beside the voice streams in the mixed load")
+    speech.add_argument("--mixed-streams", default=None,
+                        help="voice: stream counts of the mixed load (default: half the largest)")
+    speech.add_argument("--tiny", action="store_true",
+                        help="voice: a 2-layer backbone instead of 0.5B (to run it on a CPU)")
 
 
 @subcommand("bench", "measure speed against a baseline in the same run", _bench_flags)
@@ -354,7 +367,8 @@ def bench(args: argparse.Namespace) -> int:
     if args.which == "speech":
         from mmserve.bench.speech import run_speech_bench
 
-        run_speech_bench(args.voices.split(","), [int(s) for s in args.streams.split(",")],
+        run_speech_bench((args.voices or "default,orpheus-3b").split(","),
+                         [int(s) for s in (args.streams or "1,8,32").split(",")],
                          args.seconds, args.device, args.out_dir)
         return 0
     if args.which == "structured":
@@ -363,6 +377,17 @@ def bench(args: argparse.Namespace) -> int:
         batches = tuple(int(c) for c in (args.concurrency or "1,32").split(",") if c)
         run_structured_bench(args.model, args.device, batches, args.max_tokens or 128,
                              args.repeats, args.out_dir)
+        return 0
+    if args.which == "voice":
+        from mmserve.bench.voice import run_voice_bench
+
+        mixed = args.mixed_streams
+        run_voice_bench(
+            [v for v in (args.voices or "gepard-0.5b,default").split(",") if v],
+            [int(s) for s in (args.streams or "1,8,32,64,128,256").split(",")],
+            args.seconds, args.device, args.out_dir, buffer_ms=args.buffer_ms,
+            ramp_s=args.ramp_s, text_clients=args.text_clients, tiny=args.tiny,
+            mixed_streams=[int(s) for s in mixed.split(",")] if mixed else None)
         return 0
     if args.which == "throughput":
         from mmserve.bench.throughput import run_throughput
