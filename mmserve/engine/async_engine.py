@@ -29,6 +29,7 @@ from mmserve.config import EngineConfig
 from mmserve.engine.engine import LLMEngine
 from mmserve.engine.factory import create_engine, model_name
 from mmserve.engine.outputs import EngineStats, RequestOutput
+from mmserve.engine.playback import AudioSpec
 from mmserve.engine.request import EmbeddingSpan
 from mmserve.errors import EngineDeadError, QueueFullError
 from mmserve.sampling_params import SamplingParams
@@ -73,7 +74,10 @@ class AsyncEngine:
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
                        request_id: str | None = None,
                        spans: list[EmbeddingSpan] | None = None,
-                       stage_request: Any = None) -> AsyncIterator[RequestOutput]:
+                       stage_request: Any = None,
+                       audio: AudioSpec | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream ``RequestOutput`` deltas; ``audio`` makes it an audio stream's request
+        (served by its playback deadline, released in chunks)."""
         rid = request_id or f"req-{uuid.uuid4().hex}"
         if not self.alive():
             raise EngineDeadError(f"the engine has stopped ({self._dead!r}); restart the server")
@@ -87,7 +91,7 @@ class AsyncEngine:
         self._streams[rid] = (asyncio.get_running_loop(), stream)
         with self._count_lock:
             self._pending_adds += 1
-        self._post("add", (list(prompt_token_ids), params, rid, spans, stage_request))
+        self._post("add", (list(prompt_token_ids), params, rid, spans, stage_request, audio))
         done = False
         try:
             while True:
@@ -168,6 +172,10 @@ class AsyncEngine:
                     continue
             for out in outputs:
                 self._deliver(out.request_id, out)
+            idle = self.engine.idle_for()  # audio streams ahead of playback: nothing to run
+            if idle > 0:
+                self._wake.wait(timeout=min(idle, 0.1))
+                self._wake.clear()
 
     def _drain_inbox(self) -> None:
         while True:
@@ -178,11 +186,11 @@ class AsyncEngine:
             if kind == "add":
                 with self._count_lock:
                     self._pending_adds -= 1
-                prompt, params, rid, spans, staged = payload
+                prompt, params, rid, spans, staged, audio = payload
                 if rid not in self._streams:
                     continue  # the consumer went away before we saw the request
                 try:
-                    self.engine.add_request(prompt, params, rid, spans)
+                    self.engine.add_request(prompt, params, rid, spans, audio)
                     if staged is not None:
                         self.stage.open(rid, staged)  # type: ignore[union-attr]
                 except Exception as exc:

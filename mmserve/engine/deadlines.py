@@ -157,7 +157,7 @@ class AudioPolicy:
     def chunk(self, req: Request, n: int) -> int:
         """``n`` tokens of ``req``'s pending prompt, cut to the text room left this step
         (audio requests and decodes are never cut)."""
-        if req.audio is not None or n <= 1 or self._text_tokens == float("inf"):
+        if n <= 1 or self._text_tokens == float("inf") or req.audio is not None:
             return n
         take = int(min(n, self._text_tokens))
         self._text_tokens -= take
@@ -194,7 +194,7 @@ class AudioPolicy:
     def admits(self, req: Request) -> bool:
         """May waiting ``req`` start now? (Called in ``waiting``'s order; a False ends the
         step's admissions, so requests that must wait are sorted last.)"""
-        if req.audio is None:
+        if not self.streams or req.audio is None:  # (no streams: no audio request at all)
             return self._text_tokens >= 1
         if not self._turn(req):
             return False
