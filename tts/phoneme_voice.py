@@ -82,7 +82,9 @@ class PhonemeVoice(Voice):
         self.layout = self.vocab.layout()
         self.codec_dir = path / meta.get("codec", "codec")
         self.temperature = float(meta.get("temperature", 0.0))
+        # a piece's frames are bounded by frames_per_phoneme * phonemes + frame_slack
         self.frames_per_phoneme = int(meta.get("max_frames_per_phoneme", 40))
+        self.frame_slack = int(meta.get("frame_slack", 25))
 
     def load_codec(self, device: torch.device | str = "cpu") -> StreamingCodec:
         from tts.framecodec import FrameCodec
@@ -109,6 +111,6 @@ class PhonemeVoice(Voice):
 
     def sampling(self, prompt: list[int], seed: int | None = None) -> SamplingParams:
         phonemes = len([t for t in prompt if self.layout.is_q(t)])
-        frames = self.frames_per_phoneme * phonemes + 25
+        frames = self.frames_per_phoneme * phonemes + self.frame_slack
         return SamplingParams(temperature=self.temperature, max_tokens=2 * frames + 1,
                               stop_token_ids=[EOS], seed=seed)

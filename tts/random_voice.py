@@ -135,7 +135,8 @@ def random_phoneme_voice(out: Path, frames_per_phoneme: int = 1, seed: int = 0) 
     _codes_only_head(out, vocab.code_base, seed)
     meta = {"kind": "phoneme-frame", "name": "random", "symbols": vocab.symbols,
             "num_q": vocab.num_q, "codebook": vocab.codebook, "codec": "codec",
-            "temperature": 0.0, "max_frames_per_phoneme": frames_per_phoneme}
+            "temperature": 0.0, "max_frames_per_phoneme": frames_per_phoneme,
+            "frame_slack": 2}
     (out / "voice.json").write_text(json.dumps(meta))
     return out
 

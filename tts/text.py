@@ -5,6 +5,12 @@ sentence ends first, then at clause punctuation, then between words, so no piece
 longer than ``max_chars`` (a word longer than that is cut). Every character of the input
 lands in exactly one piece (whitespace between pieces aside), so nothing is dropped.
 
+``ClauseStream`` does the same incrementally, for text that is still being written (an LLM's
+answer spoken while it streams): ``feed(delta)`` returns the pieces that became complete
+(a sentence end, or a clause mark once the piece has ``min_chars``, or ``max_chars`` cut
+between words) and ``flush()`` the rest; the pieces do not depend on how the text was
+chunked.
+
 ``phoneme_symbols`` turns espeak's phoneme events into the symbol string the default
 voice reads: each phoneme (stress marks kept), ``|`` before each word but the first, and
 the punctuation that caused a clause pause (``, . ? ! ; :``) just before that pause, since
@@ -55,6 +61,41 @@ def _pack(parts: list[str], limit: int, sep: str, cut: bool = False) -> list[str
     if cur:
         pieces.append(cur)
     return pieces
+
+
+class ClauseStream:
+    """Incremental clause splitting (see the module docstring)."""
+
+    def __init__(self, min_chars: int = 20, max_chars: int = 200) -> None:
+        self.min_chars, self.max_chars = min_chars, max_chars
+        self.buf = ""
+
+    def feed(self, delta: str) -> list[str]:
+        self.buf += delta
+        out = []
+        while (cut := self._cut()) is not None:
+            piece, self.buf = self.buf[:cut].strip(), self.buf[cut:]
+            if piece:
+                out.append(piece)
+        return out
+
+    def flush(self) -> list[str]:
+        rest, self.buf = self.buf.strip(), ""
+        return [rest] if rest else []
+
+    def _cut(self) -> int | None:
+        """Where the first complete piece of ``buf`` ends (after the whitespace that
+        proves it ended), or None while it may still grow."""
+        for m in re.finditer(r"[.!?][\"')\]]?\s|[,;:]\s|\s[-\u2013\u2014]\s", self.buf):
+            end = m.end()
+            if len(self.buf[:end].rstrip()) > self.max_chars:
+                break  # too long a piece: cut between words below
+            if m.group(0)[0] in ".!?" or len(self.buf[:end].strip()) >= self.min_chars:
+                return end
+        if len(self.buf) > self.max_chars:
+            space = self.buf.rfind(" ", 0, self.max_chars + 1)
+            return space + 1 if space > 0 else self.max_chars
+        return None
 
 
 @dataclass

@@ -99,7 +99,12 @@ def run_speech_bench(voices: list[str], streams: list[int], seconds: float, devi
         for n in streams:
             rows[str(n)] = _run(bench, n, seconds)
             print(_line(name, n, rows[str(n)]), flush=True)
+        costs = codec_costs(bench.stage.codec, [1, 8, max(streams)])
+        print(f"{name:<12} codec alone: " + ", ".join(
+            f"b{b} {c['ms_per_step']:.2f} ms/step ({c['rtf']:.4f} RTF)" for b, c in costs.items()),
+            flush=True)
         result["voices"][name] = {"frontend_ms": bench.frontend_ms, "runs": rows,
+                                  "codec_alone": costs,
                                   "tokens_per_frame": bench.tokens_per_frame,
                                   "frame_ms": 1000 * bench.stage.codec.frame_duration,
                                   "codec": type(bench.stage.codec).__name__}
@@ -150,6 +155,25 @@ def _run(b: Bench, n: int, seconds: float) -> dict:
             "rtf_per_stream_p50": _pct(rtf, 50), "rtf_per_stream_max": max(rtf),
             "rtf_aggregate": wall / audio_s, "audio_s_per_stream": audio_s / n,
             "wall_s": wall, "codec_share": codec_s / wall}
+
+
+def codec_costs(codec, batches: list[int], steps: int = 8) -> dict[str, dict]:
+    """The codec alone, streaming one frame a row a step at each batch size: ms a step and
+    its real-time factor (step time over one frame's duration). Where a codec can run is
+    read from this: RTF < 1 at the batch a server needs."""
+    out = {}
+    for b in sorted(set(batches)):
+        state = codec.init_state(b)
+        codes = torch.randint(0, codec.codebook_size, (b, 1, codec.codes_per_frame))
+        codec.step(codes, state)  # warm-up
+        if codec.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(steps):
+            codec.step(codes, state).rows()
+        ms = 1000 * (time.perf_counter() - t) / steps
+        out[str(b)] = {"ms_per_step": ms, "rtf": ms / 1000 / codec.frame_duration}
+    return out
 
 
 def _params(b: Bench):

@@ -73,3 +73,26 @@ def test_voice_train_end_to_end_at_toy_scale(tmp_path):
     synth.voice.frames_per_phoneme = 1  # an untrained model: bound its output
     audio = synth.synthesize("Hi.")
     assert audio.sample_rate == 24000 and len(audio.samples) % 480 == 0
+
+
+def test_clause_stream_pieces_do_not_depend_on_chunking():
+    import random
+
+    from tts.text import ClauseStream
+
+    text = ("Well, I think so. The answer, as far as I can tell, is 42; or maybe not! "
+            "Here is a very long run of words without any punctuation at all that keeps "
+            "going and going until it must be cut somewhere sensible - then it ends.")
+
+    def pieces(chunks: list[str]) -> list[str]:
+        cs = ClauseStream(min_chars=15, max_chars=60)
+        out = [p for c in chunks for p in cs.feed(c)]
+        return out + cs.flush()
+
+    whole = pieces([text])
+    assert all(len(p) <= 60 for p in whole) and whole[0] == "Well, I think so."
+    assert " ".join(whole).split() == text.split()
+    rng = random.Random(0)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), 12))
+        assert pieces([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]) == whole
