@@ -95,4 +95,5 @@ def test_clause_stream_pieces_do_not_depend_on_chunking():
     rng = random.Random(0)
     for _ in range(20):
         cuts = sorted(rng.sample(range(1, len(text)), 12))
-        assert pieces([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]) == whole
+        bounds = zip([0, *cuts], [*cuts, len(text)], strict=True)
+        assert pieces([text[a:b] for a, b in bounds]) == whole
