@@ -18,7 +18,8 @@ Mode ``deadline``:
 - *Lead cap.* A stream whose laxity exceeds ``lead_s`` (its client holds more audio
   than it needs) skips the step: steps stay small, so chunks that are due, and first
   chunks, come sooner.
-- *Admission control.* A new stream starts only if, with it, every admitted stream can
+- *Admission control.* A new stream starts only if no stream is admitted (there is
+  nobody to protect, however slow the machine), or if, with it, every admitted stream can
   still play in real time: the smallest ``m <= window`` rows whose step (plus the text
   rows running) carries the streams' total demand, ``m / t(m + text) >= demand /
   headroom``, also gives each stream one token often enough (``1 / t >= max rate /
@@ -88,14 +89,15 @@ class AudioPolicy:
         st.live[req.request_id] = None
         req.playback = st
 
-    def detach(self, req: Request) -> None:
+    def detach(self, req: Request, aborted: bool = False) -> None:
         """A request finished or was aborted; a stream with nothing live and nothing
-        left to play is dropped (and its reserved demand with it)."""
+        left to play is dropped (and its reserved demand with it), as is one whose last
+        request ended or whose requests were all aborted (its listener stopped)."""
         st = req.playback
         if st is None:
             return
         st.live.pop(req.request_id, None)
-        if not st.live and req.audio is not None and req.audio.last:
+        if not st.live and req.audio is not None and (req.audio.last or aborted):
             self.streams.pop(req.audio.stream_id, None)
             self.admitted.discard(req.audio.stream_id)
         self._sweep(self.clock())
@@ -202,8 +204,8 @@ class AudioPolicy:
         if not self.deadline or sid in self.admitted:
             self.admitted.add(sid)
             return True
-        if self._admits_left <= 0 or not self._fits(req.audio):
-            return False
+        if self.admitted and (self._admits_left <= 0 or not self._fits(req.audio)):
+            return False  # (with no stream playing there is nobody to protect: admit)
         self._admits_left -= 1
         self.admitted.add(sid)
         return True

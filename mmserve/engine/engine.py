@@ -269,7 +269,7 @@ class LLMEngine:
         if req is None or req.finished:
             return None
         self.scheduler.finish(req)
-        self.scheduler.policy.detach(req)
+        self.scheduler.policy.detach(req, aborted=True)
         if self.spec is not None:
             self.spec.forget(request_id)
         req.finish_reason = "abort"
