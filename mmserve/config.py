@@ -113,6 +113,7 @@ class ServerConfig:
     max_json_depth: int = 64  # nesting of a request body or a WS event
     realtime_max_items: int = 1024  # conversation items per Realtime session
     realtime_max_bytes: int = 4 << 20  # UTF-8 bytes of all items' text per Realtime session
+    realtime_audio_buffer_ms: int = 200  # the client buffer spoken answers are scheduled for
     retry_after_s: int = 1  # the Retry-After header of a 429
     # -- connections --
     max_connections: int = 2048  # open HTTP/WS connections (the oldest idle one makes room)
@@ -139,6 +140,7 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         for name in ("max_prompt_bytes", "max_stop_strings", "max_stop_str_chars",
                      "max_json_depth", "realtime_max_items", "realtime_max_bytes",
+                     "realtime_audio_buffer_ms",
                      "retry_after_s", "max_connections", "keep_alive_timeout_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -22,6 +22,7 @@ from mmserve.server.protocol_out import ModelCard, ModelList
 from mmserve.server.realtime import router as realtime_router
 from mmserve.server.routes_chat import router as chat_router
 from mmserve.server.routes_completions import router as completions_router
+from mmserve.server.routes_demo import router as demo_router
 from mmserve.server.routes_speech import router as speech_router
 from mmserve.server.serving import ServerState, get_state
 
@@ -72,12 +73,14 @@ def create_app(engine: EngineClient, server_config: ServerConfig | None = None,
         getattr(engine.tokenizer, "chat_template", None),
     )
     metrics_ = ServerMetrics(engine.stats, model_name)
+    if speech is not None:  # the voice engine's series (audio streams, refusals, KV)
+        metrics_.add_engine(speech.engine.stats, speech.model_name)
     app = FastAPI(title="mmserve", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.mm = ServerState(engine, config, model_name, formats, metrics_)
     app.state.speech, app.state.speech_max_chars = speech, max_speech_input_chars
     install_error_handlers(app)
     for router in (basic_router, chat_router, completions_router, realtime_router,
-                   speech_router):
+                   speech_router, demo_router):
         app.include_router(router)
     app.add_middleware(
         ServingMiddleware,

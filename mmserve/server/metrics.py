@@ -10,6 +10,7 @@ drift from the engine's own counters.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -19,6 +20,8 @@ from mmserve.engine.outputs import EngineStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+_RTF_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
+_GAP_BUCKETS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 KNOWN_ENDPOINTS = (
@@ -84,6 +87,11 @@ class EngineStatsCollector(Collector):
             "second than plain decode steps",
             s.spec_guard_pauses_total,
         )
+        yield gauge("audio_streams_active", "Audio streams the engine holds (playing or queued)",
+                    s.audio_streams_active)
+        yield counter("audio_streams_refused",
+                      "Audio streams refused by admission control: they could not start "
+                      "without making a playing stream late", s.audio_streams_refused_total)
         yield counter("encoder_calls", "Batched calls of the span (image) encoder",
                       s.encoder_calls_total)
         yield counter("encoder_payloads", "Images (or other payloads) encoded",
@@ -139,7 +147,44 @@ class ServerMetrics:
             buckets=_REQUEST_BUCKETS,
             registry=self.registry,
         )
+        self.ttfa = Histogram(
+            "mmserve_time_to_first_audio_seconds",
+            "Time from response.create to the first audio delta sent",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.audio_rtf = Histogram(
+            "mmserve_audio_stream_rtf",
+            "Real-time factor of a spoken response: time to its last audio over its duration",
+            buckets=_RTF_BUCKETS,
+            registry=self.registry,
+        )
+        self.audio_gap = Histogram(
+            "mmserve_audio_stream_worst_gap_seconds",
+            "Longest silence (underrun) a spoken response's client had, by the client model "
+            "(its buffer, then real-time playback)",
+            buckets=_GAP_BUCKETS,
+            registry=self.registry,
+        )
+        self.audio_streams = Counter(
+            "mmserve_audio_streams",
+            "Spoken responses by outcome: played without an underrun, with one, or refused "
+            "by the voice engine's admission control",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.registry.register(EngineStatsCollector(stats, model))
+
+    def add_engine(self, stats: Callable[[], EngineStats], model: str) -> None:
+        """Export another engine's series (the voice's), labelled with its model name."""
+        self.registry.register(EngineStatsCollector(stats, model))
+
+    def observe_audio_stream(self, heard: Any) -> None:
+        """One spoken response as its client heard it (a ``playback_client.Playback``)."""
+        self.audio_rtf.observe(heard.rtf)
+        self.audio_gap.observe(heard.worst_gap_s)
+        self.audio_streams.labels(outcome="underrun" if heard.worst_gap_s > 0
+                                  else "no_underrun").inc()
 
     def count_request(self, path: str, status: int) -> None:
         endpoint = path if path in KNOWN_ENDPOINTS else "other"

@@ -22,6 +22,7 @@ from mmserve.errors import MMServeError
 from mmserve.server.errors import from_exception
 from mmserve.server.limits import check_json, check_prompt_bytes
 from mmserve.server.memory import trim_heap
+from mmserve.server.realtime_audio_run import AudioResponseRun
 from mmserve.server.realtime_conversation import Conversation, RealtimeError
 from mmserve.server.realtime_protocol import (
     CLIENT_EVENTS,
@@ -32,6 +33,7 @@ from mmserve.server.realtime_protocol import (
     server_event,
 )
 from mmserve.server.realtime_response import ResponseRun, template_messages
+from mmserve.server.realtime_voice import SessionVoice
 from mmserve.server.serving import ServerState
 
 router = APIRouter()
@@ -47,12 +49,14 @@ class RealtimeSocket:
         self.ws = ws
         self.state = state
         self.session_id = object_id("sess")
+        self.voice = SessionVoice(getattr(ws.app.state, "speech", None))
         self.config = SessionConfig(
             instructions=DEFAULT_INSTRUCTIONS,
             max_output_tokens="inf",
-            output_modalities=["text"],
+            output_modalities=["audio"] if self.voice.available else ["text"],
             tools=[],
             tool_choice="auto",
+            audio=self.voice.audio_config() if self.voice.available else None,
         )
         cfg = state.config
         self.conversation = Conversation(
@@ -152,14 +156,11 @@ class RealtimeSocket:
 
     async def on_session_update(self, event: Any) -> None:
         update = event.session
-        if update.output_modalities and "audio" in update.output_modalities:
-            raise RealtimeError(
-                "audio output is not supported yet; use output_modalities ['text']",
-                "unsupported_modality",
-                "session.output_modalities",
-            )
-        for name in update.model_fields_set - {"type"}:
+        self.voice.apply(update)  # raises before anything changes
+        for name in update.model_fields_set - {"type", "voice", "output_audio_format"}:
             setattr(self.config, name, getattr(update, name))
+        if self.voice.available:
+            self.config.audio = self.voice.audio_config()
         await self.send(server_event("session.updated", session=self.session_wire()))
 
     async def on_conversation_item_create(self, event: Any) -> None:
@@ -175,6 +176,12 @@ class RealtimeSocket:
     async def on_conversation_item_delete(self, event: Any) -> None:
         self.conversation.delete(event.item_id)
         await self.send(server_event("conversation.item.deleted", item_id=event.item_id))
+
+    async def on_conversation_item_truncate(self, event: Any) -> None:
+        self.voice.truncate(event, self.conversation)
+        await self.send(server_event("conversation.item.truncated", item_id=event.item_id,
+                                     content_index=event.content_index,
+                                     audio_end_ms=event.audio_end_ms))
 
     async def on_conversation_item_retrieve(self, event: Any) -> None:
         item = self.conversation.get(event.item_id)
@@ -202,12 +209,10 @@ class RealtimeSocket:
 
     def _new_run(self, params: Any) -> ResponseRun:
         cfg = self.config
-        if params is not None and params.output_modalities and "audio" in params.output_modalities:
-            raise RealtimeError(
-                "audio output is not supported yet",
-                "unsupported_modality",
-                "response.output_modalities",
-            )
+        modalities = (params.output_modalities if params and params.output_modalities
+                      else cfg.output_modalities) or ["text"]
+        if "audio" in modalities:
+            self.voice.require("response.output_modalities")
         instructions = (
             params.instructions if params and params.instructions is not None else cfg.instructions
         )
@@ -221,7 +226,7 @@ class RealtimeSocket:
         messages = template_messages(instructions, list(items))
         check_prompt_bytes((str(m.get("content") or "") for m in messages),
                            self.state.config.max_prompt_bytes, "input")
-        return ResponseRun(
+        common = dict(
             engine=self.state.engine,
             send=self.send,
             messages=messages,
@@ -230,6 +235,13 @@ class RealtimeSocket:
             conversation_id=None if out_of_band else self.conversation.id,
             metadata=params.metadata if params else None,
         )
+        if "audio" not in modalities:
+            return ResponseRun(**common)  # type: ignore[arg-type]
+        run = AudioResponseRun(**common, speech=self.voice.speech,  # type: ignore[arg-type]
+                               voice=self.voice.voice, metrics=self.state.metrics,
+                               buffer_s=self.state.config.realtime_audio_buffer_ms / 1000)
+        self.voice.remember(run.item.id, run.timeline)  # type: ignore[arg-type]
+        return run
 
     async def _run_active(self, run: ResponseRun) -> None:
         try:

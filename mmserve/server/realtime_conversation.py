@@ -10,7 +10,7 @@ from __future__ import annotations
 from mmserve.server.limits import utf8_len
 from mmserve.server.realtime_protocol import Item, object_id
 
-TEXT_PARTS = ("input_text", "text", "output_text")
+TEXT_PARTS = ("input_text", "text", "output_text", "output_audio")  # audio: its transcript
 
 
 class RealtimeError(Exception):
@@ -105,6 +105,15 @@ class Conversation:
         self.items.insert(position, item)
         self.num_bytes += size
         return self.items[position - 1].id if position > 0 else None
+
+    def set_transcript(self, item_id: str, transcript: str) -> None:
+        """An assistant audio item's transcript, cut to what its listener heard."""
+        item = self.get(item_id)
+        before = item_bytes(item)
+        for part in item.content:
+            if part.type == "output_audio":
+                part.transcript = transcript
+        self.num_bytes += item_bytes(item) - before
 
     def delete(self, item_id: str) -> None:
         item = self.items.pop(self.index_of(item_id))

@@ -1,4 +1,4 @@
-"""Pydantic models of the OpenAI Realtime (GA) event protocol, text subset.
+"""Pydantic models of the OpenAI Realtime (GA) event protocol: text in, text or audio out.
 
 Client events are parsed leniently (unknown fields ignored) into the models
 below; server events are built from them and serialized without ``None`` fields,
@@ -17,7 +17,6 @@ NOT_YET_SUPPORTED = (
     "input_audio_buffer.commit",
     "input_audio_buffer.clear",
     "output_audio_buffer.clear",
-    "conversation.item.truncate",
 )
 
 
@@ -71,6 +70,21 @@ class Item(_In):
         return data
 
 
+class AudioFormat(_In):
+    type: str = "audio/pcm"
+    rate: int | None = None
+
+
+class AudioOutput(_In):
+    format: AudioFormat | None = None
+    voice: str | dict[str, Any] | None = None
+    speed: float | None = Field(default=None, ge=0.25, le=1.5)
+
+
+class AudioConfig(_In):
+    output: AudioOutput | None = None
+
+
 class SessionConfig(_In):
     type: Literal["realtime"] = "realtime"
     instructions: str | None = None
@@ -80,6 +94,9 @@ class SessionConfig(_In):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)  # beta field, still honoured
+    audio: AudioConfig | None = None
+    voice: str | None = Field(default=None, exclude=True)  # beta: audio.output.voice
+    output_audio_format: str | None = Field(default=None, exclude=True)  # beta: "pcm16"
 
 
 class ResponseParams(_In):
@@ -117,6 +134,14 @@ class ResponseCreate(_In):
     response: ResponseParams | None = None
 
 
+class ItemTruncate(_In):
+    type: Literal["conversation.item.truncate"]
+    event_id: str | None = None
+    item_id: str
+    content_index: int = Field(default=0, ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
 class ResponseCancel(_In):
     type: Literal["response.cancel"]
     event_id: str | None = None
@@ -130,6 +155,7 @@ CLIENT_EVENTS: dict[str, type[_In]] = {
     "conversation.item.retrieve": ItemRef,
     "response.create": ResponseCreate,
     "response.cancel": ResponseCancel,
+    "conversation.item.truncate": ItemTruncate,
 }
 
 

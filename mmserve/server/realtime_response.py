@@ -113,12 +113,7 @@ class ResponseRun:
                 await self._fail(exc)
                 return None
             await self._open_parts()
-            async for out in stream:
-                await self._delta(out)
-                if out.finished:
-                    status, reason = _DONE_STATUS.get(
-                        out.finish_reason or "stop", ("completed", None)
-                    )
+            status, reason = await self._consume(stream)
         except asyncio.CancelledError:
             if not self.cancel_requested:
                 raise
@@ -135,6 +130,15 @@ class ResponseRun:
             return None
         await self._close_parts(status, reason)
         return self.item
+
+    async def _consume(self, stream: Any) -> tuple[ResponseStatus, str | None]:
+        """Stream the model's output to the client -> the response's status and reason."""
+        status: tuple[ResponseStatus, str | None] = ("completed", None)
+        async for out in stream:
+            await self._delta(out)
+            if out.finished:
+                status = finish_status(out)
+        return status
 
     async def _start(self) -> Any:
         """Template, check limits, submit; the first output is awaited so errors show here."""
@@ -217,6 +221,11 @@ class ResponseRun:
         await self.send(error_event(err["message"], err["code"], err["param"], type_=err["type"]))
         details = ResponseStatusDetails(type="failed", error=err)
         await self.send(server_event("response.done", response=self._response("failed", details)))
+
+
+def finish_status(out: RequestOutput) -> tuple[ResponseStatus, str | None]:
+    """A finished output's response status and reason."""
+    return _DONE_STATUS.get(out.finish_reason or "stop", ("completed", None))
 
 
 async def _prepend(first: RequestOutput, rest: Any) -> Any:
