@@ -3,7 +3,8 @@
 The API key is checked the same way for HTTP and the WebSocket handshake
 (``Authorization: Bearer <key>``; browsers, which cannot set headers on a
 WebSocket, may offer the ``openai-insecure-api-key.<key>`` subprotocol as the
-OpenAI Realtime API allows). ``/health`` is always open. Bodies over
+OpenAI Realtime API allows). ``/health`` and the static ``/demo/voice`` page are
+always open. Bodies over
 ``max_body_bytes`` are refused with 413, whether they announce their length or
 are sent chunked.
 """
@@ -19,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mmserve.server.errors import error_response
 from mmserve.server.metrics import ServerMetrics
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/demo/voice"})  # the page is static; its socket is not
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 
 
