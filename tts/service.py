@@ -44,13 +44,16 @@ class SpeechService:
 
     @classmethod
     def start(cls, voice: str | Voice | None = None, device: str = "auto",
-              snac: str | None = None, **engine_options: Any) -> SpeechService:
+              snac: str | None = None, share_loop_with: AsyncEngine | None = None,
+              **engine_options: Any) -> SpeechService:
+        """``share_loop_with``: the LLM's engine, whose loop then steps the voice too (one
+        thread, one GPU; ``AsyncEngine``); None: the voice gets a loop of its own."""
         from tts.engine import voice_engine
         from tts.registry import load
 
         v = voice if isinstance(voice, Voice) else load(voice, snac)
         engine, stage = voice_engine(v, device, **engine_options)
-        return cls(v, AsyncEngine(engine, v.name, stage=stage))
+        return cls(v, AsyncEngine(engine, v.name, stage=stage, share_loop_with=share_loop_with))
 
     @property
     def model_name(self) -> str:

@@ -12,6 +12,13 @@ engine thread after each step, on the engine's device: it turns the step's token
 what the request streams (PCM), so that, not the tokens, leaves the loop. A request
 carries a payload for it (``generate(..., stage_request=...)``); an aborted request's
 stage state is released with its blocks.
+
+Engines can share one loop (``AsyncEngine(voice, ..., share_loop_with=text)``): the LLM
+and the voice that speaks its answers then step in turn on one thread, one process, one
+GPU, the guest (the voice, whose audio has deadlines) first in every round, and a loop
+that has nothing to run sleeps until the earliest audio deadline or the next request. The
+voice's step cost then counts the whole round, the LLM's step included, so its admission
+control sees the rate at which it really gets steps.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ class OutputStage(Protocol):
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, name: str, stage: OutputStage | None = None) -> None:
+    def __init__(self, engine: LLMEngine, name: str, stage: OutputStage | None = None,
+                 share_loop_with: AsyncEngine | None = None) -> None:
         self.engine, self.model_name, self.stage = engine, name, stage
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
@@ -59,10 +67,18 @@ class AsyncEngine:
         self._pending_adds = 0  # adds posted but not yet seen by the engine thread
         self._count_lock = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._wake = threading.Event()
         self._stopping = False
         self._dead: BaseException | None = None  # why the loop ended, if it did unasked
         self._step_since: float | None = None  # monotonic start of the step running now
+        self._guests: list[AsyncEngine] = []  # engines stepped by this one's loop
+        self._host = share_loop_with
+        self._wake: threading.Event
+        self._thread: threading.Thread
+        if share_loop_with is not None:  # step on the host's thread, woken by its event
+            self._wake, self._thread = share_loop_with._wake, share_loop_with._thread
+            share_loop_with._guests.append(self)
+            return
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mmserve-engine", daemon=True)
         self._thread.start()
 
@@ -115,7 +131,8 @@ class AsyncEngine:
         return self.engine.stats()
 
     def alive(self) -> bool:
-        return self._dead is None and self._thread.is_alive()
+        host = self._host or self
+        return self._dead is None and host._dead is None and self._thread.is_alive()
 
     def step_seconds(self) -> float:
         """How long the step running now has run (0.0 between steps): a step that never
@@ -128,6 +145,9 @@ class AsyncEngine:
 
     def shutdown_sync(self) -> None:
         self._stopping = True
+        if self._host is not None:  # a guest leaves the host's loop (between its rounds)
+            self._host._guests = [g for g in self._host._guests if g is not self]
+            return
         self._wake.set()
         self._thread.join(timeout=30)
 
@@ -144,38 +164,47 @@ class AsyncEngine:
         except BaseException as exc:
             self._dead = exc
             log.exception("the engine loop died")
-            for rid in list(self._streams):
-                self._deliver(rid, EngineDeadError(f"the engine has stopped: {exc!r}"))
+            for member in (*self._guests, self):
+                for rid in list(member._streams):
+                    member._deliver(rid, EngineDeadError(f"the engine has stopped: {exc!r}"))
 
     def _steps(self) -> None:
         while not self._stopping:
-            self._drain_inbox()
-            if not self.engine.has_unfinished():
+            members = (*self._guests, self)  # guests (a voice: deadlines) first
+            for m in members:
+                m._drain_inbox()
+            busy = [m for m in members if m.engine.has_unfinished()]
+            if not busy:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
                 continue
-            self._step_since = time.monotonic()
-            try:
-                outputs = self.engine.step()
-            except Exception as exc:  # a bug must not kill the server: fail in-flight requests
-                log.exception("engine step failed")
-                self._fail_all(exc)
-                continue
-            finally:
-                self._step_since = None
-            if self.stage is not None:
-                try:
-                    self.stage.process(outputs)
-                except Exception as exc:
-                    log.exception("output stage failed")
-                    self._fail_all(exc)
-                    continue
-            for out in outputs:
-                self._deliver(out.request_id, out)
-            idle = self.engine.idle_for()  # audio streams ahead of playback: nothing to run
+            # audio streams all ahead of their playback: nothing to run until a deadline
+            idle = min(m._step_once() for m in busy)
             if idle > 0:
                 self._wake.wait(timeout=min(idle, 0.1))
                 self._wake.clear()
+
+    def _step_once(self) -> float:
+        """One step of this engine, its outputs delivered -> seconds it may now rest."""
+        self._step_since = time.monotonic()
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # a bug must not kill the server: fail in-flight requests
+            log.exception("engine step failed")
+            self._fail_all(exc)
+            return 0.0
+        finally:
+            self._step_since = None
+        if self.stage is not None:
+            try:
+                self.stage.process(outputs)
+            except Exception as exc:
+                log.exception("output stage failed")
+                self._fail_all(exc)
+                return 0.0
+        for out in outputs:
+            self._deliver(out.request_id, out)
+        return self.engine.idle_for()
 
     def _drain_inbox(self) -> None:
         while True:

@@ -223,14 +223,17 @@ class AudioPolicy:
                 return t * fastest <= 1.0
         return False
 
-    def end_step(self, rows: int, tokens: int) -> None:
-        """The engine ran a step of ``rows`` sequences and ``tokens`` tokens."""
+    def end_step(self, rows: int, tokens: int, busy: bool) -> None:
+        """The engine ran a step of ``rows`` sequences and ``tokens`` tokens; ``busy``:
+        it still has work. The time recorded is the whole period since the last step
+        ended while the engine was busy (whatever else its thread did in between: a
+        shared loop's other engine, delivering outputs), else since this step began."""
         now = self.clock()
-        start = self._begin if self._begin is not None else self._prev_end
+        start = self._prev_end if self._prev_end is not None else self._begin
         if start is not None:
             self.cost.record(rows, tokens, now - start)
         self._step_rows = max(1, rows)
-        self._begin, self._prev_end = None, now
+        self._begin, self._prev_end = None, (now if busy else None)
 
     def idle(self) -> None:
         """The engine had nothing to run: the next step's time starts afresh."""

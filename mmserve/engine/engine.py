@@ -385,7 +385,7 @@ class LLMEngine:
         if self._ahead is not None:  # that text work falls in the next step's time
             self._carried_emit = (time.perf_counter() - t) * share
         policy = self.scheduler.policy
-        policy.end_step(len(seqs), sum(s.num_tokens for s in seqs))
+        policy.end_step(len(seqs), sum(s.num_tokens for s in seqs), self.scheduler.has_work())
         return [req.take_output() for req in done if policy.releases(req)] + self._refused()
 
     def _refused(self) -> list[RequestOutput]:

@@ -86,7 +86,7 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig,
     print(f"mmserve: loading {engine_config.model or 'the default model'} ...", flush=True)
     engine = AsyncEngine.from_config(engine_config)
     speech_config = speech_config or SpeechConfig()
-    speech = start_speech(speech_config) if speech_config.enabled else None
+    speech = start_speech(speech_config, engine) if speech_config.enabled else None
     # uvicorn re-raises the signal it caught once it has drained; make SIGTERM an exit
     # that unwinds (and shuts the engine down) instead of killing the process outright.
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -102,9 +102,11 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig,
     return 0
 
 
-def start_speech(config: SpeechConfig):  # -> tts.service.SpeechService | None
-    """The voice's engine and audio stage, for ``/v1/audio/speech`` (None, with a warning,
-    when the default voice is asked for but not installed)."""
+def start_speech(config: SpeechConfig, text_engine: object = None):  # -> SpeechService | None
+    """The voice's engine and audio stage, for ``/v1/audio/speech`` and spoken Realtime
+    answers, stepped by the LLM's own loop when that runs in this process (None, with a
+    warning, when the default voice is asked for but not installed)."""
+    from mmserve.engine.async_engine import AsyncEngine
     from tts.registry import DEFAULT_VOICE_DIR
     from tts.service import SpeechService
 
@@ -114,6 +116,8 @@ def start_speech(config: SpeechConfig):  # -> tts.service.SpeechService | None
         return None
     print(f"mmserve: loading voice {config.voice} ...", flush=True)
     return SpeechService.start(config.voice, config.voice_device, config.snac,
+                               share_loop_with=text_engine if isinstance(
+                                   text_engine, AsyncEngine) else None,
                                max_num_seqs=config.voice_max_num_seqs,
                                kv_cache_memory_mb=config.voice_kv_cache_memory_mb)
 
