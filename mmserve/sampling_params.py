@@ -27,6 +27,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # number of top logprobs per token; 0 = only the sampled one
     skip_special_tokens: bool = True
+    # False: token ids only, no text (a voice's audio tokens); stop strings need the text
+    detokenize: bool = True
     # constrain the output to a JSON schema, regex, choice, grammar or tool-call markup
     # (plain data: the engine compiles it); see docs/structured-output.md
     structured: StructuredOutput | None = None
@@ -62,6 +64,7 @@ class SamplingParams:
             f"logprobs must be between 0 and 20, got {self.logprobs}",
         )
         _check(all(s for s in self.stop), "stop strings must be non-empty")
+        _check(self.detokenize or not self.stop, "stop strings need detokenize=True")
         _check(self.structured is None or isinstance(self.structured, StructuredOutput),
                "structured must be a StructuredOutput")
         if self.structured is not None:

@@ -66,4 +66,4 @@ class OrpheusVoice(Voice):
     def sampling(self, prompt: list[int], seed: int | None = None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
                               max_tokens=self.max_tokens, stop_token_ids=[END_OF_SPEECH],
-                              seed=seed)
+                              seed=seed, detokenize=False)

@@ -113,4 +113,5 @@ class PhonemeVoice(Voice):
         phonemes = len([t for t in prompt if self.layout.is_q(t)])
         frames = self.frames_per_phoneme * phonemes + self.frame_slack
         return SamplingParams(temperature=self.temperature, max_tokens=2 * frames + 1,
-                              stop_token_ids=[EOS], seed=seed)
+                              stop_token_ids=[EOS], seed=seed,
+                              detokenize=False)

@@ -99,6 +99,8 @@ class AudioStage:
         pcm: dict[str, np.ndarray] = {}
         dev = self.codec.device
         for n, rids in groups.items():
+            # in slot order: every slot at once is the pool's own state, no gather/scatter
+            rids.sort(key=lambda r: self.streams[r].slot)  # type: ignore[arg-type,return-value]
             sts = [self.streams[r] for r in rids]
             codes = torch.tensor([s.pending for s in sts], dtype=torch.long)  # (B, n, K)
             slots = [s.slot for s in sts if s.slot is not None]

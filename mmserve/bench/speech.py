@@ -179,7 +179,7 @@ def codec_costs(codec, batches: list[int], steps: int = 8) -> dict[str, dict]:
 def _params(b: Bench):
     from mmserve.sampling_params import SamplingParams
 
-    return SamplingParams(temperature=0.0, ignore_eos=True)
+    return SamplingParams(temperature=0.0, ignore_eos=True, detokenize=False)
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -42,6 +42,9 @@ class TokenAppender:
 
     def _feed(self, req: Request, upto: int) -> str:
         """Detokenize output tokens up to ``upto``, one by one; the newest text."""
+        if not req.params.detokenize:  # ids only: nothing to decode
+            req.num_detok = max(req.num_detok, upto)
+            return ""
         new = ""
         for token in req.output_ids[req.num_detok:upto]:
             new = req.detok.add([token])

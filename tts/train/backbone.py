@@ -42,7 +42,8 @@ def build_lm_data(work: Path) -> Path:
         seqs.append(seq)
         starts.append(start)
         offsets.append(offsets[-1] + len(seq))
-    np.savez(work / "lm_data.tmp.npz", tokens=np.concatenate(seqs).astype(np.int32),
+    dtype = np.int16 if vocab.size < 2**15 else np.int32  # small enough to carry to a GPU
+    np.savez_compressed(work / "lm_data.tmp.npz", tokens=np.concatenate(seqs).astype(dtype),
              offsets=np.array(offsets, np.int64), loss_from=np.array(starts, np.int64),
              symbols=np.array(vocab.symbols), num_q=NUM_Q, codebook=vocab.codebook)
     (work / "lm_data.tmp.npz").replace(out)
