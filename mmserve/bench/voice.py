@@ -153,8 +153,13 @@ def run_voice_bench(voices: list[str], streams: list[int], seconds: float, devic
                               "buffer_ms": buffer_ms, "ramp_s": ramp_s,
                               "first_audio_target_ms": first_audio_ms, "voices": {}}
     for name in voices:
-        target = (gepard_target(opts, tiny) if name.startswith("gepard")
-                  else default_voice_target(opts))
+        try:
+            target = (gepard_target(opts, tiny) if name.startswith("gepard")
+                      else default_voice_target(opts, None if name == "default" else name))
+        except (FileNotFoundError, ValueError, ImportError) as exc:  # e.g. no default voice
+            print(f"{name}: skipped ({exc})", flush=True)
+            result["voices"][name] = {"skipped": str(exc)}
+            continue
         args = (seconds, ramp_s, buffer_ms / 1000, first_audio_ms / 1000)
         run_load(target, "fifo", min(streams), *args)  # warm-up: graphs, caches, step cost
         rows = []
@@ -181,7 +186,9 @@ def run_voice_bench(voices: list[str], streams: list[int], seconds: float, devic
     from mmserve.bench.voice_report import plot, table
 
     print(table(result))
-    plot(result, out / "voice.png")
+    if not plot(result, out / "voice.png"):
+        print(f"no matplotlib here: plot elsewhere with python -m mmserve.bench.voice_report "
+              f"{out / 'voice.json'}", flush=True)
     return result
 
 

@@ -18,7 +18,9 @@ def table(result: dict[str, Any]) -> str:
              "voice           mode      streams text  served refused  ttfa p50   p95    max  "
              "no-underrun  worst gap p95   max  rtf p50  text ttft/itl ms"]
     for name, v in result["voices"].items():
-        for r in v["loads"]:
+        if "skipped" in v:
+            lines.append(f"{name:<15} skipped: {v['skipped']}")
+        for r in v.get("loads", []):
             t, g = r["ttfa_ms"], r["worst_gap_ms"]
             share = r["no_underrun_share"]
             text = r.get("text")
@@ -51,7 +53,8 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     for ax, (title, get) in zip(axes, panels, strict=True):
         for name, v in result["voices"].items():
             for mode, style in (("deadline", "-o"), ("fifo", "--s")):
-                rows = [r for r in v["loads"] if r["mode"] == mode and not r["text_clients"]]
+                rows = [r for r in v.get("loads", [])
+                        if r["mode"] == mode and not r["text_clients"]]
                 pts = [(r["streams"], get(r)) for r in rows if get(r) is not None]
                 if pts:
                     ax.plot(*zip(*pts, strict=True), style, label=f"{name} {mode}")
@@ -67,3 +70,14 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+if __name__ == "__main__":  # the PNG from a voice.json made where matplotlib was missing
+    import json
+    import sys
+
+    src = Path(sys.argv[1])
+    data = json.loads(src.read_text())
+    print(table(data))
+    print("wrote", src.with_suffix(".png")) if plot(data, src.with_suffix(".png")) else print(
+        "matplotlib is not installed")

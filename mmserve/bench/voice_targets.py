@@ -6,8 +6,8 @@
   dimensions are Qwen2.5-0.5B's (hidden 896, 14 heads, 2 KV heads, MLP 4,864) with 30
   layers and a 49,152-token vocabulary: 0.49B parameters. Speed does not depend on the
   values; there is no codec behind it (the frames are counted, not decoded).
-- ``default``: the voice shipped with mmserve (``tts``), its codec decoding each chunk
-  on the engine's thread as it is served.
+- ``default`` (or a voice directory): the voice shipped with mmserve (``tts``), its codec
+  decoding each chunk on the engine's thread as it is served.
 
 ``tiny=True`` swaps the 0.5B backbone for a 2-layer one so the whole benchmark runs on a
 CPU (a proof that it works, not a figure).
@@ -108,12 +108,13 @@ def gepard_target(options: dict[str, Any], tiny: bool = False) -> VoiceTarget:
                        GEPARD_FRAME_S, 1, request)
 
 
-def default_voice_target(options: dict[str, Any]) -> VoiceTarget:
-    """The shipped voice (needs ``tts``'s default voice and its engine helpers)."""
+def default_voice_target(options: dict[str, Any], voice_dir: str | None = None
+                         ) -> VoiceTarget:
+    """The shipped voice, or the voice in ``voice_dir``, with its audio stage."""
     from tts.engine import voice_engine
     from tts.registry import load
 
-    voice = load(None)
+    voice = load(voice_dir)
     engine, stage = voice_engine(voice, **options)
     prompts = [voice.prompts(s)[0] for s in SENTENCES]
 
@@ -122,7 +123,7 @@ def default_voice_target(options: dict[str, Any]) -> VoiceTarget:
         return prompt, voice.sampling(prompt, seed=i)
 
     codec = stage.codec
-    return VoiceTarget("default", engine, stage, codec.frame_duration,
+    return VoiceTarget(voice.name if voice_dir else "default", engine, stage, codec.frame_duration,
                        voice.layout.tokens_per_frame, request, codec.sample_rate)
 
 
