@@ -18,6 +18,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+import torch
 from live_server import LiveServer
 from scripted_engine import ScriptedEngine
 
@@ -31,10 +32,13 @@ RATE = 24000
 
 @pytest.fixture(scope="module")
 def speech(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny voice: a second intra-op thread only costs
     path = random_phoneme_voice(tmp_path_factory.mktemp("voice"))
     svc = SpeechService.start(str(path), "cpu", max_num_seqs=8, kv_cache_memory_mb=32)
     yield svc, path
     svc.shutdown()
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
