@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from mmserve import LLM, SamplingParams
-from mmserve.spec.ngram_build import build_table
-from mmserve.spec.ngram_table import NgramTable
+from mmserve.speculative.ngram_build import build_table
+from mmserve.speculative.ngram_table import NgramTable
 
 
 def drop_page_cache(path: Path) -> None:

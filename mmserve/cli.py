@@ -521,7 +521,7 @@ def _ngram_flags(parser: argparse.ArgumentParser) -> None:
 def ngram(args: argparse.Namespace) -> int:
     from mmserve.models.hub import resolve_model
     from mmserve.models.tokenizer import Tokenizer
-    from mmserve.spec.ngram_build import build_table_from_jsonl
+    from mmserve.speculative.ngram_build import build_table_from_jsonl
 
     tok = Tokenizer(resolve_model(args.model))
     stats = build_table_from_jsonl(args.corpus, tok.encode, args.table, n=args.n,

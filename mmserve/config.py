@@ -87,7 +87,7 @@ class EngineConfig:
         self.spec_config()  # validate early, with SpecConfig's messages
 
     def spec_config(self):  # -> SpecConfig | None (lazy import keeps config import-light)
-        from mmserve.spec.config import SpecConfig
+        from mmserve.speculative.config import SpecConfig
 
         if self.speculative_config is None or self.speculative_config == "":
             return None

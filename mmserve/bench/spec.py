@@ -132,7 +132,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                 "identical": ids_plain == ids_spec,
                 "guard_pauses": after.spec_guard_pauses_total - before.spec_guard_pauses_total,
                 # steps whose drafts were held back because another request of the step
-                # would have run slower (mmserve.spec.controller, nobody waiting)
+                # would have run slower (mmserve.speculative.controller, nobody waiting)
                 "vetoed_steps": host.controller.vetoes - vetoes_before,
                 # what choosing k, drafting and the controller's bookkeeping cost the host
                 # each speculative step (measured here, on this machine's CPU)

@@ -50,13 +50,13 @@ from mmserve.engine.runner import ModelRunner, StepLogits
 from mmserve.engine.sampler import Sampler, SampleResult, SamplingState, adjusts
 from mmserve.engine.scheduler import ScheduledSeq, Scheduler
 from mmserve.engine.span_encoder import SpanEncoder, SpanMaterializer
-from mmserve.engine.speculation import Speculator
 from mmserve.engine.stop import StopChecker
 from mmserve.engine.token_output import TokenAppender
 from mmserve.errors import InvalidRequestError
 from mmserve.kernels.triton_copy import copy_flat
 from mmserve.models.base import CausalLM
 from mmserve.sampling_params import SamplingParams
+from mmserve.speculative.speculator import Speculator
 from mmserve.structured.grammar import GrammarCompiler
 
 log = logging.getLogger("mmserve")

@@ -11,6 +11,7 @@ import torch
 from mmserve.config import DEFAULT_MODEL, EngineConfig
 from mmserve.engine.engine import LLMEngine
 from mmserve.kernels.linear import q8_head_enabled, set_batch_invariant
+from mmserve.speculative.factory import build_speculator
 
 log = logging.getLogger("mmserve")
 
@@ -68,7 +69,7 @@ def create_engine(config: EngineConfig) -> LLMEngine:
         raise ValueError(f"max_model_len {limit} exceeds the model's context of "
                          f"{model.max_position_embeddings} tokens")
     engine = LLMEngine(config, model, tokenizer, limit, device, dtype,
-                       build_speculator(config, model, device, dtype))
+                       build_speculator(config.spec_config(), model, device, dtype))
     attach_connector(engine, config, path)
     return engine
 
@@ -85,35 +86,3 @@ def attach_connector(engine: LLMEngine, config: EngineConfig, model_path: Path) 
     engine.set_span_encoder(connector)
     engine.connector = connector
     log.info("loaded vision connector %s in %.2fs", where, time.perf_counter() - start)
-
-
-def build_speculator(config: EngineConfig, model, device: torch.device,
-                     dtype: torch.dtype):
-    """The drafter named by ``speculative_config`` wrapped for the engine, or None."""
-    from mmserve.engine.speculation import Speculator
-    from mmserve.spec.drafter import Drafter
-
-    spec = config.spec_config()
-    if spec is None:
-        return None
-    drafter: Drafter
-    if spec.method == "ngram":
-        from mmserve.spec.prompt_lookup import PromptLookupDrafter
-
-        drafter = PromptLookupDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
-    elif spec.method == "ngram_table":
-        from mmserve.spec.ngram_table import NgramTable, NgramTableDrafter
-
-        drafter = NgramTableDrafter(NgramTable(spec.table_path, spec.table_in_memory))
-    elif spec.method == "draft_model":
-        from mmserve.models.hub import resolve_model
-        from mmserve.models.registry import load_model
-        from mmserve.spec.draft_model import DraftModelDrafter
-
-        draft = load_model(resolve_model(spec.draft_model), dtype, device)
-        drafter = DraftModelDrafter(draft, device=device)
-    else:
-        from mmserve.spec.self_draft import SelfDrafter
-
-        drafter = SelfDrafter(model, spec.self_draft_layers or max(1, model.num_layers // 4))
-    return Speculator(spec, drafter)

@@ -1,8 +1,8 @@
 """The drafter interface: what every speculative drafter promises the engine.
 
 A drafter guesses the next few tokens of each request cheaply; the target model then
-verifies them in one forward pass (``mmserve.spec.verify``). The engine asks the
-controller (``mmserve.spec.controller``) how many tokens ``k`` to draft per request,
+verifies them in one forward pass (``mmserve.speculative.verify``). The engine asks the
+controller (``mmserve.speculative.controller``) how many tokens ``k`` to draft per request,
 calls ``Drafter.propose`` once per step with every request that has ``k > 0``, and
 calls ``Drafter.on_finished`` when a request ends (finished, cancelled or aborted).
 

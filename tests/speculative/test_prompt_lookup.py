@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmserve.spec.drafter import DraftRequest
-from mmserve.spec.prompt_lookup import PromptLookupDrafter
+from mmserve.speculative.drafter import DraftRequest
+from mmserve.speculative.prompt_lookup import PromptLookupDrafter
 
 
 def reference_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:

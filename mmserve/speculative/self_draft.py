@@ -21,7 +21,7 @@ from mmserve.kernels.rope import RotaryTable
 from mmserve.models.base import CausalLM
 from mmserve.models.gemma3 import Gemma3ForCausalLM
 from mmserve.models.llama import LlamaForCausalLM
-from mmserve.spec.draft_model import DraftModelDrafter
+from mmserve.speculative.draft_model import DraftModelDrafter
 
 
 class TruncatedModel(CausalLM):

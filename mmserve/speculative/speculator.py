@@ -13,17 +13,15 @@ and truncating the block table; no KV is copied.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
-from mmserve.engine.request import Request
-from mmserve.engine.sampler import Sampler
-from mmserve.engine.scheduler import ScheduledSeq
-from mmserve.spec.config import SpecConfig
-from mmserve.spec.controller import SpecController
-from mmserve.spec.drafter import Drafter, DraftRequest
-from mmserve.spec.verify import greedy_verify, rejection_sample
+from mmserve.speculative.config import SpecConfig
+from mmserve.speculative.controller import SpecController
+from mmserve.speculative.drafter import Drafter, DraftRequest
+from mmserve.speculative.interface import SpecRequest, TargetSampler, VerifySeq
+from mmserve.speculative.verify import greedy_verify, rejection_sample
 
 # a probe drafts only from a context match of at least this many tokens: on the bench
 # workloads (prompt lookup, k = 2, CPU) drafts from a 1-token match were accepted 10-13 %
@@ -44,13 +42,13 @@ class Speculator:
         self.host_steps = 0
         # the steady state: the running requests of the last step (all decoding) and the
         # shape choose() got, so a step with the same requests can skip the pass over them
-        self._last_running: list[Request] = []
+        self._last_running: list[SpecRequest] = []
         self._steady_shape: tuple[int, int] | None = None
         self._steady_ids: tuple[str, ...] = ()  # their ids, in order (as choose got them)
         self._quiet = False  # this step was taken as quiet (controller.quiet_step)
         # (running, decoding requests, their k): a choice ``propose_ahead`` made for the
         # coming step, drafted by ``propose`` if that step has the same requests
-        self._planned: tuple[list[Request], list[Request], list[int]] | None = None
+        self._planned: tuple[list[SpecRequest], list[SpecRequest], list[int]] | None = None
         self._quiet_steps = 0
         # requests the drafter has prepared (indexed) for, and this step's time doing so:
         # a one-off per request, kept out of the step's measured cost. Charged to a first
@@ -63,10 +61,10 @@ class Speculator:
         self._one_off = 0.0
         self._checks_matches = type(drafter).has_match is not Drafter.has_match
 
-    def propose(self, running: list[Request], waiting: int = 0) -> dict[str, list[int]]:
+    def propose(self, running: Sequence[SpecRequest], waiting: int = 0) -> dict[str, list[int]]:
         """Drafts for the decoding requests of the coming step, keyed by request id;
         ``waiting``: requests queued for a slot (none: each request's speed counts, see
-        ``mmserve.spec.controller``)."""
+        ``mmserve.speculative.controller``)."""
         start = time.perf_counter()
         self.controller.waiting = waiting
         drafts = self._propose(running)
@@ -74,7 +72,7 @@ class Speculator:
         self.host_steps += 1
         return drafts
 
-    def propose_ahead(self, running: list[Request], waiting: int = 0) -> bool:
+    def propose_ahead(self, running: Sequence[SpecRequest], waiting: int = 0) -> bool:
         """For a step launched before the last step's tokens reach the host (async
         scheduling): True if it drafts nothing, decided as ``propose`` decides it and
         counted as ``propose`` counts it, before those tokens are in (the steady path's
@@ -99,7 +97,7 @@ class Speculator:
         self.host_steps += plain
         return plain
 
-    def _steady_skip(self, running: list[Request]) -> bool:
+    def _steady_skip(self, running: Sequence[SpecRequest]) -> bool:
         """The steady path: with the same requests as the last planned step (all decoding
         then, so all decoding now: one that finished or was preempted left ``running``),
         True takes the step plain without a pass over them (paused, quiet, or held back by
@@ -121,7 +119,7 @@ class Speculator:
         """Whether the step just proposed was taken as quiet (pass it to ``record_step``)."""
         return self._quiet
 
-    def _propose(self, running: list[Request]) -> dict[str, list[int]]:
+    def _propose(self, running: Sequence[SpecRequest]) -> dict[str, list[int]]:
         planned, self._planned = self._planned, None
         if planned is not None:  # chosen ahead (``propose_ahead``): once a step, as always
             live = {id(r) for r in running}
@@ -134,7 +132,7 @@ class Speculator:
         plan = self._plan(running)
         return self._draft(*plan) if plan is not None else {}
 
-    def _plan(self, running: list[Request]) -> tuple[list[Request], list[int]] | None:
+    def _plan(self, running: Sequence[SpecRequest]) -> tuple[list[SpecRequest], list[int]] | None:
         """The pass over the running requests and the controller's choice -> (decoding
         requests, their k), or None: nobody drafts (no decoding request, or paused)."""
         decoding, pending = [], 0  # one pass: this runs every step, drafting or not
@@ -156,7 +154,7 @@ class Speculator:
                                                     self._match_check(decoding))
         return decoding, [self.config.max_tokens_per_step] * len(decoding)
 
-    def _draft(self, decoding: list[Request], ks: list[int]) -> dict[str, list[int]]:
+    def _draft(self, decoding: list[SpecRequest], ks: list[int]) -> dict[str, list[int]]:
         """Drafts of the requests given k > 0 (their newest token is in)."""
         # only requests given k > 0: all_ids copies the whole context. A probe drafts only
         # from a match of PROBE_MIN_MATCH tokens or more
@@ -190,7 +188,7 @@ class Speculator:
             self.drafter.prepare(request)
             self._one_off += time.perf_counter() - start
 
-    def _match_check(self, decoding: list[Request]) -> Callable[[str], bool] | None:
+    def _match_check(self, decoding: list[SpecRequest]) -> Callable[[str], bool] | None:
         """For the controller: whether a probe of a request would draft anything (a
         context match of PROBE_MIN_MATCH tokens), where the drafter can tell without
         drafting. The controller asks at shapes whose probes passed an evaluation lately,
@@ -198,7 +196,7 @@ class Speculator:
         first, and one that drafts nothing goes through ``no_draft``)."""
         if not self._checks_matches:
             return None
-        by_id: dict[str, Request] = {}
+        by_id: dict[str, SpecRequest] = {}
 
         def has_match(request_id: str) -> bool:
             if not by_id:
@@ -210,7 +208,7 @@ class Speculator:
 
         return has_match
 
-    def verify(self, seq: ScheduledSeq, logits: torch.Tensor, sampler: Sampler) -> list[int]:
+    def verify(self, seq: VerifySeq, logits: torch.Tensor, sampler: TargetSampler) -> list[int]:
         """Tokens to append (accepted draft prefix + one target token); logits: (k+1, V)."""
         req, draft = seq.req, seq.draft
         states = [req.sampling] * (len(draft) + 1)
@@ -222,13 +220,13 @@ class Speculator:
         q = q[: len(draft)] if q is not None else None
         return self._account(seq, rejection_sample(p, draft, q, req.sampling.generator))
 
-    def verify_greedy(self, seq: ScheduledSeq, target: list[int]) -> list[int]:
+    def verify_greedy(self, seq: VerifySeq, target: list[int]) -> list[int]:
         """Greedy verify from the target's own tokens at the k+1 positions (sampled by the
         engine in one batch call with everyone else's rows)."""
         self._probs.pop(seq.req.request_id, None)
         return self._account(seq, greedy_verify(target, seq.draft))
 
-    def _account(self, seq: ScheduledSeq, tokens: list[int]) -> list[int]:
+    def _account(self, seq: VerifySeq, tokens: list[int]) -> list[int]:
         req, drafted, accepted = seq.req, len(seq.draft), len(tokens) - 1
         self.controller.observe(req.request_id, drafted, accepted)
         req.num_draft_tokens += drafted

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmserve.spec import ngram_format as fmt
-from mmserve.spec.drafter import DraftRequest
-from mmserve.spec.ngram_build import build_table, build_table_from_jsonl
-from mmserve.spec.ngram_table import NgramTable, NgramTableDrafter
+from mmserve.speculative import ngram_format as fmt
+from mmserve.speculative.drafter import DraftRequest
+from mmserve.speculative.ngram_build import build_table, build_table_from_jsonl
+from mmserve.speculative.ngram_table import NgramTable, NgramTableDrafter
 
 
 def reference_table(

@@ -8,7 +8,7 @@ the controller compares throughput with ``k`` drafted tokens against ``k = 0``::
 where ``T`` is the step's query tokens so far, ``S`` the tokens the step is expected
 to emit so far (one per decoding request, plus the expected acceptances of requests
 already given drafts) and ``E(k)`` the request's expected accepted tokens
-(``mmserve.spec.acceptance``). ``cost`` is the measured wall time of a whole engine
+(``mmserve.speculative.acceptance``). ``cost`` is the measured wall time of a whole engine
 step (choosing k, drafting, the forward, sampling, verifying, bookkeeping), so the
 drafter's and the controller's own time are paid for; a forward alone would miss
 them, and on CUDA the forward returns before the GPU finishes. With one request this
@@ -79,13 +79,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from mmserve.spec.acceptance import (
+from mmserve.speculative.acceptance import (
     PopulationAcceptance,
     RequestAcceptance,
     SpecTotals,
     expected_accepted,
 )
-from mmserve.spec.cost_model import StepCostModel
+from mmserve.speculative.cost_model import StepCostModel
 
 # what a probe is charged while verify steps of its size were never measured (a fraction
 # of a step): enough to explore once, not to probe every step on a guess

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mmserve.spec.config import SpecConfig
-from mmserve.spec.ngram_build import build_table
+from mmserve.speculative.config import SpecConfig
+from mmserve.speculative.ngram_build import build_table
 
 
 def test_defaults_and_json() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mmserve.spec.drafter import Draft, Drafter, DraftRequest, empty_draft
+from mmserve.speculative.drafter import Draft, Drafter, DraftRequest, empty_draft
 
 SHORT_UPDATE = 8  # new end positions up to which the index is extended one by one
 

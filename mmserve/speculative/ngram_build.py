@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mmserve.spec import ngram_format as fmt
+from mmserve.speculative import ngram_format as fmt
 
 
 class BuildStats(NamedTuple):

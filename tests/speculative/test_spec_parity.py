@@ -12,7 +12,7 @@ import pytest
 
 from mmserve import LLM, SamplingParams
 from mmserve.bench.spec_workloads import workload
-from mmserve.spec.ngram_build import build_table
+from mmserve.speculative.ngram_build import build_table
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
@@ -194,7 +194,7 @@ def test_probes_ask_for_longer_matches_and_the_queue_reaches_the_controller(
     slots: 4, then fewer), and a probe's draft request asks for a match of 2 tokens or
     more while a drafting request's asks for 1; a request the drafter said has no such
     match (``has_match``) does not probe in that step. Outputs equal plain decode's."""
-    from mmserve.engine.speculation import PROBE_MIN_MATCH
+    from mmserve.speculative.speculator import PROBE_MIN_MATCH
 
     prompts = PROMPTS[:3] + PROMPTS[40:43]  # copy-heavy and code
     greedy = SamplingParams(temperature=0, max_tokens=16)

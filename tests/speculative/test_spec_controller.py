@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from mmserve.spec.acceptance import expected_accepted
-from mmserve.spec.controller import SpecController
-from mmserve.spec.cost_model import StepCostModel
+from mmserve.speculative.acceptance import expected_accepted
+from mmserve.speculative.controller import SpecController
+from mmserve.speculative.cost_model import StepCostModel
 
 Cost = Callable[[int], float]
 FLAT: Cost = lambda t: 0.010 * (1 + t / 2000)  # memory bound: verify is nearly free
@@ -354,7 +354,7 @@ def test_probes_within_the_cap_find_copying_and_dearer_ones_do_not_run() -> None
 
 
 def _plan(ctrl: SpecController, n: int):
-    from mmserve.spec.controller import _StepPlan
+    from mmserve.speculative.controller import _StepPlan
 
     return _StepPlan(ctrl._cost, n, float(n), ctrl._verify_cost, padded=ctrl.padded,
                      num_decoding=n, query_sizes=ctrl.query_sizes)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmserve.spec.drafter import Draft, Drafter, DraftRequest
-from mmserve.spec.ngram_build import build_table
-from mmserve.spec.ngram_table import NgramTableDrafter
-from mmserve.spec.prompt_lookup import PromptLookupDrafter
+from mmserve.speculative.drafter import Draft, Drafter, DraftRequest
+from mmserve.speculative.ngram_build import build_table
+from mmserve.speculative.ngram_table import NgramTableDrafter
+from mmserve.speculative.prompt_lookup import PromptLookupDrafter
 
 
 def corpus(seed: int) -> list[list[int]]:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from mmserve.spec import verify
-from mmserve.spec.verify import greedy_verify, rejection_sample
+from mmserve.speculative import verify
+from mmserve.speculative.verify import greedy_verify, rejection_sample
 
 V = 5
 

@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mmserve.engine.kv_cache import KVCache
 from mmserve.kernels.attention import AttentionMetadata
 from mmserve.models.base import CausalLM
-from mmserve.spec.drafter import Draft, Drafter, DraftRequest, empty_draft
-from mmserve.spec.model_drafter import CatchUp, DrafterKV
+from mmserve.speculative.drafter import Draft, Drafter, DraftRequest, empty_draft
+from mmserve.speculative.model_drafter import CatchUp, DrafterKV
 
 DEFAULT_KV_BYTES = 256 << 20  # the drafter's own KV pool when num_blocks is not given
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, length, last token) over the 64-bit seed
@@ -60,9 +59,10 @@ class DraftModelDrafter(Drafter):
         self.temperature_aware = temperature_aware
         self.seed = seed
         if num_blocks is None:
-            num_blocks = KVCache.blocks_for_budget(DEFAULT_KV_BYTES, model.num_layers, block_size,
-                                                   model.num_kv_heads, model.head_dim,
-                                                   param.dtype)
+            # K and V of every layer, one block of block_size tokens
+            per_block = (2 * model.num_layers * block_size * model.num_kv_heads
+                         * model.head_dim * param.dtype.itemsize)
+            num_blocks = max(1, DEFAULT_KV_BYTES // per_block)
         self.kv = DrafterKV(model.num_layers, model.num_kv_heads, model.head_dim, num_blocks,
                             block_size, param.dtype, self.device)
 

@@ -1,6 +1,6 @@
 """The global n-gram table (read side) and its drafter.
 
-``NgramTable`` opens a file written by ``mmserve.spec.ngram_build.build_table``. By
+``NgramTable`` opens a file written by ``mmserve.speculative.ngram_build.build_table``. By
 default it memory-maps the file read-only (``numpy.memmap``): opening reads only the
 64-byte header, the table costs no accelerator memory and no private RAM, and the OS
 pages records in on demand and may drop them under memory pressure. With
@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mmserve.spec import ngram_format as fmt
-from mmserve.spec.drafter import Draft, Drafter, DraftRequest, empty_draft
+from mmserve.speculative import ngram_format as fmt
+from mmserve.speculative.drafter import Draft, Drafter, DraftRequest, empty_draft
 
 
 class TableHit(NamedTuple):

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from mmserve.models.base import CausalLM
 from mmserve.models.harness import SequenceRunner
 from mmserve.models.registry import load_model
-from mmserve.spec.draft_model import DraftModelDrafter
-from mmserve.spec.drafter import DraftRequest
-from mmserve.spec.self_draft import SelfDrafter, TruncatedModel
-from mmserve.spec.verify import rejection_sample
+from mmserve.speculative.draft_model import DraftModelDrafter
+from mmserve.speculative.drafter import DraftRequest
+from mmserve.speculative.self_draft import SelfDrafter, TruncatedModel
+from mmserve.speculative.verify import rejection_sample
 
 PROMPT_A = [1, 504, 3458, 282, 4649, 314]  # short prompts keep every forward cheap on CPU
 PROMPT_B = [1, 1017, 3299, 28, 253]
@@ -69,8 +69,7 @@ def test_rollback_drafts_what_a_fresh_drafter_drafts(model: CausalLM, greedy_a: 
     rolled = drafter.propose([DraftRequest("r", ids, 2)])[0].tokens
     fresh_drafter = DraftModelDrafter(model, num_blocks=8, block_size=4)
     assert rolled == fresh_drafter.propose([DraftRequest("r", ids, 2)])[0].tokens
-    table = drafter.kv.blocks._tables["r"]
-    assert table.num_tokens == len(ids) + 1  # the history + the one draft fed back
+    assert drafter.kv.num_slots("r") == len(ids) + 1  # the history + the one draft fed back
     drafter.on_finished("r")
     assert all_free(drafter)
 
@@ -97,7 +96,7 @@ def test_truncated_model_equals_the_targets_first_layers(model: CausalLM):
 def test_self_drafter_is_deterministic_and_matches_truncated_greedy(model: CausalLM):
     reference = SequenceRunner(TruncatedModel(model, 2), max_len=32).greedy(PROMPT_B, 3)
     drafter = SelfDrafter(model, 2, num_blocks=4)
-    assert drafter.kv.cache.num_layers == 2  # KV for the drafted layers only
+    assert drafter.kv.cache.shape[0] == 2  # (L, 2, blocks, bs, Hkv, D): the drafted layers only
     batch = [DraftRequest("x", PROMPT_B, 3), DraftRequest("y", PROMPT_A, 2)]
     drafts = drafter.propose(batch)
     assert drafts[0].tokens == reference
