@@ -15,7 +15,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_ruff_passes():
-    out = _run("ruff", "check", "mmserve", "parsers", "connectors", "tts", "tests", "bench")
+    out = _run("ruff", "check", "mmserve", "parsers", "connectors", "tts", "tests", "benchmarks")
     assert out.returncode == 0, out.stdout + out.stderr
 
 

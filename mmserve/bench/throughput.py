@@ -62,7 +62,7 @@ class ThroughputConfig:
     hf_new_tokens: int = 32
     hf_compile: bool = False  # static cache + torch.compile at batch 1 (minutes to compile)
     out_dir: str = "bench_out"
-    gemm_configs: str | None = None  # JSON {bucket: tile shape} from bench/invariance.py
+    gemm_configs: str | None = None  # JSON {bucket: tile shape} from benchmarks/invariance.py
     seed: int = 0
 
     def __post_init__(self) -> None:

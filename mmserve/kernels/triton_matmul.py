@@ -12,7 +12,7 @@ split-K, whatever M is.
 The tile shape grows with M (thin tiles that stream weights at batch 1, big ones
 for prefill). That changes which rows and columns share a program, never an
 element's arithmetic: measured bit-identical across every tile shape tried, from
-16x16 (mma.sync) to 128x256 (wgmma), by bench/invariance.py and
+16x16 (mma.sync) to 128x256 (wgmma), by benchmarks/invariance.py and
 tests/kernels/test_triton_matmul.py.
 """
 
@@ -76,7 +76,7 @@ def pick_config(m: int, n: int, k: int | None = None) -> TileConfig:
     """Tile shape by row count, width and (when given) K (speed only: every shape computes
     the same bits).
 
-    The H200 sweep of bench/invariance.py (bench/NOTES.md, run 3) chose these.
+    The H200 sweep of benchmarks/invariance.py (bench/NOTES.md, run 3) chose these.
     """
     bucket = next(b for b in BUCKETS if m <= b)
     if bucket in _override:

@@ -6,7 +6,7 @@ operand's kWidth) from the narrowest load it can trace the operand back to, so a
 can change its grouping without a line of its arithmetic changing: session 35's first Q8
 head (kWidth 4 from its int8 load) was an ulp off the bf16 GEMM on the GPU. The CPU
 interpreter cannot see this (its dot is one float32 product); the sm_90 TTGIR can. Every
-form ``bench/compile_check.py`` compiles (the decode stack's forms, the o product by kv-head
+form ``benchmarks/compile_check.py`` compiles (the decode stack's forms, the o product by kv-head
 group among them, the layered GEMMs, attention, QKV + rope, the Q8 head) against the
 invariant GEMM (``triton_matmul._gemm_kernel``): the same MMA, instruction shape and
 kWidths. The fp8 KV cache's attention is lossy against bf16 (checked by error bounds), so
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow,
 
 
 def _compile_check():
-    path = Path(__file__).resolve().parents[2] / "bench" / "compile_check.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "compile_check.py"
     spec = importlib.util.spec_from_file_location("compile_check", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
