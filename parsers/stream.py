@@ -124,9 +124,9 @@ class StreamParser:
     def _channel(self, mode: Mode) -> TextChannel:
         return self._reasoning if mode is Mode.REASONING else self._content
 
-    def _boundary(self) -> None:
-        self._content.boundary()
-        self._reasoning.boundary()
+    def _boundary(self, call: bool = False) -> None:
+        self._content.boundary(call)
+        self._reasoning.boundary(call)
 
     def _step(self, final: bool) -> bool:
         """One move of the state machine; False when it needs more text."""
@@ -163,7 +163,7 @@ class StreamParser:
     def _apply(self, action: Action, tag: str) -> None:
         if action is Action.DROP:
             return
-        self._boundary()
+        self._boundary(call=action is Action.TOOL)
         if action is Action.THINK_OPEN:
             self.state.mode = Mode.REASONING
         elif action is Action.THINK_CLOSE:
@@ -173,7 +173,7 @@ class StreamParser:
 
     def _open_region(self, opener: str) -> None:
         assert self._tool is not None
-        self._boundary()
+        self._boundary(call=True)
         self.state.region = self._tool.open_region(self._calls, opener)
         self.state.mode = Mode.TOOL
 
@@ -190,5 +190,5 @@ class StreamParser:
             return moved
         st.region = None
         st.mode = Mode.CONTENT  # a tool call inside reasoning ends the reasoning
-        self._boundary()
+        self._boundary(call=True)
         return True

@@ -5,6 +5,8 @@
   for the whole text, one character at a time and random splits.
 * Round trip: random calls (random JSON arguments) rendered in each format around
   random content and reasoning come back exactly, under random chunking.
+* Text on both sides of calls stays two pieces: the whitespace around the calls (a
+  newline where there was none) separates them, under random chunking.
 """
 
 from __future__ import annotations
@@ -125,6 +127,35 @@ def test_round_trip(data: st.DataObject, fmt: str, reasoning: str, content: str,
             ],
         }
         assert got == expected
+
+
+_gaps = st.sampled_from(["", " ", "\n", "\n\n", " \n"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), fmt=st.sampled_from(["deepseek_v3", "deepseek_v31", "hermes",
+                                            "qwen3_coder"]),
+       before=_safe_text.filter(bool), after=_safe_text.filter(bool), gap1=_gaps, gap2=_gaps,
+       seed=st.integers(0, 2**16))
+def test_text_after_calls_is_not_glued_to_text_before(
+    data: st.DataObject, fmt: str, before: str, after: str, gap1: str, gap2: str, seed: int,
+) -> None:
+    args = _xml_args if fmt == "qwen3_coder" else _args
+    calls = data.draw(st.lists(st.tuples(st.sampled_from(sorted(NAMES)), args),
+                               min_size=1, max_size=3))
+    text = before + gap1 + _render(fmt, calls) + gap2 + after
+    tools = None if fmt == "qwen3_coder" else TOOLS
+    kw: dict[str, Any] = {"tool_format": fmt, "tools": tools}
+    rng = random.Random(seed)
+    for pieces in ([text], list(text), random_split(text, rng, 7)):
+        message = reconstruct(stream(text, pieces, **kw))
+        assert len(message["tool_calls"]) == len(calls)
+        content = message["content"]
+        assert content.startswith(before) and content.endswith(after), pieces
+        middle = content[len(before) : len(content) - len(after)]
+        assert middle and not middle.strip(), pieces  # a separator, only whitespace
+        if len(calls) == 1:  # the whitespace that touched the call, or a newline
+            assert middle == (gap1 + gap2 or "\n"), pieces
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -157,7 +157,7 @@ def test_llama3_python_tag_without_json_is_content() -> None:
         ("Use the <tool_call> tag, ok?", "Use the <tool_call> tag, ok?"),
         ('a <tool_call>{"name": "bogus"}</tool_call> b',
          'a <tool_call>{"name": "bogus"}</tool_call> b'),
-        ('a\n<tool_call>{"name": "now"}</tool_call>\nb', "ab"),
+        ('a\n<tool_call>{"name": "now"}</tool_call>\nb', "a\n\nb"),
     ],
 )
 def test_rejected_calls_keep_their_surrounding_text(text: str, content: str) -> None:
