@@ -67,7 +67,7 @@ def _content_of(message: ChatMessage, index: int, images: list[ImageRef] | None,
             raise ParamError(
                 f"content part type {part.type!r} is not supported; send text parts "
                 "({'type': 'text', 'text': ...}), image_url parts or a string", param=where)
-    if image_text is not None and any(p["type"] == "image" for p in parts):
+    if image_text is not None:  # the connector's template reads parts, image or not
         return parts
     return "".join(p["text"] if p["type"] == "text" else IMAGE_MARKER for p in parts)
 
@@ -142,7 +142,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             messages, tools=tools, add_generation_prompt=True
         )
         encode = lambda t: engine.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
-        if not images or processor is None:
+        if processor is None:  # with one, text-only prompts too are tokenized its way
             return text, ImagePrompt(encode(text), [], 0)
         try:
             return text, processor.splice(text, images, encode)
