@@ -57,7 +57,7 @@ class Preset:
 
 
 PRESETS = {
-    "cpu": Preset(pretrain_steps=800, pretrain_batch=64, pretrain_pool=20_000, images=6000,
+    "cpu": Preset(pretrain_steps=1500, pretrain_batch=64, pretrain_pool=30_000, images=6000,
                   steps=800, batch_size=8, lr=2e-3),
     "gpu": Preset(pretrain_steps=4000, pretrain_batch=256, pretrain_pool=100_000,
                   images=20_000, steps=2500, batch_size=64, lr=1e-3),
@@ -91,7 +91,7 @@ def build_encoder(weights: str | None) -> tuple[torch.nn.Module, Preprocess]:
 
 def run_recipe(out: str, preset: str = "cpu", lm: str | None = None, device: str = "auto",
                encoder_weights: str | None = None, eval_images: int = 200,
-               progress: bool = True) -> dict:
+               progress: bool = True, work_dir: str | None = None) -> dict:
     """Pretrain (unless ``encoder_weights``), train, save to ``out``, evaluate -> report."""
     from mmserve.engine.factory import resolve_device
 
@@ -112,7 +112,7 @@ def run_recipe(out: str, preset: str = "cpu", lm: str | None = None, device: str
         report["encoder_val_accuracy"] = res.val_accuracy
         torch.save(model.state_dict(), out_dir / "encoder_pretrained.pt")
         log.info("encoder pretrained: %s", res.val_accuracy)
-    report["train"] = train_default(out_dir, model, preprocess, p, lm, dev, progress)
+    report["train"] = train_default(out_dir, model, preprocess, p, lm, dev, progress, work_dir)
     from connectors.evaluate import evaluate_connector
 
     report["eval"] = evaluate_connector(str(out_dir), lm, eval_images, device=device)
@@ -121,12 +121,14 @@ def run_recipe(out: str, preset: str = "cpu", lm: str | None = None, device: str
 
 
 def train_default(out_dir: Path, model: torch.nn.Module, preprocess: Preprocess, p: Preset,
-                  lm: str | None, dev: torch.device, progress: bool) -> dict:
+                  lm: str | None, dev: torch.device, progress: bool,
+                  work_dir: str | None = None) -> dict:
     from connectors.train import TrainConfig, Trainer, load_hf_lm
 
     hf_lm, tokenizer, name = load_hf_lm(lm, dev)
     cfg = connector_config(hf_lm.config.hidden_size, name)
-    tcfg = TrainConfig(str(out_dir), f"synthetic:{p.images}", p.steps, p.batch_size, p.lr)
+    tcfg = TrainConfig(str(out_dir), f"synthetic:{p.images}", p.steps, p.batch_size, p.lr,
+                       work_dir=work_dir)
     trainer = Trainer(tcfg, cfg, TimmEncoder(model), Projector(cfg.projector), hf_lm,
                       tokenizer, dev, progress)
     result = trainer.run(trainer.features(preprocess, _workers(dev)))

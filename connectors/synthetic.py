@@ -79,17 +79,20 @@ def render(scene: Scene, rng: np.random.Generator, size: int = 64) -> Image.Imag
     k = size / 64  # the layout is drawn for 64 px and scaled
     rx, ry = _REGION[scene.position]
     # the group sits around its region's centre (a quadrant's, or the image's), in a
-    # 2 x 2 arrangement 14 px apart: a group's centre tells its position unambiguously
-    gx, gy = (16 + 32 * rx + rng.uniform(-3, 3)) * k, (16 + 32 * ry + rng.uniform(-3, 3)) * k
+    # 2 x 2 arrangement 15 px apart: a group's centre tells its position unambiguously;
+    # shapes are 10-12 px across (a patch or two of the default encoder's 8 px patches),
+    # with at least a pixel between neighbours
+    gx = (16 + 32 * rx + rng.uniform(-1.5, 1.5)) * k
+    gy = (16 + 32 * ry + rng.uniform(-1.5, 1.5)) * k
     colour = tuple(int(c) for c in np.clip(np.array(COLOURS[scene.colour]) +
                                             rng.integers(-18, 19, 3), 0, 255))
     slots = [(-1, -1), (1, -1), (-1, 1), (1, 1)]
     single = scene.count == 1
     for slot in rng.permutation(4)[: scene.count]:
         dx, dy = (0, 0) if single else slots[slot]
-        r = rng.uniform(4.0, 5.2) * k
-        cx = gx + (7 * dx + rng.uniform(-1.5, 1.5)) * k
-        cy = gy + (7 * dy + rng.uniform(-1.5, 1.5)) * k
+        r = rng.uniform(5.0, 6.0) * k
+        cx = gx + (7.5 * dx + rng.uniform(-0.8, 0.8)) * k
+        cy = gy + (7.5 * dy + rng.uniform(-0.8, 0.8)) * k
         _shape(draw, scene.shape, cx, cy, r, colour)
     if scene.word is not None:
         _word(draw, scene, size, rng)

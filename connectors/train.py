@@ -46,7 +46,7 @@ CHECKPOINT = "checkpoint.pt"
 
 @dataclass
 class TrainConfig:
-    out: str  # the connector directory written (checkpoints and feature cache beside it)
+    out: str  # the connector directory written (and its train_log.jsonl)
     data: str = "synthetic:8000"  # synthetic:N | a JSONL manifest of {"image", "caption"}
     steps: int = 1000
     batch_size: int = 16
@@ -58,6 +58,7 @@ class TrainConfig:
     val_examples: int = 32  # generated data: held-out examples scored at each checkpoint
     instructions: tuple[str, ...] = INSTRUCTIONS
     extra: dict[str, Any] = field(default_factory=dict)
+    work_dir: str | None = None  # checkpoint and feature cache (None: ``out``)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "save_every"):
@@ -130,7 +131,9 @@ class Trainer:
         self.layouts = layouts(tokenizer, config.instructions)
         self.end_id = end_of_turn_id(tokenizer)
         self.out = Path(config.out)
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.work = Path(config.work_dir or config.out)
+        for d in (self.out, self.work):
+            d.mkdir(parents=True, exist_ok=True)
         self.pairs = read_pairs(config.data)
         self.targets = [tokenizer.encode(p.caption, add_special_tokens=False) + [self.end_id]
                         for p in self.pairs]
@@ -147,7 +150,7 @@ class Trainer:
             self.val = (feats, [self.tokenizer.encode(p.caption, add_special_tokens=False)
                                 + [self.end_id] for p in pairs])
         return encode_features(self.pairs, self.encoder, preprocess, self.device,
-                               self.out / "features.safetensors", progress=self.progress,
+                               self.work / "features.safetensors", progress=self.progress,
                                workers=workers)
 
     def _log(self, record: dict[str, Any]) -> None:
@@ -239,10 +242,11 @@ class Trainer:
         return warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / self.cfg.steps)))
 
     def _fingerprint(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self.cfg).items() if k != "extra"}
+        return {k: v for k, v in asdict(self.cfg).items() if k not in ("extra", "out",
+                                                                         "work_dir")}
 
     def _resume(self, opt, sched) -> int:
-        path = self.out / CHECKPOINT
+        path = self.work / CHECKPOINT
         if not path.is_file():
             return 0
         state = torch.load(path, map_location=self.device, weights_only=False)
@@ -255,7 +259,7 @@ class Trainer:
         return int(state["step"])
 
     def _checkpoint(self, opt, sched, step: int, loss: float) -> None:
-        path = self.out / CHECKPOINT
+        path = self.work / CHECKPOINT
         tmp = path.with_suffix(".tmp")
         torch.save({"projector": self.projector.state_dict(), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "step": step, "loss": loss,

@@ -27,7 +27,8 @@ def probe_grid(encoder: TimmEncoder, preprocess: Preprocess) -> tuple[int, int]:
 
 def train_connector(out: str, name: str, file: str | None, kwargs: dict[str, Any], kind: str,
                     scale: int, data: str, lm: str | None, device: str, steps: int,
-                    batch_size: int, lr: float, save_every: int) -> dict:
+                    batch_size: int, lr: float, save_every: int,
+                    work_dir: str | None = None) -> dict:
     from mmserve.engine.factory import resolve_device
 
     dev = resolve_device(device)
@@ -39,7 +40,8 @@ def train_connector(out: str, name: str, file: str | None, kwargs: dict[str, Any
     cfg = ConnectorConfig(EncoderSpec(name, kwargs, None, preprocess.cfg),
                           ProjectorSpec(kind, encoder.dim, hf_lm.config.hidden_size, scale),
                           grid, lm=lm_name)
-    trainer = Trainer(TrainConfig(out, data, steps, batch_size, lr, save_every=save_every), cfg,
+    trainer = Trainer(TrainConfig(out, data, steps, batch_size, lr, save_every=save_every,
+                                  work_dir=work_dir), cfg,
                       encoder, Projector(cfg.projector), hf_lm, tokenizer, dev)
     result = trainer.run(trainer.features(preprocess))
     trainer.save(result)

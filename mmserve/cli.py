@@ -440,6 +440,8 @@ def _connector_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--images", type=int, default=200, help="eval: held-out images")
+    parser.add_argument("--work-dir", default=None,
+                        help="recipe, train: checkpoint and feature cache (default: --out)")
 
 
 @subcommand("connector", "build, train or evaluate a vision connector", _connector_flags)
@@ -453,7 +455,7 @@ def connector(args: argparse.Namespace) -> int:
         from connectors.recipe import run_recipe
 
         report = run_recipe(args.out, args.preset, args.lm, args.device, args.encoder_weights,
-                            args.images)
+                            args.images, work_dir=args.work_dir)
     elif args.action == "eval":
         from connectors.evaluate import evaluate_connector
 
@@ -467,7 +469,7 @@ def connector(args: argparse.Namespace) -> int:
         report = train_connector(args.out, args.encoder, args.encoder_file,
                                  json.loads(args.encoder_kwargs), args.projector, args.scale,
                                  args.data, args.lm, args.device, args.steps, args.batch_size,
-                                 args.lr, args.save_every)
+                                 args.lr, args.save_every, args.work_dir)
     print(json.dumps(report, indent=2))
     return 0
 
