@@ -112,7 +112,9 @@ def run_recipe(out: str, preset: str = "cpu", lm: str | None = None, device: str
         report["encoder_val_accuracy"] = res.val_accuracy
         torch.save(model.state_dict(), out_dir / "encoder_pretrained.pt")
         log.info("encoder pretrained: %s", res.val_accuracy)
-    report["train"] = train_default(out_dir, model, preprocess, p, lm, dev, progress, work_dir)
+    report["train"] = train_default(out_dir, model, preprocess, p, lm, dev, progress, work_dir,
+                                    {"preset": preset, "command": f"mmserve connector recipe "
+                                     f"--preset {preset} --device {dev.type} --out DIR"})
     from connectors.evaluate import evaluate_connector
 
     report["eval"] = evaluate_connector(str(out_dir), lm, eval_images, device=device)
@@ -122,11 +124,12 @@ def run_recipe(out: str, preset: str = "cpu", lm: str | None = None, device: str
 
 def train_default(out_dir: Path, model: torch.nn.Module, preprocess: Preprocess, p: Preset,
                   lm: str | None, dev: torch.device, progress: bool,
-                  work_dir: str | None = None) -> dict:
+                  work_dir: str | None = None, provenance: dict | None = None) -> dict:
     from connectors.train import TrainConfig, Trainer, load_hf_lm
 
     hf_lm, tokenizer, name = load_hf_lm(lm, dev)
     cfg = connector_config(hf_lm.config.hidden_size, name)
+    cfg.extra["recipe"] = provenance or {}
     tcfg = TrainConfig(str(out_dir), f"synthetic:{p.images}", p.steps, p.batch_size, p.lr,
                        work_dir=work_dir)
     trainer = Trainer(tcfg, cfg, TimmEncoder(model), Projector(cfg.projector), hf_lm,

@@ -314,6 +314,7 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--images", type=int, default=64,
                         help="vision: images a concurrency level")
     parser.add_argument("--no-hf", action="store_true", help="vision: skip the HF baseline")
+    parser.add_argument("--dtype", default="auto", help="vision: " + HELP["dtype"])
     parser.add_argument("--repeats", type=int, default=2,
                         help="spec: interleaved plain/spec pairs a row (a row's floor verdict "
                         "needs 5 or more: the interval for its median covers 90 %% then)")
@@ -401,7 +402,7 @@ def bench(args: argparse.Namespace) -> int:
         from mmserve.bench.vision import run_vision_bench
 
         run_vision_bench(args.connector, args.model, args.device, args.images, conc, new_tokens,
-                         args.out_dir, hf=not args.no_hf)
+                         args.out_dir, hf=not args.no_hf, dtype=args.dtype)
         return 0
     from mmserve.bench.spec import run_spec_bench
 

@@ -138,14 +138,15 @@ def run_hf(hf: HFCaptioner, levels: list[tuple[int, list]], text: str, max_token
 
 def run_vision_bench(connector: str = "auto", lm: str | None = None, device: str = "auto",
                      images: int = 64, concurrency: tuple[int, ...] = (1, 8, 32),
-                     max_tokens: int = 24, out_dir: str = "bench/out", hf: bool = True) -> dict:
+                     max_tokens: int = 24, out_dir: str = "bench/out", hf: bool = True,
+                     dtype: str = "auto") -> dict:
     from mmserve.config import EngineConfig
     from mmserve.engine.async_engine import AsyncEngine
     from mmserve.models.hub import resolve_model
 
     engine = AsyncEngine.from_config(EngineConfig(
-        model=lm, device=device, connector=connector, max_num_seqs=max(max(concurrency), 1),
-        max_model_len=512))
+        model=lm, device=device, dtype=dtype, connector=connector,
+        max_num_seqs=max(max(concurrency), 1), max_model_len=512))
     try:
         conn = engine.engine.connector
         if conn is None:

@@ -12,7 +12,7 @@ from mmserve.engine.request import EmbeddingSpan
 from mmserve.engine.span_encoder import EncoderCache, SpanEncoder
 from mmserve.errors import InvalidRequestError
 
-GREEDY = SamplingParams(temperature=0, max_tokens=6)
+GREEDY = SamplingParams(temperature=0, max_tokens=4)
 TEXTS = ["The quick brown fox jumps over the lazy dog. The dog",
          "Paris is the capital of France, and Berlin is the capital of",
          "One, two, three, four, five, six, seven,"]
