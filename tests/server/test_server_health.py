@@ -30,6 +30,7 @@ class StandInEngine:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer, self.max_model_len = tokenizer, 512
         self.config = SimpleNamespace(max_waiting=8)
+        self.connector = None
         self.scheduler = SimpleNamespace(waiting=deque())
         self.requests: dict[str, Any] = {}
         self.release = threading.Event()

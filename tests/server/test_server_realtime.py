@@ -258,7 +258,7 @@ def test_socket_closed_mid_response_frees_blocks(
 def test_conversation_longer_than_context_fails_the_response(
     server: LiveServer, engine: Any, model_name: str
 ) -> None:
-    from conftest import MAX_MODEL_LEN
+    max_model_len = engine.max_model_len
 
     async def run() -> list[dict[str, Any]]:
         url = f"{server.ws_url}/v1/realtime?model={model_name}"
@@ -269,7 +269,7 @@ def test_conversation_longer_than_context_fails_the_response(
                         "type": "conversation.item.create",
                         "item": {
                             **USER_HI,
-                            "content": [{"type": "input_text", "text": "hi " * MAX_MODEL_LEN}],
+                            "content": [{"type": "input_text", "text": "hi " * max_model_len}],
                         },
                     }
                 )
