@@ -86,10 +86,9 @@ def dot_layouts(fn, constexprs: dict, fp8: bool = False, **options) -> list[tupl
     """Each dot of ``fn``'s sm_90 TTGIR as (MMA version, instruction shape, then the kWidth
     of each operand held in registers; wgmma's operands in shared memory have none). Two
     products give the same bits only if they send the same k to the same k16 instruction:
-    the same kWidth where mma.sync reads registers (session 35: an int8 load's kWidth 4
-    regrouped the Q8 head's k, an ulp off the bf16 GEMM's). mma.sync (16-row tiles) and
-    wgmma (64 rows and more) add a k16 step alike on the H200 (measured over 20 tile
-    shapes, bench/NOTES.md's first issue-6 results)."""
+    the same kWidth where mma.sync reads registers (an int8 load's kWidth 4 regroups k, so
+    a Q8 product read that way is an ulp off the bf16 GEMM's). mma.sync (16-row tiles) and
+    wgmma (64 rows and more) add a k16 step alike (docs/performance.md)."""
     ir = compile_sm90(fn, constexprs, fp8, **options).asm["ttgir"]
     mmas = {}
     for name, body in re.findall(r"^(#\w+) = #ttg\.nvidia_mma<(.*)>$", ir, re.M):

@@ -18,7 +18,7 @@ from mmserve import LLM, SamplingParams
 from mmserve.bench.spec import run_spec_bench
 
 # best of N per engine: plain decode steps of the same shape drift by up to ~30 % over
-# seconds on the H200 machine (bench/NOTES.md, session 3), runs take 0.1-0.5 s
+# seconds on a GPU machine, and runs take 0.1-0.5 s
 REPEATS = 11
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",

@@ -134,8 +134,7 @@ def _graph_us(fns: list, reps: int = 5) -> float:
 
 def epilogue_configs() -> dict:
     """o_proj + residual (the 8B shape, M=1) under tile shapes; weights rotate over 24
-    copies (beyond L2). (Session 4 also timed a gate_up GEMM with silu * up fused here; it
-    was not adopted and its launcher is gone: results in bench/results/gpu_session4.)"""
+    copies (beyond L2)."""
     from mmserve.kernels import triton_fused as tf
     from mmserve.kernels.triton_matmul import TileConfig
 

@@ -14,8 +14,8 @@ For batch sizes 1, 4 and 16 (greedy, ``ignore_eos``, the real model, CUDA graphs
 
 Usage: PYTHONPATH=$PWD python benchmarks/host_profile.py MODEL.gguf OUT_DIR [--batches 1,16]
        [--no-cprofile] [--temperature T]   (T > 0: seeded sampling. Run twice per code
-       version, alternated, for an A/B on one start: the host's speed differed ~2x
-       between two machine starts in session 12)
+       version, alternated, for an A/B on one start: the host's speed can differ ~2x
+       between two starts of the same machine)
 """
 
 from __future__ import annotations

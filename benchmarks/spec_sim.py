@@ -3,8 +3,8 @@
 The real engine (default model, CPU, greedy) runs the ``mmserve bench spec`` workloads,
 but every step is charged a synthetic H200 time instead of its CPU time, and the
 controller is fed that time and told it replays CUDA graphs (``padded``), as on the GPU.
-The profile is fitted to ``bench/results/gpu_session2/step_profile.json`` (SmolLM2-135M,
-bf16, CUDA graphs):
+The profile is fitted to an H200 step profile of SmolLM2-135M (bf16, CUDA graphs; the
+per-kind step times ``benchmarks/spec_breakdown.py`` prints):
 
 * graph step (batch bucket ``bs``, query bucket ``q``, as ``DecodeGraphs`` pads them):
   forward ``1.22 + 0.006 * bs * q`` ms; host ``0.20 + 0.035`` ms a sequence, plus

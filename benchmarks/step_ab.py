@@ -1,14 +1,14 @@
 """The engine's batch-1 decode step per decode-stack setting, alternated in one process:
 the measure to decide a stack setting by.
 
-Session 31 (bench/NOTES.md): the stack's graph replayed alone (``stack_profile.py``) is no
-guide to the engine's step at a few microseconds: one setting read -14 us alone and +12 us
-inside the engine's graph, and two settings that each saved ~16 us a step saved nothing
-together. This times what ``throughput.py``'s decode runs: per setting and round, the
-batch-1 graphs are captured anew, then ``--steps`` greedy steps, each launched from the last
-one's argmax on the device before the host reads that step's token (the engine's async
-scheduling), from each ``--starts`` position. Rounds run the settings in turn, odd rounds in
-reverse (no setting always first); the step is the mean over the steps.
+The stack's graph replayed alone (``stack_profile.py``) is no guide to the engine's step at
+a few microseconds: a setting can read faster alone and slower inside the engine's graph,
+and settings that each save time need not add (docs/performance.md). This times what
+``throughput.py``'s decode runs: per setting and round, the batch-1 graphs are captured
+anew, then ``--steps`` greedy steps, each launched from the last one's argmax on the device
+before the host reads that step's token (the engine's async scheduling), from each
+``--starts`` position. Rounds run the settings in turn, odd rounds in reverse (no setting
+always first); the step is the mean over the steps.
 
 Usage (GPU): ``PYTHONPATH=$PWD python benchmarks/step_ab.py --out $OUT/step_ab.json
 --variant 'qh_off={"qkv_hoist": false}' [--variant ...] [--starts 128 512]``. Starts 128

@@ -234,9 +234,8 @@ class PagedDecoder:
         """Batch-1 graphs captured anew (kernel options set since are taken), then ``steps``
         decode steps from ``first`` at position 128, each launched before the host reads
         the last (``decode``'s ``ahead``: the GPU's step time, the host's overlapped) ->
-        (mean step ms, row-0 tokens). H200, 8B shape: pairs of the same settings read
-        within 0.1 % (bench/NOTES.md, session 19), where the synchronous median moved up
-        to 4 %."""
+        (mean step ms, row-0 tokens). Launched ahead, two runs of the same settings
+        agree far more closely than synchronous medians do (docs/performance.md)."""
         self.capture((1,))
         r = self.decode(first, 128, steps, graphs=True, ahead=True)
         return r.seconds / r.steps * 1e3, r.row0

@@ -67,13 +67,12 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
                    out_dir: str | Path = "bench/out",
                    min_requests: int = 4) -> dict[str, Any]:
     """Plain decode is the same engine with speculation switched off between runs: the
-    same weights, KV cache and CUDA graphs. (Two engines differed by up to 12 % from
-    each other on the H200 with speculation off in both; bench/NOTES.md, session 3.)
+    same weights, KV cache and CUDA graphs: two engines, both with speculation off, can
+    differ from each other by more than the effect measured (docs/performance.md).
 
     A row runs ``concurrency * requests_per_slot`` requests, at least ``min_requests``:
     at concurrency 1 that is four requests one after another, not one ~50-token answer
-    whose ~20 ms the machine's noise moved from 1.95x to 3.48x between two H200 runs
-    (bench/NOTES.md, session 5)."""
+    of ~20 ms, which the machine's noise alone can move by a large factor."""
     config = speculative_config or {"method": "ngram", "num_speculative_tokens": "auto"}
     spec = LLM(model, device=device, max_num_seqs=max(concurrencies),
                speculative_config=config)

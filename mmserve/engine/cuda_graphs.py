@@ -40,16 +40,14 @@ from mmserve.models.base import CausalLM
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 # One prompt chunk alone in a step (a request arriving at an idle server) replays a
 # batch-1 graph of the smallest of these lengths that holds it, its rows past the chunk
-# padding: eagerly, a SmolLM2-135M prefill is ~190 launches from Python, ~10 ms on the
-# H200 for a ~300-token prompt, most of a short answer's time (bench/NOTES.md, session 4).
+# padding: eagerly, a SmolLM2-135M prefill is ~190 launches from Python, most of a short
+# answer's time (the figure: docs/performance.md).
 PREFILL_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 # Shapes the one-launch decode stack runs get a second graph of its variant that keeps a
 # tile's key splits in one program (fewer registers: no spread path), replayed while no
 # sequence of the step has more than this many splits' keys (``serial_max_keys``): one or
-# two splits, where spreading gains less than its registers cost. H200, SmolLM2-135M
-# (128-key splits), batch 1 (bench/NOTES.md, sessions 10-12): 784 against 822 us at 128
-# cached tokens, 811 against 830 at 200, every shape up to 16 rows 2-5 % faster; with
-# three splits the spread kernel is ahead (834 against 863 at 320).
+# two splits, where spreading gains less than its registers cost; from three splits the
+# spread kernel is ahead (docs/performance.md).
 SERIAL_MAX_SPLITS = 2
 
 
@@ -99,9 +97,8 @@ class DecodeGraphs:
         self._host_np = self._host.numpy()
         self._buf = torch.zeros_like(self._host, device=self.device)
         self._copied = torch.cuda.Event() if cuda else None
-        # the stream the last input copy went on: recording the event on a stream fetched
-        # by ``current_stream()`` each step cost the H200 host ~25 us of a ~930 us batch-1
-        # step (bench/NOTES.md, session 12), a check of the current stream's id ~1 us
+        # the stream the last input copy went on: fetching it by ``current_stream()`` each
+        # step costs the host far more than checking the current stream's id
         self._index = self.device.index if self.device.index is not None else 0
         self._stream = torch.cuda.current_stream(self.device) if cuda else None
         self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bs -> (dst, src)
@@ -249,10 +246,9 @@ class DecodeGraphs:
     def _fill(self, tokens: list[list[int]], starts: list[int],
               tables: np.ndarray | list[list[int]], block_size: int, q: int) -> int:
         """The step's inputs into the pinned buffer, every sequence at once (a numpy call
-        a field, not one per sequence: the loop cost the H200 host ~234 us at 16
-        sequences) -> the most keys a sequence of the step has. One sequence takes
-        Python scalars and list slices: numpy's small-array calls cost a batch-1 verify
-        step ~75 us of the H200 host (fill 48, the (1, blocks) table 27; session 14)."""
+        a field, not one per sequence) -> the most keys a sequence of the step has. One
+        sequence takes Python scalars and list slices: numpy's small-array calls cost more
+        than the work at batch 1 (host figures: docs/performance.md)."""
         b, r, n, h = self.max_batch, self._rows, len(tokens), self._host_np
         t = h[3 * r + 2 * b :].reshape(b, self.max_blocks)
         self._fill_padding(0, b, q)

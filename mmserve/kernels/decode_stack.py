@@ -28,8 +28,7 @@ from mmserve.kernels import fused
 from mmserve.kernels.triton_decode_stack import MAX_ROWS
 from mmserve.kernels.triton_dispatch import use_triton
 
-# On by default: H200, SmolLM2-135M shape, batch-1 graph replay 848 us against 887 us for
-# the layered path, three alternated rounds (bench/NOTES.md, session 8).
+# On by default: faster than the layered path at batch 1 (docs/performance.md).
 _state: dict[str, int | bool] = {"enabled": os.environ.get("MMSERVE_DECODE_STACK", "1") != "0",
                                  "max_rows": MAX_ROWS, "runs": 0}
 

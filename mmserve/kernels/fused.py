@@ -1,15 +1,14 @@
 """Fused decoder-layer ops: fewer kernel launches per layer on CUDA, the same ops elsewhere.
 
-A batch-1 decode step of a small model is launch-bound (bench/NOTES.md, issue 6: ~14
-kernels a layer at ~3 us each). These four ops cut a Llama layer to six launches:
+A batch-1 decode step of a small model is launch-bound (~14 kernels a layer of a few
+microseconds each). These four ops cut a Llama layer to six launches:
 ``norm_linear`` (RMSNorm + QKV product), ``rope_write_kv``, attention, ``linear_residual``
 (o product + residual), ``norm_gate_up_silu`` (RMSNorm + gate/up product + silu * up),
 ``linear_residual`` (down product + residual). Where the norm is not fused (hidden above
 ``FUSE_MAX_HIDDEN``), ``silu_mul`` is silu * up in one launch after the gate/up product.
 ``qkv_rope`` takes one more launch out: the QKV product ropes q and k and writes the
 cache in its epilogue (bf16 cache, no q/k norm), in place of ``norm_linear`` (or the
-product after the norm) and ``rope_write_kv``; H200, Llama-3-8B shape, batch 1: 4,401 ->
-4,313 us a step (bench/NOTES.md, session 19).
+product after the norm) and ``rope_write_kv`` (docs/performance.md).
 
 Each op hands its call to :mod:`mmserve.kernels.triton_fused` when the tensors live on
 CUDA with Triton (``use_triton``), fusion is on, and the dtype is bf16/fp16; the GEMM
@@ -51,14 +50,12 @@ def fused_enabled() -> bool:
 
 # The RMSNorm-prologue GEMMs pay where a step is launch-bound (small hidden sizes) and
 # cost where it is bandwidth- or compute-bound (their tiles are narrowed, and each
-# program reads its rows twice). H200, same run (bench/NOTES.md): SmolLM2-135M (hidden
-# 576) batch 1 908 vs 789 tok/s unfused, prefill 199k vs 122k; the Llama-3-8B shape
-# (hidden 4096) batch 1 139 vs 198, batch 64 5.9k vs 9.7k, prefill 10k vs 29k. The
-# choice is per model, never per batch: the fused norm's bits are its own.
+# program reads its rows twice): a win at SmolLM2-135M's hidden 576, a loss at the
+# Llama-3-8B shape's 4096 (docs/performance.md). The choice is per model, never per
+# batch: the fused norm's bits are its own.
 FUSE_MAX_HIDDEN = 2048
-# Above it the gated epilogue alone (norm kernel, then gate_up with silu * up fused) was
-# measured too: H200, 8B shape, M=1, best tile 65.9 us against 66.3 us for the plain GEMM
-# + F.silu + the product (bench/NOTES.md, session 4), so the composition stays there,
+# Above it the gated epilogue alone (norm kernel, then gate_up with silu * up fused) is
+# no faster than the plain GEMM + F.silu + the product, so the composition stays there,
 # with silu * up in one launch of its own (``silu_mul``), except for thin steps at the
 # gated tile measured faster in the whole step (``triton_fused.thin_gated_config``).
 
@@ -147,10 +144,9 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
 def set_rope_attention(on: bool) -> None:
     """Rope, the cache write and attention in one launch where ``rope_attention`` applies
     (off: two, ``rope_write_kv`` and ``paged_attention``; the same bits). Off by default
-    (``MMSERVE_ROPE_ATTENTION=1`` turns it on): H200, Llama-3-8B shape, batch 1, 5
-    alternated pairs, the one launch was 0.6 % slower (pairs -1.6 % to +1.1 %), batch 64
-    10,317 against 10,340 tok/s (bench/NOTES.md, session 17): a small grid's attention
-    program then runs rope's chain of loads itself, so the step saves only the boundary."""
+    (``MMSERVE_ROPE_ATTENTION=1`` turns it on): no faster (docs/performance.md), since a
+    small grid's attention program then runs rope's chain of loads itself and the step
+    saves only the boundary."""
     _state["rope_attention"] = on
 
 

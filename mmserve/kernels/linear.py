@@ -21,9 +21,8 @@ from mmserve.kernels.triton_dispatch import use_triton
 ROW_TILE = 8  # rows per fixed-shape product; a verify step of k+1 <= 8 rows costs one tile
 
 # The Q8_0 head's bits decide batch invariance (up to 16 rows read the blocks, more the
-# bf16 weight). Its first kernel's were not the bf16 GEMM's (session 35); the fixed one's
-# are, on sm_90 (session 37, an H100: the GPU tests, and the default model's row 0 the
-# same at batch 1 and 64). MMSERVE_Q8_HEAD=0 turns it off.
+# bf16 weight), so they must be the bf16 GEMM's: on sm_90 they are (the GPU tests, and
+# the default model's row 0 the same at batch 1 and 64). MMSERVE_Q8_HEAD=0 turns it off.
 _state = {"invariant": True, "q8_head": os.environ.get("MMSERVE_Q8_HEAD", "1") != "0"}
 
 
@@ -50,7 +49,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def cuda_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Invariant mode, half precision: the fixed-reduction-tree Triton GEMM (cuBLAS picks its
-    kernel by M, so a row's bits change with the batch: bench/NOTES.md). Else cuBLAS."""
+    kernel by M, so a row's bits change with the batch: ``benchmarks/invariance.py``). Else
+    cuBLAS."""
     if (_state["invariant"] and x.dtype in (torch.bfloat16, torch.float16)
             and use_triton(x)):
         from mmserve.kernels.triton_matmul import invariant_linear

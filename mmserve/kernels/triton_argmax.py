@@ -3,9 +3,8 @@
 Reference: ``torch.argmax(x, dim=-1)``: the first index of a row's maximum, and a NaN
 counts above every number (the first NaN's index). A CUDA graph's step ends with its
 logits rows' argmax (greedy tokens without a launch from the host); torch's kernel
-reduces a row in one block, ~15 us of a SmolLM2-135M batch-1 step on the H200 for one
-49,152-wide row (bench/NOTES.md, session 12) and ~27 us for the Llama-3-8B shape's
-128,256, outside the PDL chain.
+reduces a row in one block, tens of microseconds for a vocabulary-wide row, outside the
+PDL chain (docs/performance.md).
 
 Here pass 1 splits each row into ``BLOCK``-wide chunks, one program each, and stores a
 chunk's maximum, its first index and whether it holds a NaN; pass 2 (one program a row)

@@ -15,10 +15,8 @@ a row's output is the merge of its splits' states in ascending order (``merge_sp
 explicit FMAs), divided out. Here one program walks every split of its tile, the block
 loop running on across split ends; the decode stack gives a long context's splits
 programs of their own and merges their stored states in the same order: the same bits
-either way. The split ends also cut the online softmax's chain of dependent steps: H200,
-one split against 128-key splits in this kernel (bench/NOTES.md, session 10), Llama-3-8B
-heads at batch 1 and 1,000 cached tokens 90.7 -> 61.1 us, a 2k-token prefill 384.8 ->
-388.6 us.
+either way. The split ends also cut the online softmax's chain of dependent steps, which
+pays at long contexts and small grids (docs/performance.md).
 
 Batch invariance. A row's result depends only on its own query, its sequence's
 keys and its position: every tile has the same shape whatever the step holds, the
@@ -59,10 +57,7 @@ BLOCK_M = 16  # query rows per program: the smallest tensor-core tile, one shape
 # Keys per inner step (``block_keys``: at most a split), aligned to absolute positions. Part
 # of the arithmetic like the split: with 64-dim heads a 128-key split is one block, a plain
 # softmax over its keys before the ordered merge (64-key blocks made each split an online
-# softmax over two). H200, SmolLM2-135M stack at batch 1 (bench/NOTES.md, session 30):
-# 569.3 -> 558.0 us a replay at 200 cached tokens (the attention phase 6.09 -> 5.56 us),
-# the same at 120; batch 1 end to end 1,640 -> 1,679 tok/s. Heads of 128 dims and more keep
-# 64 (their split).
+# softmax over two, and slower). Heads of 128 dims and more keep 64 (their split).
 BLOCK_N = 128
 # Keys per split, aligned to absolute positions: a row's attention is the ordered merge of
 # its splits' own online softmaxes, so a split can run in a program of its own (the decode
@@ -70,9 +65,8 @@ BLOCK_N = 128
 # the arithmetic: changing it changes every attention output (consistently on all paths),
 # so it is one value per head size (``split_keys``), the same on every path of a model.
 # Heads of up to 64 dims: 128 keys; of 128 and more: 64 keys, which spread a small grid's
-# contexts over twice the programs. H200 (bench/NOTES.md, session 19), 64-key splits
-# against 128: Llama-3-8B (128-dim heads) batch 1 +1.0 %, batch 64 +0.8 %, a 2k prefill
-# the same; SmolLM2-135M (64-dim heads) batch 1 -3.3 % and its 2k prefill slower.
+# contexts over twice the programs: faster for 128-dim heads, slower for 64-dim ones
+# (docs/performance.md).
 SPLIT = 128
 SPLIT_WIDE_HEADS = 64
 
@@ -89,14 +83,12 @@ def block_keys(head_dim: int) -> int:
 # Launch options (speed only: the arithmetic and its order do not depend on them).
 LAUNCH = {"num_warps": 4, "num_stages": 2}
 # Grids of fewer programs than this prefetch the next key step's block ids, so a step waits
-# for one round trip (keys and values), not two (ids, then keys). H200 (bench/NOTES.md,
-# session 4): 8B batch 1 7.7 -> 6.9 us a call in a decode step; batch 64 and a 2k prefill
-# run 8-35 % slower with it, so big grids keep the plain loop. The bits are the same.
+# for one round trip (keys and values), not two (ids, then keys); big grids (batch 64, a
+# long prefill) run slower with it, so they keep the plain loop. The bits are the same.
 PREFETCH_MAX_PROGRAMS = 128
 # Such grids also load each step's keys and values during the step before (mode 2), so a
 # step waits for the longer of its loads and its math, not both (an e4m3 cache keeps mode
-# 1). Speed only: the same values meet the same arithmetic. H200, batch-1 SmolLM2-135M-shape
-# replay of the layered path: 883 us against 894 with mode 1 (bench/NOTES.md, session 9).
+# 1). Speed only: the same values meet the same arithmetic.
 KV_AHEAD = {"on": True}
 # Small grids (fewer (sequence, tile, kv head) groups than this) spread a long context's
 # splits over programs of their own, as the decode stack does (``spread_programs``): at

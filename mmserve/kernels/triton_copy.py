@@ -1,14 +1,13 @@
 """A decode step's small copies between pinned host memory and the device, as one short
 Triton kernel each instead of DMA copies.
 
-Around each batch-1 graph replay the engine moved a few hundred bytes with four copies:
-the step's inputs from the pinned host buffer, the last step's tokens into the input ids,
-the argmax out of the graph's buffer (a clone) and the tokens to the host. On the H200
-each DMA copy ran ~1 us but the stream stood idle ~2-7 us around each (the copy engine's
-hand-offs with the SMs): ~27 us of a ~690 us SmolLM2-135M step (bench/NOTES.md, session
-23's ``bench/step_trace.py``). A kernel reads and writes pinned host memory directly
-(it is mapped into the device's address space), so the same bytes move on the SMs, in
-the stream's order, with no hand-off.
+Around each batch-1 graph replay the engine moved a few hundred bytes with four copies: the
+step's inputs from the pinned host buffer, the last step's tokens into the input ids, the
+argmax out of the graph's buffer (a clone) and the tokens to the host. Each DMA copy is
+short, but the stream stands idle several times as long around each (the copy engine's
+hand-offs with the SMs; docs/performance.md). A kernel reads and writes pinned host memory
+directly (it is mapped into the device's address space), so the same bytes move on the SMs,
+in the stream's order, with no hand-off.
 
 ``copy_flat(dst, src, head, head_out)``: ``dst[:] = src`` with its first ``len(head)``
 elements taken from ``head`` instead (the input ids of a step whose tokens are still on

@@ -1,10 +1,10 @@
 """A Llama decoder stack for a step of up to 16 tokens in one persistent Triton launch.
 
 At batch 1 a small model's step is a chain of short kernels, each bound by its own
-critical path (bench/NOTES.md, session 5: SmolLM2-135M ~30 us a layer over six launches,
-1,089 tok/s). Here a fixed grid of at most one program per SM runs every layer; the six
-launches of a layer become five phases separated by grid barriers
-(:mod:`mmserve.kernels.triton_grid`, ~1.1 us each on the H200):
+critical path (SmolLM2-135M: tens of microseconds a layer over six launches). Here a
+fixed grid of at most one program per SM runs every layer; the six launches of a layer
+become five phases separated by grid barriers (:mod:`mmserve.kernels.triton_grid`, about
+a microsecond each):
 
 A. RMSNorm + QKV product, tiles over the QKV columns, and in the epilogue the rope of q
    (into ``qrot``) and k and the cache write of k and v (``qkv_rope_tile``, the layered
@@ -35,10 +35,8 @@ Prefetch. The weights (~7 MB a layer at SmolLM2-135M) and the cache stream from 
 each phase's first loads waited on HBM latency. While phase B runs, the last ``WORKERS``
 programs (past any step's phase-B items) ask L2 for the next layer's weights, norm
 weights and cached keys and values (``prefetch.global.L2``: no register waits for it).
-On the H200 a batch-1 replay went 852 -> 812 us (bench/NOTES.md, session 9); issued by
-every program at a layer's start instead, the asking cost the QKV phase ~0.7 us and the
-gain was 851 -> 838.
-A hint moves no bits.
+Issued by every program at a layer's start instead, the asking costs the QKV phase more
+than it saves (docs/performance.md). A hint moves no bits.
 """
 
 from __future__ import annotations
@@ -61,111 +59,71 @@ except ImportError:  # pragma: no cover - CPU-only installs
 
 BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tiles)
 # Speed only (the bits do not depend on them; the attention phase needs 4 warps to keep
-# the layered kernel's row-sum order): norm chunks loaded per round, pipeline stages,
-# the K step of the plain and the gated products.
-# "prefetch": the next layer into L2 during phase B; "att_prefetch": attention_rows'
-# PREFETCH mode, 1 (block ids a step ahead): keys and values a step ahead too (mode 2,
-# the layered kernel's) made the H200 replay 825 us against 813 (session 9); "spread": a
-# tile's key splits over programs of their own (off: each tile in one program).
+# the layered kernel's row-sum order), unless a key says otherwise. Each setting was
+# decided by the engine's batch-1 step (``benchmarks/step_ab.py``: graphs recaptured,
+# variants alternated in rounds), not by the stack's replay alone, which is no guide at a
+# few microseconds; settings do not add. Figures and the settings measured and left off:
+# docs/performance.md. All bits equal the default's for every setting (GPU tests).
+#
 # "unroll": norm chunks loaded a round (None: ``norm_rounds``, the row in as few rounds of
-# at most NORM_ROUND_MAX chunks as it takes). H200, SmolLM2-135M, batch 1, one round (9
-# chunks) against two of 8: 701.5 -> 654.2 us a replay at 120 cached tokens, 749.8 -> 704.8
-# at 250 (bench/NOTES.md, session 20; session 8 had read 16 chunks a round slower than 8:
-# 7 of them masked). "gated_one_dot": gate and up rows as one 32-row weight tile
-# (``fused_tile``'s ONE_DOT); against two products 656 -> 630 us at 120 cached tokens,
-# 709 -> 686 at 250 (gate_up's critical path 6.05 -> 4.67 us; session 20). "qkv_rope": the
-# rope of q and k and the cache write in the QKV phase's epilogue (``qkv_rope_tile``, the
-# layered path's ``qkv_rope``), so phase B only loads its queries and the cache (off: phase
-# B rotates its tile's queries into ``qrot``, writes the keys and values it reads, then
-# loads them back after its threads' barrier: two more dependent round trips). Against
-# off: 621.1 -> 597.0 us at 120 cached tokens, 671.4 -> 646.8 at 250, 758.3 -> 730.9 at
-# 600 (session 22). Session 21's "q_regs" (phase B's rotated queries kept in registers,
-# the halves joined with tl.join/permute/reshape) moved one attention output element by
-# an ulp in ~1 of 900 layer steps (that tile layout took another summation order in the
-# QK product), so a step's tokens could depend on the path; removed (bench/NOTES.md,
-# session 22). "early": the o and down phases ask for their residual, and the QKV phase
-# for its cache slots, before the product instead of after it (a round trip off the
-# critical path; the phase stamps read -0.5 us a layer on three machines, the replay
-# alone 601.5 -> 585.4 us at 120 cached tokens on one and +7 to +10 us on two).
-# "bk_exact": K steps that divide K (``k_step``): SmolLM2-135M's K = 576 in steps of 64,
-# not 256 (whose last step runs 12 of its 16 k16 products on zeros). Both against
-# neither: 612.3 -> 596.3 us at 120 cached tokens, 671.3 -> 650.1 at 250 (session 23,
-# which also measured whole tiles loaded at once, norm from their registers: 2.2x slower).
+#   at most NORM_ROUND_MAX chunks as it takes). "num_stages", "bk", "bk_gated": pipeline
+#   stages and the K step of the plain and the gated products.
+# "prefetch": the next layer into L2 during phase B. "att_prefetch": attention_rows'
+#   PREFETCH mode; 1 (block ids a step ahead), since 2 (keys and values too) is slower here.
+# "spread": a tile's key splits over programs of their own (off: each tile in one program).
+# "gated_one_dot": gate and up rows as one 32-row weight tile (``fused_tile``'s ONE_DOT).
+# "qkv_rope": the rope of q and k and the cache write in the QKV phase's epilogue
+#   (``qkv_rope_tile``), so phase B only loads its queries and the cache (off: phase B
+#   rotates its tile's queries into ``qrot``, writes the keys and values it reads, then
+#   loads them back after its threads' barrier: two more dependent round trips). Phase B
+#   must not keep rotated queries in registers (joined with tl.join/permute/reshape): that
+#   tile layout takes another summation order in the QK product, so a step's tokens would
+#   depend on the path.
+# "early": the o and down phases ask for their residual, and the QKV phase for its cache
+#   slots, before the product instead of after it (a round trip off the critical path).
+# "bk_exact": K steps that divide K (``k_step``): K = 576 in steps of 64, not 256 (whose
+#   last step would run 12 of its 16 k16 products on zeros).
 # "twice": a timing probe, never a speed setting (``fused_tile``'s TWICE): 1 the normed
-# phases' norm prologue from the rows (so with "defer" off: the hand-over has none), 2
-# every GEMM phase's K loop run twice in a row, the same values;
-# the phase's time minus the default's is what that stage costs on its critical path.
+#   phases' norm prologue from the rows (so with "defer" off: the hand-over has none), 2
+#   every GEMM phase's K loop run twice in a row, the same values; the phase's time minus
+#   the default's is what that stage costs on its critical path.
 # "defer": the normed phases' operand and sums of squares handed over by the phases that
-# write their rows (``fused_tile``'s DEFER: phase C for D, phase E for the next layer's A,
-# ``_stack_input_kernel`` for layer 0's), so their K loops are the plain loop and their
-# prologue a load of G subtree sums (off: each normed program norms from the row itself;
-# the same bits, by the fused norm's tree). H200, SmolLM2-135M, batch 1: 553.1 -> 504.4
-# us a replay at 120 cached tokens (session 27; session 26's code, the old arithmetic
-# with the row norm, ~582 us). "gemm_stages": the GEMM phases' K loops' pipeline depth
-# (``tl.range``'s; None: the kernel's "num_stages", which the attention loop keeps).
-# H200, SmolLM2-135M, batch 1, the K loops at 5 against 4: 513.4 -> 507.1 us a replay at
-# 120 cached tokens, 574.8 -> 568.4 at 200 (QKV, o and gate/up -0.14 to -0.24 us each);
-# every loop at 5 or 6 ("num_stages") made the attention phase +0.25 to +0.55 us slower
-# (session 28). "att_stages": the attention phase's key loop's pipeline depth (None: the
-# kernel's). With 128-key blocks the kernel's 4 stages took 102 kB of shared memory and
-# spilled 84 / 140 B (serial / spread); unpipelined (1): 64 kB, 48 / 0 B. H200, SmolLM2-135M,
-# batch 1, 1 against the kernel's: 503.6 -> 494.0 us a replay at 120 cached tokens, 553.2 ->
-# 556.4 at 200, 612.9 -> 580.9 at 600; end to end 1,717-1,718 -> 1,727-1,728 tok/s
-# (session 30). The settings below were built from the compiled code on the CPU box
-# (sm_90 SASS: every grid barrier's acquire invalidates L1, CCTL.IVALL) and measured in
-# session 31 by the engine's batch-1 step (graphs recaptured, 100 steps launched ahead),
-# H200, 3 alternated rounds, at 129-228 / 513-612 cached tokens; the stack's graph replayed
-# alone was no guide at these sizes (kq below: -14 us alone, +12 us inside the engine's
-# graph on another machine), and the settings do not add. "qkv_hoist": phase A's rows'
-# positions and cache slots loaded once before the layer loop (``qkv_rope_tile``'s
-# PRE_ROWS; the rope's cos/sin loads waited on the positions' trip before the K loop's
-# first loads were issued): 596.5 -> 581.0 / 633.7 -> 608.2 us, 1,665 -> 1,719 tok/s in
-# throughput.py on the same machine; on. "att_hoist": phase B's first group's metadata and
-# first block ids loaded once before the layer loop (1), and its first keys and values
-# asked into L1 before the queries' load (2): 1 alone as fast as qkv_hoist, 2 -10 / -14 us,
-# but qkv_hoist and 1 together 599.1 / 608.8 (no gain short); 0. "k_t": the keys loaded in
-# the QK operand's orientation (``triton_attention._kv_step``'s KT, keys and values in
-# flight together): +4.6 / -7.2 us; off. "v_l1": the values asked into L1 before the keys'
-# load (``_kv_step``'s V_L1): -3.8 / -15 us; off. "late_rstd": the normed phases (A, D) ask
-# for their subtree sums before the product and add them after it (``fused_tile``'s
-# LATE_RSTD): -1.1 / -15 us; off. All bits equal the default's (GPU tests, every setting).
-# Session 32, on the new default (another machine, the same measure): v_l1 +0.8 / -0.2,
-# att_hoist 2 +12.8 / -1.3, late_rstd +3.7 / +2.4 us: still off; a probe of each key step
-# asking L1 for the next step's keys and values (the ids two steps ahead) read +6.5 /
-# +10.6 and was removed. "pdl": the stack launched by programmatic dependent launch, the
-# input kernel letting it launch at its own start, so the stack's prologue (the step's
-# metadata, layer 0's prefetch) overlaps it, then ``wait_only``: 560.3 -> 558.8 / 594.6 ->
-# 593.4 us (3 alternated rounds, each lower); on. "poll": the grid barrier's wait
-# (``triton_grid.poll_asm``'s (loads in flight, cycles between them, acquire)): one relaxed
-# load by thread 0 at a time instead of the acquire loop, which emptied the SM's L1 at every
-# poll (sound here: every read of another program's writes is ".cg"). Session 33, H200: the
-# barrier alone 1.126 -> 1.064 us at 96 programs; the engine's batch-1 step at 129-228
-# cached tokens 558.5 -> 547.3 and 571.2 -> 559.8 us (two machines, 3 rounds each), the
-# stack replayed alone at 200 554.7 -> 541.1. But at 513-612 (the kernel compiled with the
-# spread attention) 592.8 -> 614.0 and 591.1 -> 613.7 in the engine while the replay alone
-# read 572.2 -> 574.6 at 600 (not understood; the barrier counter on its own line did not
-# change it), so "poll_spread" is off: that kernel keeps the acquire loop. Not kept: 2-8
-# loads in flight and a spin between loads (slower alone and in the engine), acquire loads
-# in the same asm loop (the engine -2.3 / +28.8 us). "no_c": a timing probe, never a
-# setting (wrong bits): 1 phase C (the o product) and its barrier skipped, 2 and phase D
-# norming from the row itself: what a layer without the o phase could gain at most (the o
-# product split by kv head into the attention phase, phase D summing the partials).
+#   write their rows (``fused_tile``'s DEFER: phase C for D, phase E for the next layer's
+#   A, ``_stack_input_kernel`` for layer 0's), so their K loops are the plain loop and
+#   their prologue a load of G subtree sums (off: each normed program norms from the row
+#   itself; the same bits, by the fused norm's tree).
+# "gemm_stages": the GEMM phases' K loops' pipeline depth (``tl.range``'s; None: the
+#   kernel's "num_stages", which the attention loop keeps: deeper, it is slower).
+# "att_stages": the attention phase's key loop's pipeline depth (None: the kernel's); 1
+#   (unpipelined) halves its shared memory and removes its spills with 128-key blocks.
+# "qkv_hoist": phase A's rows' positions and cache slots loaded once before the layer loop
+#   (``qkv_rope_tile``'s PRE_ROWS), so the rope's cos/sin loads do not wait on the
+#   positions' trip. "att_hoist": phase B's first group's metadata and block ids loaded
+#   once before the layer loop (1), and its first keys and values asked into L1 before
+#   the queries' load (2). "k_t": the keys loaded in the QK operand's orientation
+#   (``triton_attention._kv_step``'s KT). "v_l1": the values asked into L1 before the
+#   keys' load (``_kv_step``'s V_L1). "serial" for these two: on in the serial kernel only
+#   (``_serial_only``); the spread kernel spills with them. "late_rstd": the normed phases
+#   (A, D) ask for their subtree sums before the product and add them after it
+#   (``fused_tile``'s LATE_RSTD).
+# "pdl": the stack launched by programmatic dependent launch, the input kernel letting it
+#   launch at its own start, so the stack's prologue (the step's metadata, layer 0's
+#   prefetch) overlaps it, then ``wait_only``.
+# "poll": the grid barrier's wait (``triton_grid.poll_asm``'s (loads in flight, cycles
+#   between them, acquire)): one relaxed load by thread 0 at a time instead of the acquire
+#   loop, which empties the SM's L1 at every poll (sound here: every read of another
+#   program's writes is ".cg"). "poll_spread": the same for the kernel compiled with the
+#   spread attention, off: it made that kernel's step slower.
+# "no_c": a timing probe, never a setting (wrong bits): 1 phase C (the o product) and its
+#   barrier skipped, 2 and phase D norming from the row itself: what a layer without the o
+#   phase could gain at most.
 # "o_fuse": with the o product summed by kv-head group (``fused.set_o_groups``, an
-# arithmetic of every path), the serial kernel runs phase C inside phase B for a step of
-# one sequence whose queries fit one attention tile (batch-1 decodes, short verify blocks):
-# ``_attention_o_phase``, one grid barrier a layer fewer; the same bits as phases B and C.
-# 1: a column tile's last item adds the groups' chains; 2: phase D adds them in its K loop
-# (``_gate_up_from_chains``: no count waited on, no last item's trips; phase D's operand,
-# its norm and ``mid`` computed from the chains, the same bits). "o_regs": the fused
-# phase's chain takes its operand from the attention's registers (``tl.gather`` of each
-# query head's rows), not from ``attn`` read back through L2 (speed only). Session 37 (an
-# H100, the engine's batch-1 step, 5 alternated rounds): o_fuse 1 +38, 2 +457, o_regs +46 /
-# +460, og with phase C on its own +5 us against 595 at 129-228 cached tokens (no_c -65):
-# the o groups stay off. k_t with v_l1 -13.7 us at 129-228 (the serial kernel; each alone
-# -0 to +10) and +12 at 513-612 (the spread one, which spills with them); throughput.py
-# 1,670 / 1,692 -> 1,701 / 1,703 tok/s; on an H200 561.0 -> 543.7 us at 129-228, 593.6
-# -> 590.2 at 513-612, throughput.py 1,797 -> 1,808 tok/s (means of 4). So "serial": on in
-# the serial kernel only (``_serial_only``), the default for both.
+#   arithmetic of every path), the serial kernel runs phase C inside phase B for a step of
+#   one sequence whose queries fit one attention tile: ``_attention_o_phase``, one grid
+#   barrier a layer fewer; the same bits as phases B and C. 1: a column tile's last item
+#   adds the groups' chains; 2: phase D adds them in its K loop (``_gate_up_from_chains``).
+#   "o_regs": the fused phase's chain takes its operand from the attention's registers
+#   (``tl.gather``), not from ``attn`` read back through L2. The o groups stay off: slower.
 TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
           "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
           "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,

@@ -9,7 +9,7 @@ tile shape by row count (``pick_config``), so an element's arithmetic never depe
 M or the tile shape. The fusions keep that true:
 
 - RMSNorm (hidden <= ``fused.FUSE_MAX_HIDDEN``, so every GPU path of such a model runs
-  this arithmetic; bench/NOTES.md, session 27): ``out = rstd * (round(x * (offset + w)) @
+  this arithmetic): ``out = rstd * (round(x * (offset + w)) @
   W.T)``, the scale applied to the fp32 accumulator before the bias and every rounding.
   The K loop rounds ``x * (offset + w)`` (fp32) to the activation dtype with no per-row
   factor, so the phase that writes x can hand that operand over ready (the decode
@@ -59,8 +59,7 @@ def norm_unroll(bm: int) -> int:
     """Norm chunks loaded per round of the prologue (speed only; the bits do not move).
 
     Thin tiles (decode) wait on memory latency: 8 loads a round. Wider tiles keep one:
-    H200, SmolLM2-135M, two rounds each (bench/NOTES.md, session 3): unrolling at 64-128
-    rows gave batch 32 15.2k/17.6k tok/s against 19.1k/18.3k without."""
+    unrolling them was slower (docs/performance.md)."""
     return 8 if bm <= 16 else 1
 
 
@@ -80,13 +79,9 @@ def fused_config(m: int, n: int, gated: bool) -> TileConfig:
 
 # Pipeline stages of the thin residual GEMMs (o and down of a wide model) by K: (min K,
 # stages). A thin program's weight stream is bound by the bytes it has in flight, and at
-# 16x16x256 each stage is 8 kB of weights. H200, Llama-3-8B shape, batch 1 (bench/NOTES.md,
-# session 18, tile_sweep.py): against 4 stages, down (K 14,336) at 6 / 7 stages 1.011 /
-# 1.012 a step, o (K 4,096) at 6 1.015, both (7 and 6) 1.017 over 4 pairs; both at 8
-# (two-pair sweeps 1.008 / 1.012 against 7 / 6) then read 0.990 against 7 / 6 in 3 pairs;
-# down at 16 stages of 128 (1 program an SM) 0.88. The QKV GEMM (K 4,096, after a norm)
-# read 0.98 at 6 stages (its 384 programs in two waves), so it keeps 4. Speed only: the
-# bits do not depend on the stages.
+# 16x16x256 each stage is 8 kB of weights. Deeper than these (8 stages) was slower; the
+# QKV GEMM (K 4,096, after a norm) keeps 4, since its programs run in two waves
+# (docs/performance.md). Speed only: the bits do not depend on the stages.
 RESIDUAL_STAGES = ((8192, 7), (4096, 6))
 _DEEP: dict[int, bool] = {}
 
@@ -146,10 +141,9 @@ if triton is not None:
         (N a power of two, 2 to 128), so the order is fixed by construction (``tl.sum``
         over N follows the register layout, so the tile shape and the warp count). A level
         sums an axis of size 2: one add whichever thread holds which element (a warp
-        shuffle where they differ). ``tl.split`` of the reshape gave the same sums through
-        layout conversions in shared memory: 71 CTA barriers in the thin normed GEMM's PTX
-        against 8, and the stack's row-normed replay 1,104 us against 553 (H200, session
-        27)."""
+        shuffle where they differ). ``tl.split`` of the reshape gives the same sums through
+        layout conversions in shared memory (many more CTA barriers, about twice the
+        stack's replay time)."""
         tl.static_assert(N >= 2 and N <= 128)
         R: tl.constexpr = x.shape[0]
         W: tl.constexpr = N // 2
@@ -769,10 +763,8 @@ def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, of
 
 # The gated epilogue's thin tile for a wide model's gate_up (widths 16,384 to
 # ``MLP_MAX_WIDTH``, steps of <= 16 rows): 32 gate and 32 up columns a program over K steps
-# of 256, 4 warps, 3 stages. H200, Llama-3-8B shape, batch 1 (bench/NOTES.md, session 19):
-# 1.0047-1.0054 a step against the plain GEMM's 16x64x256 tile + ``silu_mul``; the halved
-# ``fused_config`` tile (16x32x128) 0.954, 16x32x128 with 4 stages 0.942, 16x64x128 0.995,
-# 16x16x256 (2 warps, 4 stages) 0.954. Speed only: the bits are the GEMM + ``silu_mul``'s.
+# of 256, 4 warps, 3 stages: the only tile measured faster than the plain GEMM +
+# ``silu_mul`` (docs/performance.md). Speed only: the bits are the GEMM + ``silu_mul``'s.
 GATED_THIN = TileConfig(16, 32, 256, 4, 3)
 
 
@@ -793,8 +785,7 @@ def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, config: TileConfig | No
     gated epilogue without the norm prologue, so the bits of the plain GEMM followed by
     ``silu_mul`` (tests). x: (..., K) already normed -> (..., inter).
 
-    The model's path for thin steps of a wide model (``thin_gated_config``);
-    ``bench/pdl_trigger_ab.py`` also measures it with a late trigger.
+    The model's path for thin steps of a wide model (``thin_gated_config``).
     """
     assert gate_up.shape[0] % 2 == 0
     return _gemm(x, gate_up, gate_up.shape[0] // 2, config, gated=True, late=late)

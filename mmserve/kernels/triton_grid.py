@@ -18,9 +18,8 @@ The wait is a loop of acquire loads (each one empties the SM's L1) unless the ke
 ``POLL``, ``poll_asm``'s PTX: with relaxed loads the L1 keeps what the program cached
 (launch constants: block tables, rope rows), which the rule above makes safe (and the
 loads a program issues after the wait follow a branch on the loaded value and a CTA
-barrier). H200 (bench/NOTES.md, session 33), 96 programs: 1.126 us a barrier for the
-acquire loop, 1.064 for one relaxed load in flight (1.102 acquire); two to eight loads in
-flight or a spin between loads were slower.
+barrier). One relaxed load in flight is the fastest wait measured; two to eight loads in
+flight or a spin between loads are slower (docs/performance.md).
 
 Under the Triton interpreter programs run one after another, so only a grid of one
 program can pass a barrier there (tests use that to check the arithmetic on CPU).
@@ -40,8 +39,8 @@ except ImportError:  # pragma: no cover - CPU-only installs
 def poll_asm(polls: int, spacing: int, acquire: bool, gap: int = 0) -> str:
     """PTX for ``grid_sync``'s wait: thread 0 loads the counter (``$1``) until it reaches
     the target (``$2``) with ``polls`` loads in flight, issued ``spacing`` SM cycles apart
-    (meant to see the last arrival within a round trip / ``polls``: measured slower, the
-    counter's line then takes ``polls`` times the loads; bench/NOTES.md, session 33), then
+    (meant to see the last arrival within a round trip / ``polls``: slower, since the
+    counter's line then takes ``polls`` times the loads), then
     every thread meets at ``bar.sync 0``. The loads
     are ``ld.acquire.gpu`` (``acquire``) or ``ld.relaxed.gpu``: a relaxed wait orders
     nothing by itself, so it is only for kernels whose every read of another program's
@@ -138,12 +137,9 @@ if triton is not None:
         power of two >= ``LINES``. The words hold barrier numbers, so they start at zero
         each launch.
 
-        Slower than ``grid_sync`` in every form, so no kernel uses it; it stays for
-        ``bench/barrier_poll.py``. H100, 96 programs (bench/NOTES.md, session 38): 1.086
-        us a barrier with one relaxed load on the counter, against 1.31-1.38 (MODE 1, one
-        word a program, 8 words or one) and 1.38-1.58 (MODE 2). The added trip (the
-        atomic's return, or the lead's hop) costs more than the counter's polls did. In
-        the decode stack's batch-1 step, 586 -> 616-660 us."""
+        Slower than ``grid_sync`` in every form, so no kernel uses it: the added trip (the
+        atomic's return, or the lead's hop) costs more than the counter's polls do
+        (docs/performance.md)."""
         tl.debug_barrier()  # the program's threads have all written
         target = phase * programs
         mine = flags_ptr + (pid % LINES) * 32

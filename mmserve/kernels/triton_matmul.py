@@ -3,8 +3,7 @@
 Reference: ``torch.nn.functional.linear`` (tests compare on random inputs).
 
 Why: cuBLAS chooses its kernel (and split-K) by the row count, so a row's bits
-change with the batch (measured on the H200: row 0 of the Llama-3-8B o_proj and
-down_proj products differs from M=1 for 222 and 172 of M=2..256; bench/NOTES.md).
+change with the batch (``benchmarks/invariance.py``; figures in docs/performance.md).
 Here every output element is one chain of tensor-core k16 steps over K in
 ascending order, accumulated in fp32, then the bias, then one rounding: no
 split-K, whatever M is.
@@ -52,10 +51,8 @@ def set_tile_configs(table: dict[int, TileConfig]) -> None:
     _override.update({b: TileConfig(*c) for b, c in table.items()})
 
 
-# Widths up to this (a wide model's gate_up, not a vocabulary) take 16x64 thin tiles: H200,
-# Llama-3-8B shape, batch 1 (bench/NOTES.md, session 18, tile_sweep.py), gate_up (28,672)
-# at 16x64x256 with 3 stages 1.024 a step against 16x32x256 with 4 (16x128x64x5 1.023,
-# 16x64x128x6 1.020); the lm_head (128,256) read 0.987 at 16x64x256 (session 16).
+# Widths up to this (a wide model's gate_up, not a vocabulary) take 16x64 thin tiles, the
+# fastest measured there; a vocabulary-wide head is slower with them (docs/performance.md).
 MLP_MAX_WIDTH = 32768
 
 
@@ -65,10 +62,8 @@ def overridden(m: int) -> bool:
 
 
 # A vocabulary-wide GEMM over a narrow hidden size (K below this: SmolLM2-135M's lm_head,
-# K = 576, N = 49,152) takes 128 columns a program in K steps of 64, which divide K: H200,
-# its batch-1 step 1.013x faster than 16x32x256 (the wide default, whose third K step runs
-# 12 of its 16 k16 products on zeros) in two alternated pairs, 16x64x128 1.008x, 16x32x64
-# 1.006x (bench/NOTES.md, session 25, tile_sweep.py --width 49152)
+# K = 576, N = 49,152) takes 128 columns a program in K steps of 64, which divide K (the
+# wide default's 256-wide K steps would run the third step's products mostly on zeros).
 NARROW_K = 1024
 
 
@@ -76,7 +71,7 @@ def pick_config(m: int, n: int, k: int | None = None) -> TileConfig:
     """Tile shape by row count, width and (when given) K (speed only: every shape computes
     the same bits).
 
-    The H200 sweep of benchmarks/invariance.py (bench/NOTES.md, run 3) chose these.
+    An H200 sweep of ``benchmarks/invariance.py`` chose these.
     """
     bucket = next(b for b in BUCKETS if m <= b)
     if bucket in _override:
@@ -164,8 +159,8 @@ if triton is not None:
         Triton sizes a dot operand's registers by the narrowest load it can trace the
         operand back to, and from the int8 load it picks kWidth 4, which on sm_90's
         mma.sync sends k 2-3 of every 4 to the block's second k16 product: other k16 sums
-        than the bf16 GEMM's, other bits (session 35, H200). The asm stops that trace:
-        kWidth 2, the bf16 GEMM's groups (and 198 instructions a K step against 228)."""
+        than the bf16 GEMM's, other bits. The asm stops that trace: kWidth 2, the bf16
+        GEMM's groups (and fewer instructions a K step)."""
         f = (q.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True)
         if FMA:
             w = tl.fma(f, d[:, None], (d * -12582912.0)[:, None])
@@ -266,14 +261,11 @@ def _interpreting() -> bool:
 
 
 # The Q8_0 LM head's tile at batch 1 (speed only: every tile has the same bits; a K step per
-# 32-weight block), by how many programs the narrow tile would run a SM. H100, the head alone
-# (bench/lm_head_q8.py; bench/NOTES.md, session 39): SmolLM2-135M's 49,152 x 576, 384
-# programs at 16x128 on 132 SMs, is bound by its programs' ramp and K chain, not the HBM
-# (2.0 TB/s): 16x256 at 4 warps and 6 stages 15.83-15.88 us against 16x128's 17.48-17.70
-# (the engine's step -1.2 and -0.7 us, medians of 12 and 16 paired rounds: under PDL the
-# head launches during the final norm, which hides part of its ramp). Gemma-3-270M's
-# 262,144 x 640, 2,048 programs, streams at 2.7 TB/s and the wider tile is slower there:
-# 71.2 against 68.9 us. Not yet measured on the H200.
+# 32-weight block), by how many programs the narrow tile would run a SM. A head of few
+# programs (SmolLM2-135M's 49,152 x 576: 384 at 16x128 on 132 SMs) is bound by its
+# programs' ramp and K chain, not the HBM, and the wider tile is faster; a head of many
+# (Gemma-3-270M's 262,144 x 640) streams near the HBM's rate and the wider tile is slower
+# (H100 figures: docs/performance.md).
 Q8_TILE_FEW = TileConfig(16, 256, 32, 4, 6)
 Q8_TILE_MANY = TileConfig(16, 128, 32, 4, 8)
 Q8_FEW_PER_SM = 4  # at most this many Q8_TILE_MANY programs a SM: Q8_TILE_FEW
@@ -295,9 +287,8 @@ def q8_tile(n: int, device: torch.device) -> TileConfig:
 # keeps its tiles for prefill's many rows.
 Q8_MAX_ROWS = 16
 # K blocks of its tile each program asks L2 for before waiting on the kernel before it (the
-# final norm under PDL; 0: none). A hint, no bits move. H100, the engine's step, 18 blocks:
-# 580.1 / 582.4 against 586.2 / 585.4 us (3 and 5 rounds whose spread was ~20 us;
-# bench/NOTES.md, session 39): nothing that noise resolves, so off.
+# final norm under PDL; 0: none). A hint, no bits move. Off: no gain that noise resolves
+# (docs/performance.md).
 Q8_EARLY = {"blocks": 0}
 
 

@@ -1,17 +1,12 @@
 """Programmatic dependent launch (PDL) for the decode chain's Triton kernels (sm_90+).
 
-A batch-1 decode step is a chain of short kernels, each waiting for the one before it
-(bench/NOTES.md, session 4: SmolLM2-135M 185 launches, 1,262 us a step of which 860 us
-is kernel time; the Llama-3-8B shape ~390 us of gaps). With PDL a kernel is launched
+A batch-1 decode step is a chain of short kernels, each waiting for the one before it,
+and the gaps between them are a large part of the step. With PDL a kernel is launched
 while its predecessor still runs and waits at ``griddepcontrol.wait`` for the
 predecessor to finish and its writes to be visible: the launch and the program start-up
-overlap the predecessor's tail. H200, random weights, PDL off and on in the same run
-(bench/NOTES.md, session 5): SmolLM2-135M batch 1 +11 to +32 % (off 754-958 tok/s, on
-879-1,094 over three runs), the Llama-3-8B shape -1 to +6 % (noise).
-Also measured and not kept: prefetching the kernel's weights into L2 before the wait (no
-gain at 135M, -5 % at 8B), and loading a thin GEMM tile's first weight block before the
-wait (-20 % at 8B when every next block was then loaded by hand one step ahead; with
-only the first step peeled off the loop, no change in the model step).
+overlap the predecessor's tail: a large gain for a launch-bound small model, noise at
+the Llama-3-8B shape. Work before the wait (prefetching weights into L2, loading a thin
+GEMM tile's first weight block) was measured and not kept (docs/performance.md).
 
 Rules every kernel launched with ``launch_pdl`` here keeps:
 
@@ -22,11 +17,9 @@ Rules every kernel launched with ``launch_pdl`` here keeps:
   are resident, the one computing and the next one, waiting.
 - A GEMM launched with ``late`` waits with ``wait_only`` instead and lets the next kernel
   launch with ``launch_next`` after its K loop (the fused GEMMs: after the tile's store),
-  so the waiting programs do not hold shared memory and registers while it streams. H200,
-  8B batch 1 (bench/NOTES.md, session 16): late for every GEMM cost 3-4 % (the small
-  kernels' launches were exposed again); in a timing probe with down right after gate_up
-  (silu * up skipped) it turned 4,973-5,042 us a step into 4,492. Off by default;
-  ``bench/pdl_trigger_ab.py`` measures where it pays.
+  so the waiting programs do not hold shared memory and registers while it streams. Off
+  by default: late for every GEMM exposes the small kernels' launches again and the
+  step is slower (docs/performance.md).
 
 Only the launch and the order of memory traffic change: every kernel computes the same
 bits with PDL on or off (tests on the GPU compare them). Off on CPU, in the Triton

@@ -3,8 +3,8 @@
 
 The layered path runs them as two kernels a layer (``triton_fused.rope_write_kv``, then
 ``triton_attention.cuda_paged_attention``); ``kernels.fused.rope_attention`` runs this one
-instead where it applies and ``MMSERVE_ROPE_ATTENTION=1`` (off by default: no faster on
-the H200, bench/NOTES.md, session 17). Each (sequence, kv head, query tile) program
+instead where it applies and ``MMSERVE_ROPE_ATTENTION=1`` (off by default: no faster,
+docs/performance.md). Each (sequence, kv head, query tile) program
 rotates its query rows and the keys it reads, stores the keys and values of the step's
 tokens in their cache slots, waits for its own threads, and attends over the cache, a
 long context's splits spread over programs of their own as the layered kernel spreads

@@ -166,8 +166,8 @@ class SpecController:
         self.padded = False
         # and to the graph's query bucket at or above the longest draft + 1 (the engine's
         # (1, 2, 3, 5, 9) for k_max = 8): a draft of 5 then costs 9 rows a sequence, not 6.
-        # Priced at 6, a c=4 code step drafting 2, 2 and 5 was costed from 24 rows, 10 %
-        # under the 36 it ran (H200 trace, bench/results/gpu_session4)
+        # Priced at 6, a c=4 code step drafting 2, 2 and 5 is costed from 24 rows, well
+        # under the 36 it runs
         self.query_sizes: tuple[int, ...] = ()
         self._guard = _RealizedGuard(guard_window, guard_floor, guard_pause, guard_pause_max)
         self._steps = 0  # steps planned (choose calls past the early returns)
@@ -483,10 +483,10 @@ class SpecController:
 
     def _blank(self, state: _RequestState) -> None:
         """A probe with nothing to draft (no context match long enough): as a failed one
-        for the wait (H200 A/B, NOTES session 7). Found out before the probe is planned
-        (``choose``'s ``has_match``) it costs no evaluation, and no evidence is forgotten
-        (there is none): at chat c=1, 67 of 83 probes were blank, each ~116 us of host
-        time on the dev CPU, 83 of them planning it."""
+        for the wait (an H200 A/B chose this over a neutral count). Found out before the
+        probe is planned (``choose``'s ``has_match``) it costs no evaluation, and no
+        evidence is forgotten (there is none): on chat most probes are blank, and planning
+        each one cost more host time than the probe could win."""
         state.steps_off = 0
         state.failed_probes += 1
         state.wait = self._backoff(state)

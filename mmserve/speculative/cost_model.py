@@ -73,9 +73,8 @@ class StepCostModel:
         """Fold in one measured step of ``num_tokens`` query tokens taking ``seconds``.
 
         A bucket's first step stands only until its second replaces it: the first step
-        of a shape carries one-off costs (on the H200 the first replay of a CUDA graph
-        took 2.5 ms against 1.6 ms after; measured: bench/NOTES.md), and a bucket a
-        controller then avoids would never be corrected."""
+        of a shape carries one-off costs (a CUDA graph's first replay is markedly slower
+        than later ones), and a bucket a controller then avoids would never be corrected."""
         if num_tokens < 1 or not seconds > 0.0:
             return  # nothing to learn from an empty or unmeasured step
         point = self._points.get(_bucket(num_tokens))

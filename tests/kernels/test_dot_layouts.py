@@ -3,8 +3,8 @@
 The H200 sums a dot as a chain of ``mma`` k16 instructions; two kernels give the same bits
 only if each instruction gets the same k. Triton picks which k a thread holds (the
 operand's kWidth) from the narrowest load it can trace the operand back to, so a kernel
-can change its grouping without a line of its arithmetic changing: session 35's first Q8
-head (kWidth 4 from its int8 load) was an ulp off the bf16 GEMM on the GPU. The CPU
+can change its grouping without a line of its arithmetic changing: a Q8 head whose k
+grouping comes from its int8 load (kWidth 4) is an ulp off the bf16 GEMM on the GPU. The CPU
 interpreter cannot see this (its dot is one float32 product); the sm_90 TTGIR can. Every
 form ``benchmarks/compile_check.py`` compiles (the decode stack's forms, the o product by kv-head
 group among them, the layered GEMMs, attention, QKV + rope, the Q8 head) against the
@@ -50,7 +50,7 @@ def test_every_invariant_product_sends_the_same_k_to_each_mma():
             continue
         for version, shape, *widths in cc.dot_layouts(fn, constexprs, fp8, **options):
             # mma.sync as the reference, or wgmma (64+ rows) with k16 steps, which adds
-            # them alike on the H200 (20 tile shapes measured: bench/NOTES.md)
+            # them alike on the H200 (docs/performance.md)
             assert (version, shape) == ref[:2] or (version == "3" and shape.endswith(", 16")), (
                 label, version, shape)
             assert widths == [k_width] * len(widths), (label, widths)

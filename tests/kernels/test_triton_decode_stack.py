@@ -242,11 +242,12 @@ def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, o_groups,
     """The whole SmolLM2-135M shape (30 layers, random weights), 128 teacher-forced decode
     steps after a 128-token prompt (contexts 129-256: two key splits, which the graphs run
     in one program each): every step's stack launch equals the layered one-row step, last
-    hidden state and every layer's cache bytes (``benchmarks/stack_vs_layers.py``). A rounding
-    difference in one phase shows here only now and then: the in-register queries of
-    session 21 moved one attention output element at 4 of these steps (one of ~900 layer
-    steps), which the narrower tests above never hit. ``o_groups``: the o product summed by
-    kv-head group on both paths, in the serial kernel (phase C inside phase B each step)."""
+    hidden state and every layer's cache bytes (``benchmarks/stack_vs_layers.py``). A
+    rounding difference in one phase shows here only now and then: rotated queries kept in
+    registers (another QK summation order) moved one attention output element at 4 of these
+    steps (one of ~900 layer steps), which the narrower tests above never hit. ``o_groups``:
+    the o product summed by kv-head group on both paths, in the serial kernel (phase C
+    inside phase B each step)."""
     import sys
     from pathlib import Path
 

@@ -313,7 +313,7 @@ def test_padded_steps_are_priced_at_the_graph_query_bucket() -> None:
 
 
 class H200c4Sim(PaddedSim):
-    """c=4 steps priced as the H200 traces measured them (bench/results/gpu_session6):
+    """c=4 steps priced as H200 traces measured them:
     plain 1.35 ms, a verify step 2.1 ms at 3 rows a sequence, 2.2 at 5, 2.4 at 9."""
 
     VERIFY = {3: 0.0021, 5: 0.0022, 9: 0.0024}
@@ -335,7 +335,7 @@ def test_probes_within_the_cap_find_copying_and_dearer_ones_do_not_run() -> None
     """c=4 steps priced as the H200 measured them. A probe costing 0.4 of a step runs and
     a copying workload drafts deep; one costing 0.56 (the H200's 12-row verify) is over
     the 0.5 cap and does not run. Raised to 1.0, the cap let code at c=4 (acceptance
-    ~0.4) draft at a loss on the H200 (0.91x in six runs, bench/NOTES.md session 6)."""
+    ~0.4) draft at a loss on the H200 (docs/performance.md)."""
     for verify_12, accept, check in ((0.0019, 0.9, lambda r, n: r > 2.5),
                                      (0.0021, 0.9, lambda r, n: n == 0),
                                      (0.0019, 0.0, lambda r, n: r > 0.98)):
