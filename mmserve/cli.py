@@ -65,6 +65,8 @@ HELP = {
     "connector": "vision connector: auto (the shipped default when serving the LM it was "
     "trained for), none, or a connector directory (default: auto)",
     "encoder_cache_mb": "memory for cached image encodings, kept by content hash",
+    "preload_grammar": "build the structured-output grammar compiler in the background at "
+    "start-up, so the first constrained request does not stall the engine (default: on)",
     "max_images_per_request": "most images in one chat request",
     "max_image_bytes": "largest encoded image (bytes)",
     "max_image_pixels": "largest image (width x height), checked before decoding",

@@ -37,6 +37,9 @@ class EngineConfig:
     connector: str | None = "auto"
     encoder_cache_mb: int = 256  # encoder outputs (image embeddings) kept by content hash
     enable_prefix_caching: bool = True
+    # build the structured-output grammar compiler (xgrammar's import, the vocabulary) in a
+    # background thread at start-up, so the first constrained request does not stall the loop
+    preload_grammar: bool = True
     batch_invariant: bool = True
     enforce_eager: bool = False  # CUDA: never capture/replay decode steps as CUDA graphs
     # CUDA: launch a decode step (greedy or sampled) before the last one's tokens reach the host, so

@@ -57,7 +57,7 @@ from mmserve.kernels.triton_copy import copy_flat
 from mmserve.models.base import CausalLM
 from mmserve.sampling_params import SamplingParams
 from mmserve.speculative.speculator import Speculator
-from mmserve.structured.grammar import GrammarCompiler
+from mmserve.structured.grammar import GrammarCompiler, GrammarLoader
 
 log = logging.getLogger("mmserve")
 
@@ -154,7 +154,9 @@ class LLMEngine:
             spec.controller.padded = True
             spec.controller.query_sizes = tuple(self.runner.graphs.qsizes)
         self.requests: dict[str, Request] = {}
-        self._grammars: GrammarCompiler | None = None
+        self._grammars = GrammarLoader(lambda: GrammarCompiler(tokenizer, model.vocab_size))
+        if config.preload_grammar:
+            self._grammars.start()
         self._ids = itertools.count()
         # async scheduling: on CUDA only (on CPU a step launched ahead runs at once, so
         # there is nothing to overlap; tests switch it on there to check its bookkeeping)
@@ -291,11 +293,9 @@ class LLMEngine:
 
     @property
     def grammars(self) -> GrammarCompiler:
-        """Compiles structured-output constraints (built on the first one: importing the
-        grammar library takes seconds, and most engines never see a constraint)."""
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.tokenizer, self.model.vocab_size)
-        return self._grammars
+        """Compiles structured-output constraints (built at start-up in the background
+        with ``preload_grammar``, else by the first constraint)."""
+        return self._grammars.get()
 
     @property
     def speculator(self) -> Speculator | None:

@@ -6,8 +6,10 @@ batch 32 (its token-mask cache is built at compile time), which is the cost ever
 constrained decode step pays; llguidance compiles faster, which a cache makes a one-off.
 Both roll back exactly and take JSON schemas, regexes, EBNF and tool-call tags.
 
-``GrammarCompiler`` lives in the engine process and is built on first use (importing
-xgrammar takes seconds, and most engines never see a constraint). ``GrammarState`` is the
+``GrammarCompiler`` lives in the engine process. Importing xgrammar and reading the
+vocabulary take seconds, on the engine's thread if the first constrained request paid
+them (every stream would stall); ``GrammarLoader`` builds it in a background thread at
+start-up instead (``EngineConfig.preload_grammar``), or on first use. ``GrammarState`` is the
 per-request matcher: ``accept`` advances it by an accepted token, ``fill`` writes the mask
 of the state after some not-yet-accepted tokens (a verify step's drafts) and rolls those
 back, and ``valid_prefix`` says how much of a draft the grammar allows.
@@ -16,9 +18,10 @@ back, and ``valid_prefix`` says how much of a draft the grammar allows.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -169,6 +172,35 @@ class GrammarCompiler:
             return c.compile_grammar(value)
         assert kind == "structural_tag", kind
         return c.compile_structural_tag(value)
+
+
+class GrammarLoader:
+    """The engine's ``GrammarCompiler``, built once: ahead of need by ``start`` (a daemon
+    thread), or by the first ``get``, which waits for a build already under way."""
+
+    def __init__(self, build: Callable[[], GrammarCompiler]) -> None:
+        self._build = build
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        threading.Thread(target=self._preload, name="grammar-preload", daemon=True).start()
+
+    def get(self) -> GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = self._build()
+            return self._compiler
+
+    @property
+    def ready(self) -> bool:
+        return self._compiler is not None
+
+    def _preload(self) -> None:
+        try:
+            self.get()
+        except Exception as err:  # the first constrained request raises it again, as a 400/500
+            logging.getLogger("mmserve").warning("grammar preload failed: %s", err)
 
 
 _WHERE = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[04:15:33] /project/cpp/x.cc:94: "

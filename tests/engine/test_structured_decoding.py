@@ -48,6 +48,18 @@ def llm(default_model_dir):
                speculative_config={"method": "ngram", "num_speculative_tokens": 3})
 
 
+def test_the_grammar_compiler_is_built_at_start_up(llm):
+    """Before any constrained request (this test runs first on the module's engine), the
+    compiler is built in the background: the first constraint does not stall the loop."""
+    import time
+
+    loader = llm.engine._grammars
+    deadline = time.monotonic() + 120
+    while not loader.ready and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loader.ready and llm.engine.grammars.compiles == 0
+
+
 def _prompts(llm):
     chats = [llm.tokenizer.apply_chat_template([{"role": "user", "content": a}])
              for a in ASKS]

@@ -15,7 +15,7 @@ from mmserve.models.tokenizer import Tokenizer
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured import StructuredOutput
 from mmserve.structured.bitmask import apply_bitmask, bitmask_words
-from mmserve.structured.grammar import GrammarCompiler, fill_many
+from mmserve.structured.grammar import GrammarCompiler, GrammarLoader, fill_many
 
 VOCAB = 49152
 SCHEMA = {"type": "object", "properties": {
@@ -55,6 +55,34 @@ def test_constraints_are_plain_data_and_validated():
         SamplingParams(structured=StructuredOutput("json_object"), ignore_eos=True)
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias={5: 101.0})
+
+
+def test_loader_builds_once_and_get_waits_for_a_preload_under_way():
+    import threading
+
+    started, release, built = threading.Event(), threading.Event(), []
+
+    def build():
+        started.set()
+        release.wait(30)
+        built.append(object())
+        return built[-1]
+
+    loader = GrammarLoader(build)  # type: ignore[arg-type]
+    loader.start()
+    assert started.wait(30) and not loader.ready
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(loader.get()))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # get() waits for the build under way instead of a second one
+    release.set()
+    waiter.join(30)
+    assert loader.ready and got == built and len(built) == 1 and loader.get() is built[0]
+    broken = GrammarLoader(lambda: 1 / 0)  # type: ignore[arg-type,return-value]
+    broken._preload()  # logged, not raised: the first constrained request reports it
+    with pytest.raises(ZeroDivisionError):
+        broken.get()
 
 
 def test_invalid_constraints_say_why(grammars):
