@@ -164,6 +164,23 @@ CASES: list[tuple[str, dict[str, Any], str, tuple[Any, Any, list[tuple[str, Any]
     ("ds31-in-reasoning", {"tool_format": "deepseek_v31", "reasoning_format": "deepseek_r1"},
      f'Hmm{DS_BEGIN}{DS_CALL}search{DS_SEP}{{"query": "{DS_CALL_END}"}}{DS_CALL_END}{DS_END}',
      ("Hmm", None, [("search", {"query": DS_CALL_END})])),
+    # --- text on both sides of a call keeps a separator, in every format that lets text
+    # follow a call
+    ("sep-qwen3-coder", {"tool_format": "qwen3_coder"},
+     "Checking.\n<tool_call>\n<function=now>\n</function>\n</tool_call>\nI called the tool.",
+     (None, "Checking.\n\nI called the tool.", [("now", {})])),
+    ("sep-llama3-json", {"tool_format": "llama3_json", "tools": TOOLS},
+     'Checking.\n<|python_tag|>{"name": "now", "parameters": {}}\nI called the tool.',
+     (None, "Checking.\nI called the tool.", [("now", {})])),
+    ("sep-mistral-list", {"tool_format": "mistral", "tools": TOOLS},
+     'Checking.\n[TOOL_CALLS] [{"name": "now", "arguments": {}}]\nI called the tool.',
+     (None, "Checking.\n\nI called the tool.", [("now", {})])),
+    ("sep-mistral-v11", {"tool_format": "mistral", "tools": TOOLS},
+     'Checking.\n[TOOL_CALLS]now[ARGS]{}\nI called the tool.',
+     (None, "Checking.\n\nI called the tool.", [("now", {})])),
+    ("sep-ds31", {"tool_format": "deepseek_v31", "tools": TOOLS},
+     f"Checking.\n{DS_BEGIN}{DS_CALL}now{DS_SEP}{{}}{DS_CALL_END}{DS_END}\nI called the tool.",
+     (None, "Checking.\n\nI called the tool.", [("now", {})])),
 ]
 
 
