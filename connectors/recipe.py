@@ -32,7 +32,7 @@ from connectors.encoder import (
 from connectors.projector import Projector, ProjectorSpec
 from connectors.timm_connector import ConnectorConfig
 
-log = logging.getLogger("mmserve")
+log = logging.getLogger(__name__)
 
 IMAGE_SIZE = 64
 ENCODER = EncoderSpec(

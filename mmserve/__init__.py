@@ -3,7 +3,10 @@ speculative-decoding LLM engine. ``from mmserve import LLM, SamplingParams``."""
 
 from mmserve.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams"]
+# The one place the version is written: pyproject.toml reads it from here.
+__version__ = "0.1.0"
+
+__all__ = ["LLM", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):

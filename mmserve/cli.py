@@ -22,6 +22,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from mmserve import __version__
 from mmserve.config import DEFAULT_MODEL, EngineConfig, ServerConfig, SpeechConfig
 from mmserve.sampling_params import SamplingParams
 
@@ -543,6 +544,7 @@ def _register_speech() -> None:
 def build_parser() -> argparse.ArgumentParser:
     _register_speech()
     parser = argparse.ArgumentParser(prog="mmserve", description="mmserve: LLM serving")
+    parser.add_argument("--version", action="version", version=f"mmserve {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for cmd in SUBCOMMANDS.values():
         sub = subparsers.add_parser(cmd.name, help=cmd.help, description=cmd.help)

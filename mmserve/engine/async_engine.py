@@ -41,7 +41,7 @@ from mmserve.engine.request import EmbeddingSpan
 from mmserve.errors import EngineDeadError, QueueFullError
 from mmserve.sampling_params import SamplingParams
 
-log = logging.getLogger("mmserve")
+log = logging.getLogger(__name__)
 
 
 class OutputStage(Protocol):

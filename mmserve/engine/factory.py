@@ -13,7 +13,7 @@ from mmserve.engine.engine import LLMEngine
 from mmserve.kernels.linear import q8_head_enabled, set_batch_invariant
 from mmserve.speculative.factory import build_speculator
 
-log = logging.getLogger("mmserve")
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_LEN_CAP = 8192

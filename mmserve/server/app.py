@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from mmserve import __version__
 from mmserve.config import ServerConfig
 from mmserve.server.chat_output import resolve_formats
 from mmserve.server.engine_client import EngineClient
@@ -75,7 +76,7 @@ def create_app(engine: EngineClient, server_config: ServerConfig | None = None,
     metrics_ = ServerMetrics(engine.stats, model_name)
     if speech is not None:  # the voice engine's series (audio streams, refusals, KV)
         metrics_.add_engine(speech.engine.stats, speech.model_name)
-    app = FastAPI(title="mmserve", version="0.1.0", docs_url=None, redoc_url=None)
+    app = FastAPI(title="mmserve", version=__version__, docs_url=None, redoc_url=None)
     app.state.mm = ServerState(engine, config, model_name, formats, metrics_)
     app.state.speech, app.state.speech_max_chars = speech, max_speech_input_chars
     install_error_handlers(app)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-log = logging.getLogger("mmserve.server.connections")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

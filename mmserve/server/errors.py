@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mmserve.errors import InvalidRequestError, MMServeError
 
-log = logging.getLogger("mmserve.server")
+log = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
