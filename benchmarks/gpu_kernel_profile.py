@@ -8,6 +8,7 @@ latency inside the graph, tails, the host); and the weight bytes / kernel time o
 GEMMs (achieved bandwidth), beside the roofline of a copy measured in the same run.
 
 Usage: PYTHONPATH=$PWD python benchmarks/gpu_kernel_profile.py OUT.json [--no-gemm] [shape ...]
+(``--shapes-only``: the step profiles alone, e.g. to compare ``MMSERVE_PDL=0`` and 1.)
 """
 
 from __future__ import annotations
@@ -42,20 +43,32 @@ def profile_shape(name: str, bandwidth: float) -> dict:
             continue
         per[e.name][0] += 1
         per[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time
-    kernels = sorted(((n, c / STEPS, t / STEPS) for n, (c, t) in per.items()),
-                     key=lambda r: -r[2])
+    kernels = sorted(((n, c / STEPS, t / STEPS) for n, (c, t) in per.items()), key=lambda r: -r[2])
     gpu_us = sum(t for _, _, t in kernels)
     step_us = wall.step_ms_p50 * 1e3
     roof_us = wbytes / bandwidth * 1e6
-    out = {"weight_bytes": wbytes, "step_us_p50": step_us, "kernel_us_per_step": gpu_us,
-           "roofline_us": roof_us, "launches_per_step": sum(c for _, c, _ in kernels),
-           "kernels": [{"name": n[:120], "per_step": c, "us_per_step": round(t, 2),
-                        "us_each": round(t / c, 2)} for n, c, t in kernels]}
-    print(f"[{name}] step p50 {step_us:.0f} us, kernels {gpu_us:.0f} us, roofline "
-          f"{roof_us:.0f} us, launches {out['launches_per_step']:.0f}", flush=True)
+    out = {
+        "weight_bytes": wbytes,
+        "step_us_p50": step_us,
+        "kernel_us_per_step": gpu_us,
+        "roofline_us": roof_us,
+        "launches_per_step": sum(c for _, c, _ in kernels),
+        "kernels": [
+            {"name": n[:120], "per_step": c, "us_per_step": round(t, 2), "us_each": round(t / c, 2)}
+            for n, c, t in kernels
+        ],
+    }
+    print(
+        f"[{name}] step p50 {step_us:.0f} us, kernels {gpu_us:.0f} us, roofline "
+        f"{roof_us:.0f} us, launches {out['launches_per_step']:.0f}",
+        flush=True,
+    )
     for k in out["kernels"][:25]:
-        print(f"  {k['us_per_step']:8.1f} us  x{k['per_step']:5.1f}  {k['us_each']:7.2f} each"
-              f"  {k['name'][:90]}", flush=True)
+        print(
+            f"  {k['us_per_step']:8.1f} us  x{k['per_step']:5.1f}  {k['us_each']:7.2f} each"
+            f"  {k['name'][:90]}",
+            flush=True,
+        )
     del dec, model
     torch.cuda.empty_cache()
     return out
@@ -72,58 +85,16 @@ def gemm_bandwidth(bandwidth: float) -> list[dict]:
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         res = {"n": n, "k": k}
-        for label, fn in (("triton", invariant_linear),
-                          ("cublas", torch.nn.functional.linear)):
+        for label, fn in (("triton", invariant_linear), ("cublas", torch.nn.functional.linear)):
             us = _graph_us([lambda w=w, fn=fn, x=x: fn(x, w) for w in ws])
-            res[label] = {"us": round(us, 2),
-                          "roofline_frac": round(n * k * 2 / bandwidth / (us * 1e-6), 3)}
+            res[label] = {
+                "us": round(us, 2),
+                "roofline_frac": round(n * k * 2 / bandwidth / (us * 1e-6), 3),
+            }
         print(f"  gemm {n}x{k}: {res}", flush=True)
         rows.append(res)
         del ws
         torch.cuda.empty_cache()
-    return rows
-
-
-def attention_variants() -> list[dict]:
-    """The paged-attention kernel alone under its launch options (``LAUNCH``): batch-1 and
-    batch-64 decode at a 190-token context and one 2k-token prefill, for both model shapes'
-    heads; graph-captured, microseconds per call; outputs compared bit for bit with the
-    first option set."""
-    from mmserve.kernels import triton_attention as ta
-
-    options = [{"num_warps": 4, "num_stages": 2}, {"num_warps": 4, "num_stages": 3},
-               {"num_warps": 8, "num_stages": 2}]
-    rows = []
-    saved = dict(ta.LAUNCH)
-    for hq, hkv, d in ((32, 8, 128), (9, 3, 64)):
-        for b, qlen, ctx in ((1, 1, 190), (64, 1, 190), (1, 2048, 2048)):
-            per = -(-ctx // 16)
-            blocks = 1 + b * per
-            kc = torch.randn(blocks, 16, hkv, d, device="cuda", dtype=torch.bfloat16)
-            vc = torch.randn_like(kc)
-            q = torch.randn(b * qlen, hq, d, device="cuda", dtype=torch.bfloat16)
-            tables = (1 + torch.randperm(b * per, device="cuda")).view(b, per).int()
-            meta = ta.PagedMetadata(torch.zeros(b * qlen, dtype=torch.long, device="cuda"),
-                                    tables, torch.full((b,), ctx, device="cuda"),
-                                    torch.arange(b, device="cuda") * qlen,
-                                    torch.full((b,), qlen, device="cuda"), qlen)
-            base = None
-            row: dict = {"hq": hq, "hkv": hkv, "d": d, "batch": b, "qlen": qlen, "ctx": ctx}
-            for opt in options:
-                ta.LAUNCH.clear()
-                ta.LAUNCH.update(opt)
-                def fn(q=q, kc=kc, vc=vc, meta=meta, d=d):
-                    return ta.cuda_paged_attention(q, kc, vc, meta, d**-0.5)
-
-                out = fn()
-                base = out if base is None else base
-                us = _graph_us([fn] * (50 if qlen == 1 else 5))
-                row[f"w{opt['num_warps']}s{opt['num_stages']}"] = {
-                    "us": round(us, 2), "same_bits": bool(torch.equal(out, base))}
-            print(f"  attn {row}", flush=True)
-            rows.append(row)
-    ta.LAUNCH.clear()
-    ta.LAUNCH.update(saved)
     return rows
 
 
@@ -132,35 +103,12 @@ def _graph_us(fns: list, reps: int = 5) -> float:
     return graph_replay_seconds(lambda: [fn() for fn in fns], reps) / len(fns) * 1e6
 
 
-def epilogue_configs() -> dict:
-    """o_proj + residual (the 8B shape, M=1) under tile shapes; weights rotate over 24
-    copies (beyond L2)."""
-    from mmserve.kernels import triton_fused as tf
-    from mmserve.kernels.triton_matmul import TileConfig
-
-    out: dict = {"o_residual": {}}
-    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    wo = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
-          for _ in range(24)]
-    r = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    for c in ((16, 16, 256, 2, 4), (16, 16, 128, 2, 4), (16, 16, 256, 4, 4),
-              (16, 16, 512, 4, 3), (16, 16, 128, 4, 6), (16, 16, 64, 2, 8)):
-        cfg = TileConfig(*c)
-        us = _graph_us([lambda w=w, cfg=cfg: tf.linear_residual(x, w, r, config=cfg) for w in wo])
-        out["o_residual"][str(c)] = round(us, 2)
-    print(f"  epilogue configs {out}", flush=True)
-    return out
-
-
 def main() -> None:
     out_path = sys.argv[1]
     names = sys.argv[2:]
     bw = max(copy_bandwidth()["gb_s"]) * 1e9
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     report: dict = {"copy_bandwidth": bw}
-    if "--shapes-only" not in names:  # the step profiles alone (e.g. MMSERVE_PDL=0 vs 1)
-        report["attention"] = attention_variants()
-        report["epilogue_configs"] = epilogue_configs()
     if "--no-gemm" not in names and "--shapes-only" not in names:
         report["gemm_m1"] = gemm_bandwidth(bw)
     names = [n for n in names if not n.startswith("--")] or ["llama3-8b", "smollm2-135m"]
