@@ -112,7 +112,7 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         # each graph's logits rows' argmax, computed in the graph: a greedy step's tokens
-        # without an argmax launch from the host (~29 us of the H200 host a step); on
+        # without an argmax launch from the host (tens of microseconds of host time); on
         # CUDA the two-pass Triton argmax, in the step's PDL chain
         self.argmax: dict[tuple[int, int], torch.Tensor] = {}
         # the serial-split variant of the shapes whose kernels spread splits: the decode
@@ -152,9 +152,8 @@ class DecodeGraphs:
                     with decode_stack.serial_splits():
                         self.serial[(bs, q)] = self._capture(bs, q, pool)
         # one replay each (all padding: nothing is written): a graph's first launch uploads
-        # it to the device, ~1 ms on the H200 (a first verify step took 2.5 ms, later ones
-        # 1.6); left to the first real step, that cost lands on a request and in the
-        # speculation controller's cost curves
+        # it to the device (about a millisecond); left to the first real step, that cost
+        # lands on a request and in the speculation controller's cost curves
         for graph in [*self.graphs.values(), *(g for g, _, _ in self.serial.values())]:
             graph.replay()
         torch.cuda.synchronize()

@@ -2,8 +2,8 @@
 by the LM head at the bits of its half-precision copy.
 
 Why: at batch 1 the LM head is the one bandwidth-bound piece of a small model's step
-(SmolLM2-135M: 56.6 MB of bf16 a token, ~17 us on the H200 against a ~530 us decode
-stack that is latency-bound). Both shipped GGUFs store the token embedding (their tied LM
+(SmolLM2-135M: 56.6 MB of bf16 a token, while the decode stack beside it is
+latency-bound; docs/performance.md). Both shipped GGUFs store the token embedding (their tied LM
 head) as Q8_0: 32 int8 values and one fp16 scale a block, 1.0625 bytes a weight, so the
 same product can read 31.8 MB instead (the scales held as float32).
 

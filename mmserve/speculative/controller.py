@@ -20,7 +20,7 @@ For a request that is drafting, the best ``k`` becomes the target if
 ``R >= 1 + margin / 2``, else the target is 0; the chosen ``k`` moves toward the
 target by at most ``max_step_change`` per step (no cliffs), or up to twice its last k
 when that whole draft was accepted (slow start: a copying request reaches k_max from a
-2-token probe in 2 steps, not 3; on the H200 a 54-token edit answer is ~10 steps).
+2-token probe in 2 steps, not 3; a short edit answer is only a few verify steps).
 
 A request that is off (and every new request) comes back only through a probe: a few
 draft tokens, after forgetting part of its old evidence. A new request probes at its
@@ -63,9 +63,9 @@ drafts only if no request of it is expected to run slower than in a plain step:
 that is not probing (one that drafts nothing has ``E = 0``). Otherwise its drafts are
 vetoed (probes, budgeted exploration, still run) and the same requests are not
 planned again for 1, 2, 4 .. ``probe_interval`` steps; a new set of requests (one
-finished, one admitted) is planned at once. On the H200 the sum alone drafted for three
-code requests at c=4 while a fourth, the longest, drafted nothing and ran ~35 %
-slower in every verify step: the batch took 0.90x plain decode's time to finish. For
+finished, one admitted) is planned at once. Judged by the sum alone, requests that
+draft slow down one that does not, and the batch, which finishes with its slowest
+request, ends later than plain decode would (docs/performance.md). For
 the same reason, with none waiting a probe beside a request that neither drafts nor
 probes is called off (what it learns could not be used), and a probe that drafts
 nothing (the speculator asks probes for a match of 2+ tokens) vetoes the others.
@@ -263,9 +263,9 @@ class SpecController:
             if state.judge_probe:
                 state.judge_probe = False
                 if k == 0:
-                    # it accepted, but not enough to pay at this step's cost (code at c=4
-                    # on the H200): a failed probe as far as waiting goes, or it probes
-                    # again at once, every other step
+                    # it accepted, but not enough to pay at this step's cost: a failed
+                    # probe as far as waiting goes, or it probes again at once, every
+                    # other step
                     state.failed_probes += 1
                     state.wait = self._backoff(state)
                 else:
@@ -291,7 +291,7 @@ class SpecController:
                 self._veto(request_ids, ks, worst, plan)
         self._since_plain = self._since_plain + 1 if plan.verifying else 0
         # a vetoed step's requests keep their k, so no request is off and due: the pause
-        # itself is quiet (on the H200 code c=4 paid ~40 us a step planning vetoed steps)
+        # itself is quiet (planning vetoed steps costs host time a step)
         vetoed = self._veto_until - self._steps if self._veto_ids == tuple(request_ids) else 0
         self._quiet = 0 if plan.verifying else max(self._quiet_steps(shape), vetoed)
         self._quiet_shape = shape
@@ -337,8 +337,8 @@ class SpecController:
         of the step drafts or probes too (else the veto holds the drafts back): beside a
         request that does neither, probes are called off, their budget refunded, and
         they wait ``probe_interval`` steps. Requests that start together probe together;
-        one that failed probes again once the others draft. On the H200, code and chat at
-        c=4 paid ~3 % for probes whose acceptance no step could use."""
+        one that failed probes again once the others draft. Otherwise a batch pays for
+        probes whose acceptance no step can use."""
         states, step = self._requests, self._steps
         if all(k or states[r].probing or states[r].blank_step == step
                for r, k in zip(request_ids, ks, strict=True)):
@@ -408,8 +408,8 @@ class SpecController:
         requests can probe or draft: all are off and none is due, or the shape's probes
         are denied until later (a new request would be due, so the caller vouches that
         every request of the step is known). ``shape``: (decoding requests, other
-        tokens), as ``choose`` gets them; False: call ``choose``. 16 passes were ~45 us
-        of a ~1.6 ms c=16 step that drafted nothing, on the H200's host."""
+        tokens), as ``choose`` gets them; False: call ``choose``. At c=16 the passes are a
+        few percent of a step that drafts nothing."""
         if not self._quiet or shape != self._quiet_shape:
             return False
         self._quiet -= 1
@@ -443,8 +443,8 @@ class SpecController:
         rows (drafting and sampling included); ``verify``: the step carried draft tokens;
         ``graph``: it replayed a CUDA graph. With graphs (``padded``) only graph steps are
         recorded: steps that carry a prefill chunk run eagerly and never draft, and their
-        costs (5-15 ms, seconds when a kernel compiles) interpolated into the small sizes
-        priced a 3-row verify at ~2x a decode step on the H200, so no probe ever fit.
+        costs (milliseconds, seconds when a kernel compiles) interpolated into the small
+        sizes would price a short verify far above a decode step, so no probe would fit.
         ``emitted`` tokens by ``sequences`` decoding sequences: what a verify step
         delivered, for the realized-throughput check (module docstring)."""
         if self.padded and not graph:
@@ -524,9 +524,8 @@ class SpecController:
     def _ratios(self, expected: Sequence[float], plan: _StepPlan) -> list[float]:
         """R(k) for k = 0..k_max: throughput with k draft tokens relative to k = 0 (module
         docstring); ``expected[k]``: the tokens expected accepted from k. This runs for
-        every drafting request every step (9 ratios of 4 requests were ~65 us a step on
-        this CPU, ~240 us on the H200's host, as separate calls): one pass, no calls
-        beyond the step's memoised costs."""
+        every drafting request every step (as separate calls, a large share of a small
+        step's host time): one pass, no calls beyond the step's memoised costs."""
         base, costs = plan.costs_for_k(self.k_max)
         emitted = plan.emitted
         scale = base / emitted
@@ -562,8 +561,8 @@ class SpecController:
             # nothing to draft: a blank probe, found before it costs an evaluation. Asked
             # only at a shape whose probes passed one lately: elsewhere the evaluation
             # (and the shape's denial, its quiet steps) comes first. Asked first at every
-            # due probe, the look-ups took the H200's c=16 steps from 13 to 61 us of host
-            # time: nothing matched, so the shape was never evaluated and never denied
+            # due probe, the look-ups multiply a c=16 step's host time: nothing matches,
+            # so the shape is never evaluated and never denied
             state.probe_cost = fit_cost  # what the probe would have cost: paces the wait
             self._blank(state)
             state.blank_step = self._steps  # company for the step's probes, as a probe was
@@ -591,12 +590,11 @@ class SpecController:
         wait grows toward ``probe_interval``."""
         steps = math.ceil(max(state.probe_cost, 0.0) / (2 * self.probe_budget_per_step))
         # and a wait that doubles after ``probe_free_failures`` failures in a row: a
-        # request that copies nothing stops probing every other step (on the H200 a
-        # batch-1 probe is priced ~0 from the curves, yet its drafting and verifying cost
-        # ~10 % of a step: 75 probes in a 128-token chat answer, 0.966x), while an edit
-        # answer, copy runs between short rewrites, finds each run again at once (a
-        # 3-step wait after every failure, and a doubling from the second, each cost
-        # edit/rewrite at batch 1 about a third of its speed-up on the H200)
+        # request that copies nothing stops probing every other step (a batch-1 probe is
+        # priced ~0 from the curves, yet its drafting and verifying cost a share of the
+        # step), while an edit answer, copy runs between short rewrites, finds each run
+        # again at once (a fixed wait after every failure, or a doubling from the second,
+        # costs edit/rewrite at batch 1 much of its speed-up; docs/performance.md)
         doubling = 2 ** max(0, state.failed_probes - self.probe_free_failures)
         return max(1, min(self.probe_interval, max(steps, doubling)))
 

@@ -52,11 +52,9 @@ class Speculator:
         self._quiet_steps = 0
         # requests the drafter has prepared (indexed) for, and this step's time doing so:
         # a one-off per request, kept out of the step's measured cost. Charged to a first
-        # probe's verify step (a prompt-lookup index is ~80 us for 300 tokens, ~400 us for
-        # 1,500 on the dev CPU), it made the H200's 12-row (c=4) probe bucket read dearer
-        # than 36 rows and held every c=4 probe back (edit c=4 1.27x at 0.89 acceptance).
-        # Built for every prompt at prefill instead, it cost 16 long prompts that never
-        # drafted ~6 ms of a ~350 ms c=16 run.
+        # probe's verify step, it makes a small probe bucket read dearer than larger ones
+        # and holds probes back; built for every prompt at prefill instead, it is paid by
+        # long prompts that never draft (docs/performance.md).
         self._prepared: set[str] = set()
         self._one_off = 0.0
         self._checks_matches = type(drafter).has_match is not Drafter.has_match
