@@ -80,7 +80,7 @@ def run(cfg: VoiceTrainConfig) -> int:
         from tts.train.corpus import sentences
         from tts.train.teacher import build
 
-        build(sentences(cfg.sentences, cfg.seed), work / "teacher")
+        build(sentences(cfg.sentences, cfg.seed), work / "teacher", workers=0)
     if "codec" in stages and not (work / "codes.npz").is_file():
         if not _codec_stage(cfg, work, device, deadline):
             return 3
@@ -92,21 +92,30 @@ def run(cfg: VoiceTrainConfig) -> int:
     if "export" in stages:
         from tts.train.export import export_voice
 
-        export_voice(work, out, corpus={"sentences": cfg.sentences,
-                                        "held_out": cfg.held_out, "seed": cfg.seed})
+        export_voice(
+            work,
+            out,
+            corpus={"sentences": cfg.sentences, "held_out": cfg.held_out, "seed": cfg.seed},
+        )
         print(f"voice written to {out}", flush=True)
     return 0
 
 
-def _codec_stage(cfg: VoiceTrainConfig, work: Path, device: str,
-                 deadline: float | None) -> bool:
+def _codec_stage(cfg: VoiceTrainConfig, work: Path, device: str, deadline: float | None) -> bool:
     from tts.train.codec_train import encode_all, train_codec
     from tts.train.teacher import Teacher
 
     teacher = Teacher(work / "teacher")
     train_items = list(range(len(teacher) - cfg.held_out))
-    codec = train_codec(teacher, work / "codec", train_items, cfg.codec_steps,
-                        cfg.codec_batch, device=device, deadline=deadline)
+    codec = train_codec(
+        teacher,
+        work / "codec",
+        train_items,
+        cfg.codec_steps,
+        cfg.codec_batch,
+        device=device,
+        deadline=deadline,
+    )
     if codec is None:
         return False
     codec.save(work / "codec" / "final")

@@ -9,6 +9,10 @@ index (``index.json``); built once and reused (a marker is written last).
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,26 +53,47 @@ def speak(text: str) -> tuple[np.ndarray, Item]:
     return wav, Item(text, 0, len(wav), ph.symbols, ph.is_phoneme, starts)
 
 
-def build(texts: list[str], out: Path, log_every: int = 500) -> None:
-    """Render every text into ``out`` (skipped if ``out`` is already complete)."""
+def build(texts: list[str], out: Path, log_every: int = 500, workers: int = 1) -> None:
+    """Render every text into ``out`` (skipped if ``out`` is already complete), in
+    ``workers`` processes (0: one a CPU). espeak-ng carries a little state from one
+    utterance to the next in a process, so phoneme timings can differ by a few ms with
+    the number of workers; the sentences and their order do not."""
     if (out / "done").is_file():
         return
     out.mkdir(parents=True, exist_ok=True)
+    workers = workers or os.cpu_count() or 1
     items: list[Item] = []
     offset = 0
-    with open(out / "audio.i16", "wb") as fh:
-        for i, text in enumerate(texts):
-            wav, item = speak(text)
-            pcm = np.clip(np.round(wav * 32767), -32768, 32767).astype(np.int16)
+    with open(out / "audio.i16", "wb") as fh, _rendered(texts, workers) as rendered:
+        for i, (pcm, item) in enumerate(rendered):
             fh.write(pcm.tobytes())
             item.offset = offset
             offset += len(pcm)
             items.append(item)
             if log_every and (i + 1) % log_every == 0:
-                print(f"teacher: {i + 1}/{len(texts)} sentences, {offset / RATE / 3600:.2f} h",
-                      flush=True)
+                print(
+                    f"teacher: {i + 1}/{len(texts)} sentences, {offset / RATE / 3600:.2f} h",
+                    flush=True,
+                )
     (out / "index.json").write_text(json.dumps([asdict(it) for it in items]))
     (out / "done").write_text(str(len(items)))
+
+
+def _render(text: str) -> tuple[np.ndarray, Item]:
+    wav, item = speak(text)
+    return np.clip(np.round(wav * 32767), -32768, 32767).astype(np.int16), item
+
+
+@contextmanager
+def _rendered(texts: list[str], workers: int) -> Iterator[Iterator[tuple[np.ndarray, Item]]]:
+    """``_render`` of each text, in order. Worker processes are forked (espeak-ng is a
+    per-process singleton, so each one loads its own) and fed chunks of sentences."""
+    if workers <= 1:
+        yield map(_render, texts)
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(workers) as pool:
+        yield pool.imap(_render, texts, chunksize=16)
 
 
 class Teacher:
@@ -85,4 +110,4 @@ class Teacher:
 
     def wav(self, i: int) -> np.ndarray:
         it = self.items[i]
-        return self.audio[it.offset: it.offset + it.length].astype(np.float32) / 32768.0
+        return self.audio[it.offset : it.offset + it.length].astype(np.float32) / 32768.0
