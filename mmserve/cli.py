@@ -294,7 +294,7 @@ def generate(args: argparse.Namespace) -> int:
 
 def _bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("which", choices=("spec", "throughput", "stress", "vision", "speech",
-                                          "structured", "voice"),
+                                          "structured", "voice", "serve"),
                         help="spec: speculative vs plain decode on the real model (CPU or GPU); "
                         "throughput: engine vs HF transformers on random weights (CUDA); "
                         "stress: fuzzing, abort storms, overload, soak of a live server "
@@ -302,7 +302,9 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
                         "vision: captioning images/s vs HF transformers (CPU or GPU); "
                         "speech: time to first audio and real-time factor (CPU or GPU); "
                         "structured: constrained vs free decode (docs/structured-output.md); "
-                        "voice: concurrent voice streams, deadline vs FIFO scheduling")
+                        "voice: concurrent voice streams, deadline vs FIFO scheduling; "
+                        "serve: a live server (openai SDK streams, Realtime WebSocket) against "
+                        "the engine in-process")
     parser.add_argument("--model", default=None, help=HELP["model"])
     parser.add_argument("--device", default="auto", help=HELP["device"])
     parser.add_argument("--speculative-config", default=None,
@@ -310,9 +312,10 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", default="edit,code,chat,long",
                         help="comma-separated: edit, code, chat, long")
     parser.add_argument("--concurrency", default=None,
-                        help="comma-separated; default 1,4,16 (spec), 1,8,32 (vision)")
+                        help="comma-separated; default 1,4,16 (spec), 1,8,32 (vision), "
+                        "1,16,64,256 (serve)")
     parser.add_argument("--max-tokens", type=int, default=None,
-                        help="new tokens a request; default 96 (spec), 24 (vision)")
+                        help="new tokens a request; default 96 (spec), 24 (vision), 256 (serve)")
     parser.add_argument("--connector", default="auto", help="vision: " + HELP["connector"])
     parser.add_argument("--images", type=int, default=64,
                         help="vision: images a concurrency level")
@@ -332,6 +335,21 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
     stress.add_argument("--soak-s", type=float, default=1800.0)
     stress.add_argument("--max-num-seqs", type=int, default=8)
     stress.add_argument("--max-waiting", type=int, default=16)
+    serve = parser.add_argument_group("serve options")
+    serve.add_argument("--serve-args", default="",
+                       help="extra flags for the served `mmserve serve` (and the in-process "
+                       "engine's config), one string, e.g. \"--max-num-seqs 256\"")
+    serve.add_argument("--protocols", default="sse,ws", help="sse (openai SDK) and/or ws "
+                       "(Realtime WebSocket)")
+    serve.add_argument("--requests-per-client", type=int, default=2,
+                       help="a load sends max(clients x this, --min-requests) requests")
+    serve.add_argument("--min-requests", type=int, default=8)
+    serve.add_argument("--burst", type=int, default=32,
+                       help="requests at once right after start and again when warm (0: skip)")
+    serve.add_argument("--client-procs", type=int, default=0,
+                       help="client processes (default: a quarter of the cores, 1 to 4)")
+    serve.add_argument("--no-engine", action="store_true",
+                       help="skip the in-process engine baseline")
     speech = parser.add_argument_group("speech and voice options")
     speech.add_argument("--streams", default=None,
                         help="concurrent streams, comma-separated; default 1,8,32 (speech), "
@@ -392,6 +410,21 @@ def bench(args: argparse.Namespace) -> int:
             args.seconds, args.device, args.out_dir, buffer_ms=args.buffer_ms,
             ramp_s=args.ramp_s, text_clients=args.text_clients, tiny=args.tiny,
             mixed_streams=[int(s) for s in mixed.split(",")] if mixed else None)
+        return 0
+    if args.which == "serve":
+        import shlex
+
+        from mmserve.bench.serve import ServeBenchConfig, run_serve_bench
+
+        run_serve_bench(ServeBenchConfig(
+            model=args.model, device=args.device,
+            concurrency=tuple(int(c) for c in (args.concurrency or "1,16,64,256").split(",")
+                              if c),
+            max_tokens=args.max_tokens or 256, requests_per_client=args.requests_per_client,
+            min_requests=args.min_requests,
+            burst=args.burst, protocols=tuple(p for p in args.protocols.split(",") if p),
+            engine=not args.no_engine, client_procs=args.client_procs,
+            serve_args=tuple(shlex.split(args.serve_args)), out_dir=args.out_dir))
         return 0
     if args.which == "throughput":
         from mmserve.bench.throughput import run_throughput

@@ -232,6 +232,7 @@ class RealtimeSocket:
             messages=messages,
             max_output_tokens=limit if isinstance(limit, int) else None,
             temperature=DEFAULT_TEMPERATURE if cfg.temperature is None else cfg.temperature,
+            ignore_eos=bool(cfg.ignore_eos),
             conversation_id=None if out_of_band else self.conversation.id,
             metadata=params.metadata if params else None,
         )

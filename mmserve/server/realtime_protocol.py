@@ -94,6 +94,9 @@ class SessionConfig(_In):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)  # beta field, still honoured
+    # mmserve's extension (as ``ignore_eos`` on chat completions): answers run to their
+    # token limit past the end-of-sequence token (fixed-length loads: ``mmserve bench serve``)
+    ignore_eos: bool | None = None
     audio: AudioConfig | None = None
     voice: str | None = Field(default=None, exclude=True)  # beta: audio.output.voice
     output_audio_format: str | None = Field(default=None, exclude=True)  # beta: "pcm16"

@@ -73,6 +73,7 @@ class ResponseRun:
     temperature: float
     conversation_id: str | None
     metadata: dict[str, str] | None = None
+    ignore_eos: bool = False
     id: str = field(default_factory=lambda: object_id("resp"))
     item: Item = field(
         default_factory=lambda: Item(
@@ -153,7 +154,8 @@ class ResponseRun:
         max_tokens = resolve_max_tokens(
             self.max_output_tokens, len(prompt_ids), self.engine.max_model_len, "input"
         )
-        params = SamplingParams(temperature=self.temperature, max_tokens=max_tokens)
+        params = SamplingParams(temperature=self.temperature, max_tokens=max_tokens,
+                                ignore_eos=self.ignore_eos)
         self.usage.input_tokens = len(prompt_ids)
         stream = self.engine.generate(prompt_ids, params, self.id)
         first = await anext(stream)

@@ -116,6 +116,26 @@ def test_text_conversation_over_two_responses(
     wait_for_idle(engine, before)
 
 
+def test_ignore_eos_runs_to_the_token_limit(server: LiveServer, model_name: str) -> None:
+    """mmserve's ``ignore_eos`` session field (as on chat completions): an answer runs to
+    ``max_output_tokens`` and ends ``incomplete`` (what fixed-length benchmarks send)."""
+
+    async def run() -> None:
+        async with _client(server).realtime.connect(model=model_name) as conn:
+            await _recv(conn)
+            await conn.send({"type": "session.update", "session": {
+                "type": "realtime", "output_modalities": ["text"], "ignore_eos": True}})
+            assert (await _recv(conn)).type == "session.updated"
+            await conn.send({"type": "response.create", "response": {
+                "conversation": "none", "input": [USER_HI], "max_output_tokens": 24}})
+            done = (await _until(conn, "response.done"))[-1].response
+            assert done.usage.output_tokens == 24
+            assert done.status == "incomplete"
+            assert done.status_details.reason == "max_output_tokens"
+
+    asyncio.run(run())
+
+
 def test_cancel_mid_response_frees_blocks(server: LiveServer, engine: Any, model_name: str) -> None:
     async def run() -> None:
         async with _client(server).realtime.connect(model=model_name) as conn:

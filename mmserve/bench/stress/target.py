@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TextIO
 
 import httpx
 import psutil
@@ -70,34 +71,40 @@ class Target:
                 self.proc.kill()
 
 
-def spawn(flags: list[str], startup_s: float = 300.0) -> Target:
-    """Start ``mmserve serve --host 127.0.0.1 --port 0 FLAGS`` and wait for its address."""
+def spawn(flags: list[str], startup_s: float = 300.0, log_path: str | None = None,
+          log_level: str = "warning") -> Target:
+    """Start ``mmserve serve --host 127.0.0.1 --port 0 FLAGS`` and wait for its address;
+    its output goes to ``log_path`` (None: nowhere)."""
     cmd = [sys.executable, "-m", "mmserve.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--log-level", "warning", *flags]
+           "--log-level", log_level, *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + startup_s
     assert proc.stdout is not None
+    sink = open(log_path or os.devnull, "w")  # noqa: SIM115 - closed by the pump
     for line in proc.stdout:
+        sink.write(line)
         match = _ANNOUNCE.search(line)
         if match:
             target = Target(f"http://127.0.0.1:{match.group(1)}", proc.pid, proc=proc)
-            _drain(proc)
+            _drain(proc, sink)
             return target
         if time.monotonic() > deadline:
             break
     proc.kill()
-    raise RuntimeError("the server under stress did not start")
+    sink.close()
+    raise RuntimeError(f"the server did not start (its output: {log_path or 'not kept'})")
 
 
-def _drain(proc: subprocess.Popen[str]) -> None:
-    """Keep reading the child's output so a full pipe never blocks it; count its lines."""
+def _drain(proc: subprocess.Popen[str], sink: TextIO) -> None:
+    """Keep reading the child's output into ``sink`` so a full pipe never blocks it."""
     import threading
 
     def pump() -> None:
         assert proc.stdout is not None
-        with open(os.devnull, "w") as sink:
+        with sink:
             for line in proc.stdout:
                 sink.write(line)
+                sink.flush()
 
     threading.Thread(target=pump, daemon=True).start()

@@ -1,0 +1,290 @@
+"""``mmserve bench serve``: the live server against the engine in-process, in one run.
+
+1. ``mmserve serve`` starts as a child process (the real model, its own defaults plus
+   ``serve_args``: pass e.g. the flags of another process layout to compare), its output
+   kept in ``server.log``; the start-up time is from launch to its address.
+2. ``first_burst``: the fresh server's first ``burst`` requests, all sent at once.
+3. For each protocol (``sse``: the openai SDK streaming; ``ws``: the Realtime WebSocket)
+   and each concurrency ``c``: ``c`` clients in a closed loop (``serve_clients``), every
+   request greedy with ``ignore_eos`` and ``max_tokens`` new tokens, so every request
+   costs the same; tok/s, TTFT p50/p99, gap p50/p99.
+4. ``steady_burst``: the same burst again on the now warm server; the first burst's TTFT
+   over this one's says what start-up left to the first requests.
+5. The server stops; the same engine configuration (the same flags, parsed by the CLI)
+   runs in this process with the same prompts, ``c`` requests in flight in a closed loop
+   over ``LLM``'s engine: the baseline each served load is a fraction of.
+
+Writes ``serve.json`` (+ ``serve.png`` when matplotlib is there) to ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mmserve.bench import serve_report
+from mmserve.bench.serve_clients import Load, Messages, Timing, run_load
+
+SYSTEM = "You are a storyteller. Answer at length."
+TOPICS = (
+    "a lighthouse keeper",
+    "a lost robot",
+    "the first city on Mars",
+    "a dragon who bakes",
+    "a river that flows uphill",
+    "two rival chess clubs",
+    "a library of sounds",
+    "an island of clocks",
+)
+
+
+def prompts(n: int = 64) -> list[Messages]:
+    """``n`` distinct chat requests of about the same length (~45 tokens templated)."""
+    return [
+        [
+            {"role": "system", "content": SYSTEM},
+            {
+                "role": "user",
+                "content": f"Story {i}: tell me a long story about "
+                f"{TOPICS[i % len(TOPICS)]}, part {i // len(TOPICS)}.",
+            },
+        ]
+        for i in range(n)
+    ]
+
+
+@dataclass
+class ServeBenchConfig:
+    model: str | None = None  # None: the default model
+    device: str = "auto"
+    concurrency: tuple[int, ...] = (1, 16, 64, 256)
+    max_tokens: int = 256
+    requests_per_client: int = 2  # a load sends max(c * this, min_requests) requests
+    min_requests: int = 8
+    burst: int = 32  # first_burst / steady_burst size (0: skip both)
+    protocols: tuple[str, ...] = ("sse", "ws")
+    engine: bool = True  # the in-process baseline
+    client_procs: int = 0  # client processes (0: auto, a quarter of the cores, 1..4)
+    serve_args: tuple[str, ...] = ()
+    out_dir: str = "bench/out"
+    startup_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ValueError("concurrency must be one or more integers >= 1")
+        if min(self.max_tokens, self.requests_per_client, self.min_requests) < 1 or self.burst < 0:
+            raise ValueError(
+                "max_tokens, requests_per_client and min_requests must be >= 1, burst >= 0"
+            )
+        for p in self.protocols:
+            if p not in ("sse", "ws"):
+                raise ValueError(f"protocol {p!r}: use sse and/or ws")
+
+    def procs(self) -> int:
+        return self.client_procs or max(1, min(4, (os.cpu_count() or 1) // 4))
+
+    def serve_flags(self) -> list[str]:
+        """Flags for ``mmserve serve``: the bench's, then ``serve_args`` (later flags win).
+        The queue bound holds every load's clients, so no request is refused with a 429."""
+        flags = [
+            "--device",
+            self.device,
+            "--voice",
+            "none",
+            "--max-waiting",
+            str(max(256, 2 * max(self.concurrency, default=1), 2 * self.burst)),
+        ]
+        if self.model:
+            flags += ["--model", self.model]
+        return flags + list(self.serve_args)
+
+
+def run_serve_bench(cfg: ServeBenchConfig) -> dict[str, Any]:
+    """Run every phase; print the table; write JSON (+ PNG) under ``out_dir``."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"config": asdict(cfg), "machine": machine(cfg.device)}
+    pool: Executor | None = None
+    if cfg.procs() > 1:  # started (and its clients imported) before the server starts
+        pool = ProcessPoolExecutor(cfg.procs(), mp_context=_spawn())
+        list(pool.map(_ready, range(cfg.procs())))
+    try:
+        result.update(serve_phases(cfg, pool, out))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    if cfg.engine:
+        result["engine"] = engine_phase(cfg)
+    serve_report.ratios(result)
+    print(serve_report.table(result))
+    result["plot"] = serve_report.plot(result, out / "serve.png")
+    (out / "serve.json").write_text(json.dumps(result, indent=1, default=str))
+    if not result["plot"].endswith(".png"):
+        print(
+            f"{result['plot']}: plot elsewhere with python -m mmserve.bench.serve_report "
+            f"{out / 'serve.json'}",
+            flush=True,
+        )
+    return result
+
+
+def serve_phases(cfg: ServeBenchConfig, pool: Executor | None, out: Path) -> dict[str, Any]:
+    from mmserve.bench.stress.target import spawn
+
+    started = time.monotonic()
+    target = spawn(cfg.serve_flags(), cfg.startup_s, str(out / "server.log"), "info")
+    res: dict[str, Any] = {
+        "server": {
+            "startup_s": round(time.monotonic() - started, 2),
+            "flags": cfg.serve_flags(),
+            "log": str(out / "server.log"),
+        }
+    }
+    try:
+        model = _served_model(target.url)
+        res["model"] = model
+        sets = prompts()
+
+        def level(kind: str, clients: int, requests: int, name: str = "") -> dict:
+            load = Load(target.url, model, kind, clients, requests, sets, cfg.max_tokens)
+            shares = run_load(load, pool, cfg.procs())
+            timings = [t for s in shares for t in s.timings]
+            lv = serve_report.summarize(timings, clients, shares)
+            print(
+                f"[{name or kind}] {clients} clients: {lv['tok_s']} tok/s, TTFT p99 "
+                f"{lv['ttft_p99_ms']} ms, gap p99 {lv['gap_p99_ms']} ms, "
+                f"{lv['errors']} errors",
+                flush=True,
+            )
+            return lv
+
+        if cfg.burst:
+            res["first_burst"] = level("sse", cfg.burst, cfg.burst, "first_burst")
+        for kind in cfg.protocols:
+            res[kind] = {str(c): level(kind, c, _requests(cfg, c)) for c in cfg.concurrency}
+        if cfg.burst:
+            res["steady_burst"] = level("sse", cfg.burst, cfg.burst, "steady_burst")
+        res["server"]["alive_after"] = target.alive()
+    finally:
+        target.stop()
+    res["server"]["startup_lines"] = _startup_lines(out / "server.log")
+    return res
+
+
+def engine_phase(cfg: ServeBenchConfig) -> dict[str, Any]:
+    """Each concurrency on the same engine configuration, in this process."""
+    from mmserve.cli import build_parser, config_from
+    from mmserve.config import EngineConfig
+    from mmserve.llm import LLM
+    from mmserve.sampling_params import SamplingParams
+
+    engine_cfg = config_from(EngineConfig, build_parser().parse_args(["serve", *cfg.serve_flags()]))
+    llm = LLM(**asdict(engine_cfg))
+    tok = llm.tokenizer
+    ids = [
+        tok.encode(tok.apply_chat_template(m, add_generation_prompt=True), add_special_tokens=False)
+        for m in prompts()
+    ]
+    params = SamplingParams(temperature=0, max_tokens=cfg.max_tokens, ignore_eos=True)
+    top = max(cfg.concurrency)
+    closed_loop(
+        llm.engine, ids, top, top, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    )  # warm
+    levels = {}
+    for c in cfg.concurrency:
+        timings = closed_loop(llm.engine, ids, c, _requests(cfg, c), params)
+        levels[str(c)] = serve_report.summarize(timings, c)
+        print(f"[engine] {c} in flight: {levels[str(c)]['tok_s']} tok/s", flush=True)
+    return levels
+
+
+def closed_loop(
+    engine: Any, prompt_ids: list[list[int]], clients: int, requests: int, params: Any
+) -> list[Timing]:
+    """``requests`` requests through ``engine`` (an ``LLMEngine``), ``clients`` in flight:
+    each one that finishes is replaced by the next, as the served clients do."""
+    active: dict[str, tuple[Timing, list[float]]] = {}
+    done: list[Timing] = []
+    sent = 0
+
+    def add() -> None:
+        nonlocal sent
+        t = Timing(time.monotonic())
+        active[engine.add_request(prompt_ids[sent % len(prompt_ids)], params)] = (t, [])
+        sent += 1
+
+    while sent < min(clients, requests):
+        add()
+    while active:
+        for o in engine.step():
+            if o.request_id not in active:
+                continue
+            t, last = active[o.request_id]
+            now = time.monotonic()
+            if o.new_token_ids:
+                if t.ttft is None:
+                    t.ttft = now - t.start
+                else:
+                    t.gaps.append(now - last[0])
+                last[:] = [now]
+            if o.finished:
+                t.end, t.tokens = now, len(o.token_ids)
+                done.append(t)
+                del active[o.request_id]
+                if sent < requests:
+                    add()
+    return done
+
+
+def machine(device: str) -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available() and device != "cpu"
+    name = torch.cuda.get_device_name(0) if cuda else f"cpu ({os.cpu_count()} cores)"
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def _requests(cfg: ServeBenchConfig, clients: int) -> int:
+    return max(clients * cfg.requests_per_client, cfg.min_requests)
+
+
+def _served_model(url: str) -> str:
+    import httpx
+
+    key = os.environ.get("MMSERVE_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(f"{url}/v1/models", headers=headers, timeout=60).json()["data"][0]["id"]
+
+
+def _startup_lines(log: Path) -> list[str]:
+    """The server's start-up log lines (loading, graph capture, warm-up, ready)."""
+    words = ("loaded", "captured", "warm", "ready", "start-up", "serving", "defaults")
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln for ln in lines if any(w in ln for w in words)][:40]
+
+
+def _spawn():
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn")
+
+
+def _ready(_: int) -> bool:
+    import openai  # noqa: F401 - the client process pays its imports before any load
+    import websockets  # noqa: F401
+
+    return True

@@ -1,0 +1,131 @@
+"""``mmserve bench serve``'s statistics and report, on hand-made timings (no server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mmserve.bench import serve_report
+from mmserve.bench.serve import ServeBenchConfig, prompts
+from mmserve.bench.serve_clients import Load, ShareResult, Timing, split
+
+
+def test_percentile_interpolates_linearly():
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert serve_report.percentile(xs, 0) == 1.0
+    assert serve_report.percentile(xs, 100) == 4.0
+    assert serve_report.percentile(xs, 50) == pytest.approx(2.5)
+    assert serve_report.percentile(xs, 99) == pytest.approx(3.97)
+    assert serve_report.percentile([7.0], 99) == 7.0
+    assert serve_report.percentile([], 50) is None
+
+
+def test_summarize_counts_completed_tokens_over_the_load_span():
+    ok1 = Timing(10.0, ttft=0.1, end=11.0, tokens=16, gaps=[0.05, 0.07])
+    ok2 = Timing(10.5, ttft=0.3, end=12.0, tokens=16, gaps=[0.02])
+    bad = Timing(10.2, end=10.4, error="boom")
+    shares = [
+        ShareResult([ok1, bad], cpu_s=0.5, wall_s=2.0),
+        ShareResult([ok2], cpu_s=1.5, wall_s=2.0),
+    ]
+    lv = serve_report.summarize([ok1, bad, ok2], 3, shares)
+    assert lv["requests"] == 3 and lv["errors"] == 1 and lv["first_error"] == "boom"
+    assert lv["tokens"] == 32 and lv["seconds"] == 2.0 and lv["tok_s"] == 16.0
+    assert lv["ttft_p50_ms"] == pytest.approx(200.0)
+    assert lv["ttft_max_ms"] == pytest.approx(300.0)
+    assert lv["gap_p50_ms"] == pytest.approx(50.0)
+    assert lv["text_events_per_request"] == 2.5  # (3 + 2) arrivals over 2 requests
+    assert lv["client_procs"] == 2 and lv["client_cpu_util_max"] == 0.75
+    json.dumps(lv)  # JSON-able as it stands
+
+
+def test_summarize_of_nothing_has_no_rates():
+    lv = serve_report.summarize([], 4)
+    assert lv["tok_s"] is None and lv["ttft_p99_ms"] is None and lv["requests"] == 0
+
+
+def _result() -> dict:
+    def level(tok_s, ttft):
+        return {
+            "clients": 1,
+            "requests": 2,
+            "errors": 0,
+            "tok_s": tok_s,
+            "ttft_p50_ms": ttft,
+            "ttft_p99_ms": ttft and 2 * ttft,
+            "gap_p99_ms": 5.0,
+        }
+
+    return {
+        "config": {"max_tokens": 16},
+        "machine": {"device": "cpu (2 cores)"},
+        "model": "m",
+        "server": {"startup_s": 3.0},
+        "engine": {"1": level(100.0, 10.0), "4": level(300.0, 20.0)},
+        "sse": {"1": level(80.0, 12.0), "4": level(150.0, 30.0)},
+        "ws": {"1": level(90.0, 11.0), "4": level(None, None)},
+        "first_burst": level(100.0, 40.0),
+        "steady_burst": level(100.0, 20.0),
+    }
+
+
+def test_ratios_and_table():
+    result = _result()
+    serve_report.ratios(result)
+    assert result["sse"]["1"]["vs_engine"] == 0.8
+    assert result["sse"]["4"]["vs_engine"] == 0.5
+    assert "vs_engine" not in result["ws"]["4"]  # no rate, no ratio
+    assert result["first_vs_steady"] == {"ttft_p50_ms": 2.0, "ttft_p99_ms": 2.0}
+    text = serve_report.table(result)
+    assert "sse" in text and "ws" in text and "first/steady TTFT: p50 2.0x" in text
+    assert len(text.splitlines()) == 2 + 6 + 3  # header, six loads, bursts and their ratio
+
+
+def test_report_main_writes_the_png_beside_the_json(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps(_result()))
+    assert serve_report.main([str(path)]) == 0
+    assert (tmp_path / "serve.png").stat().st_size > 0
+    assert "engine" in capsys.readouterr().out
+
+
+def test_split_and_config():
+    assert split(10, 3) == [4, 3, 3] and sum(split(5, 8)) == 5
+    assert len(prompts(64)) == 64 and len({json.dumps(p) for p in prompts(64)}) == 64
+    cfg = ServeBenchConfig(
+        device="cpu", concurrency=(1, 300), burst=32, serve_args=("--max-num-seqs", "8")
+    )
+    flags = cfg.serve_flags()
+    assert flags[flags.index("--max-waiting") + 1] == "600"  # every client fits the queue
+    assert flags[-2:] == ["--max-num-seqs", "8"]  # the caller's flags come last and win
+    with pytest.raises(ValueError, match="protocol"):
+        ServeBenchConfig(protocols=("grpc",))
+    with pytest.raises(ValueError, match="concurrency"):
+        ServeBenchConfig(concurrency=(0,))
+    assert Load("u", "m", "sse", 1, 1, prompts(2), 4).start_at == 0.0
+
+
+class _RecordingPool:
+    """Stands in for the client processes: records each share instead of running it."""
+
+    def __init__(self) -> None:
+        self.shares: list[Load] = []
+
+    def map(self, fn, shares):
+        self.shares = list(shares)
+        return [ShareResult([], 0.0, 1.0) for _ in self.shares]
+
+
+def test_run_load_splits_clients_requests_and_prompts():
+    from mmserve.bench.serve_clients import run_load
+
+    pool = _RecordingPool()
+    sets = prompts(8)
+    out = run_load(Load("u", "m", "sse", 5, 11, sets, 4), pool, 2)  # type: ignore[arg-type]
+    assert len(out) == 2
+    a, b = pool.shares
+    assert (a.clients, b.clients) == (3, 2) and (a.requests, b.requests) == (6, 5)
+    assert a.prompts == sets and b.prompts[0] == sets[6]  # b goes on where a's requests end
+    assert a.start_at == b.start_at > 0  # both shares begin at one moment
