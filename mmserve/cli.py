@@ -36,12 +36,17 @@ HELP = {
     "dtype": "auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16",
     "max_model_len": "context length; default: the model's own (capped at 8192)",
     "num_kv_blocks": "KV-cache blocks; default: sized from --kv-cache-memory-mb",
-    "kv_cache_memory_mb": "memory for the KV cache in MiB",
+    "kv_cache_memory_mb": "memory for the KV cache in MiB (default: CPU 512; CUDA "
+    "--kv-cache-memory-fraction of the memory free after the weights, capped at what "
+    "--max-num-seqs sequences of --max-model-len tokens use)",
+    "kv_cache_memory_fraction": "CUDA, --kv-cache-memory-mb unset: the share of free device "
+    "memory the KV cache takes (default: 0.5)",
     "kv_cache_dtype": "auto (the model's dtype) | fp8_e4m3 (alias fp8): e4m3 keys/values with "
     "per-token, per-head scales, about twice the blocks of bf16 for the same memory",
-    "max_num_seqs": "most sequences decoded together",
+    "max_num_seqs": "most sequences decoded together (default: CPU 32; CUDA 256, 128 "
+    "below 16 GiB)",
     "max_num_batched_tokens": "token budget of one engine step (decodes first, then prefill "
-    "chunks)",
+    "chunks; default: CPU 512; CUDA 8192 from 40 GiB, 4096 from 16 GiB, else 2048)",
     "prefill_chunk_tokens": "most tokens of one prompt's prefill chunk in a step while other "
     "prompts wait to prefill (default: max_num_batched_tokens // 4)",
     "max_waiting": "bound of the waiting queue; a full queue answers HTTP 429",

@@ -24,10 +24,13 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length (capped at 8192)
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory_mb
-    kv_cache_memory_mb: int = 512
+    # sizes left None are chosen from the device and the model (mmserve.engine.defaults):
+    # CPU 512 MiB / 32 / 512; CUDA a share of the free memory / 256 / 8192 (>= 40 GiB)
+    kv_cache_memory_mb: int | None = None
+    kv_cache_memory_fraction: float = 0.5  # CUDA, kv_cache_memory_mb unset: of free memory
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8_e4m3 (alias fp8)
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     # while other prompts wait to prefill, one prompt's chunk of a step holds at most this
     # many tokens (None: max_num_batched_tokens // 4); decodes always come first
     prefill_chunk_tokens: int | None = None
@@ -69,8 +72,11 @@ class EngineConfig:
                 f"kv_cache_dtype must be one of {allowed}, got {self.kv_cache_dtype!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb",
                      "encoder_cache_mb"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.kv_cache_memory_fraction <= 0.95:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 0.95], got "
+                             f"{self.kv_cache_memory_fraction}")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.max_waiting < 0:

@@ -22,7 +22,10 @@ DEFAULT_KV_MB = 256
 
 
 def engine_config(voice: Voice, device: str = "auto", **options: Any) -> EngineConfig:
-    opts: dict[str, Any] = {"kv_cache_memory_mb": DEFAULT_KV_MB, "max_num_seqs": 32}
+    # fixed sizes, not the device defaults: a voice shares the GPU with the LLM, and its
+    # steps are short so audio deadlines hold
+    opts: dict[str, Any] = {"kv_cache_memory_mb": DEFAULT_KV_MB, "max_num_seqs": 32,
+                            "max_num_batched_tokens": 512}
     opts.update(options)
     return EngineConfig(model=str(voice.model_dir), device=device, **opts)
 
@@ -36,4 +39,4 @@ def voice_engine(voice: Voice, device: str = "auto", **options: Any
     config = engine_config(voice, device, **options)
     engine = create_engine(config)
     codec = voice.load_codec(engine.device).to(torch.float32).eval()
-    return engine, AudioStage(codec, voice.layout, config.max_num_seqs)
+    return engine, AudioStage(codec, voice.layout, engine.sizes.max_num_seqs)

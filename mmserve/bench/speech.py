@@ -238,7 +238,7 @@ def _orpheus(name: str, device: str, max_streams: int) -> Bench:
     engine = LLMEngine(config, model, tok, 4096, torch.device(device), dtype)
     snac = SNACConfig() if name == "orpheus-3b" else SNACConfig(encoder_dim=4, decoder_dim=64)
     codec = random_snac(snac).to(device)
-    stage = AudioStage(codec, ForcedLayout(7, 7, 4096), config.max_num_seqs)
+    stage = AudioStage(codec, ForcedLayout(7, 7, 4096), engine.sizes.max_num_seqs)
     voice = OrpheusVoice.__new__(OrpheusVoice)
     voice.tokenizer = tok
     rng = np.random.default_rng(0)

@@ -41,6 +41,7 @@ from mmserve.config import EngineConfig
 from mmserve.engine.block_manager import BlockManager, BlockTable
 from mmserve.engine.cuda_graphs import DEFAULT_SIZES, PREFILL_SIZES, DecodeGraphs
 from mmserve.engine.deadlines import AudioPolicy
+from mmserve.engine.defaults import resolve_sizes
 from mmserve.engine.detokenizer import IncrementalDetokenizer
 from mmserve.engine.kv_cache import KVCache, kv_cache_dtype
 from mmserve.engine.outputs import EngineStats, RequestOutput
@@ -104,9 +105,9 @@ class _Prelaunched:
     quiet: bool
 
 
-def audio_policy(config: EngineConfig) -> AudioPolicy:
+def audio_policy(config: EngineConfig, max_num_seqs: int) -> AudioPolicy:
     """The scheduler's audio policy as ``config`` sets it."""
-    return AudioPolicy(config.audio_scheduling, config.audio_window or config.max_num_seqs,
+    return AudioPolicy(config.audio_scheduling, config.audio_window or max_num_seqs,
                        config.audio_lead_s, config.audio_queue_s)
 
 
@@ -122,24 +123,29 @@ class LLMEngine:
                  device: torch.device, dtype: torch.dtype,
                  spec: Speculator | None = None,
                  span_encoder: SpanEncoder | None = None) -> None:
+        bs = config.block_size
+        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
+        per_token = KVCache.bytes_per_block(model.num_layers, 1, model.num_kv_heads,
+                                            model.head_dim, kv_dtype)
+        # unset sizes (max_num_seqs, step budget, KV memory) from the device and the model
+        config, self.sizes = resolve_sizes(config, device, per_token, max_model_len)
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.max_model_len, self.device, self.dtype = max_model_len, device, dtype
         self.connector: Any = None  # a vision connector, when one is served (factory)
-        bs = config.block_size
-        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
         if config.num_kv_blocks is not None:
             self.kv = KVCache(model.num_layers, config.num_kv_blocks, bs, model.num_kv_heads,
                               model.head_dim, kv_dtype, device)
         else:
-            self.kv = KVCache.from_budget(config.kv_cache_memory_mb << 20, model.num_layers, bs,
+            self.kv = KVCache.from_budget(self.sizes.kv_cache_memory_mb << 20, model.num_layers, bs,
                                           model.num_kv_heads, model.head_dim, kv_dtype, device)
         capacity = self.kv.num_blocks * bs
         if capacity < max_model_len:  # one sequence must always fit alone
             self.max_model_len = capacity
         self.blocks = BlockManager(self.kv.num_blocks, bs, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs,
-                                   config.max_num_batched_tokens, config.max_waiting,
-                                   config.prefill_chunk_tokens, audio_policy(config))
+        self.scheduler = Scheduler(self.blocks, self.sizes.max_num_seqs,
+                                   self.sizes.max_num_batched_tokens, config.max_waiting,
+                                   config.prefill_chunk_tokens,
+                                   audio_policy(config, self.sizes.max_num_seqs))
         graphs = self._capture_graphs(model, device)
         self.runner = ModelRunner(model, self.kv, bs, *(graphs or (None, None)))
         self.sampler = Sampler()
@@ -181,7 +187,7 @@ class LLMEngine:
         prefill chunks for a set of lengths; capture time/memory logged."""
         if device.type != "cuda" or self.config.enforce_eager:
             return None
-        sizes = tuple(b for b in DEFAULT_SIZES if b <= self.config.max_num_seqs) or (1,)
+        sizes = tuple(b for b in DEFAULT_SIZES if b <= self.sizes.max_num_seqs) or (1,)
         spec = self.config.spec_config()
         # verify steps too: k + 1 tokens per sequence, in a few buckets up to k_max + 1
         top = spec.max_tokens_per_step + 1 if spec is not None else 1
@@ -192,7 +198,7 @@ class LLMEngine:
         log.info("captured CUDA graphs for decode batch sizes %s in %.2fs using %.0f MiB",
                  report.batch_sizes, report.seconds, report.pool_bytes / 2**20)
         self.graph_report = report
-        chunk = min(self.config.max_num_batched_tokens, self.max_model_len)
+        chunk = min(self.sizes.max_num_batched_tokens, self.max_model_len)
         lengths = tuple(q for q in PREFILL_SIZES if q < chunk) + (chunk,)
         prefill = DecodeGraphs(model, self.kv, blocks, (1,), lengths, last_row_only=True)
         report = prefill.capture()
