@@ -231,14 +231,65 @@ def test_bad_audio_settings_are_errors_and_the_socket_stays_open(srv) -> None:
     asyncio.run(run())
 
 
-def test_metrics_report_spoken_answers(srv) -> None:
+def _metrics(srv: LiveServer) -> dict[str, float]:
+    """``name{labels}`` -> value of every sample /metrics exports."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     body = httpx.get(f"{srv.url}/metrics", timeout=30).text
-    count = next(float(line.split()[-1]) for line in body.splitlines()
-                 if line.startswith("mmserve_time_to_first_audio_seconds_count"))
-    assert count >= 1
-    assert "mmserve_audio_streams_total{outcome=" in body
-    assert "mmserve_audio_stream_worst_gap_seconds_bucket" in body
-    assert "mmserve_audio_streams_refused_total" in body
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def test_a_refused_stream_is_an_error_event_and_the_socket_stays_open(srv, speech,
+                                                                      monkeypatch) -> None:
+    """The voice engine's admission control refuses a stream (its request ends
+    ``overloaded`` before any audio): the client gets an ``error`` event saying so, the
+    response fails, /metrics counts the refusal, and the socket serves the next response."""
+    from mmserve.engine.outputs import RequestOutput
+
+    async def overloaded(prompt: list[int], params: Any, request_id: str, **_: Any):
+        yield RequestOutput(request_id, [], "", [], "", True, "overloaded", len(prompt))
+
+    refused = 'mmserve_audio_streams_total{outcome="refused"}'
+    before = _metrics(srv).get(refused, 0.0)
+
+    async def run() -> None:
+        async with _client(srv).realtime.connect(model="scripted") as conn:
+            await _recv(conn)
+            await _ask(conn, "Briefly: what is the capital of France?")
+            monkeypatch.setattr(speech.engine, "generate", overloaded)
+            await conn.response.create()
+            events = await _until(conn, "response.done")
+            monkeypatch.undo()
+            errors = [e for e in events if e.type == "error"]
+            assert len(errors) == 1 and "capacity" in errors[0].error.message
+            assert events[-1].response.status == "failed"
+            assert not _pcm(events)
+            await conn.response.create()
+            again = await _until(conn, "response.done")
+            assert again[-1].response.status == "completed" and _pcm(again)
+
+    asyncio.run(run())
+    assert _metrics(srv)[refused] == before + 1
+
+
+def test_metrics_report_spoken_answers(srv) -> None:
+    """Time to first audio, per-stream real-time factor and worst gap, streams by outcome
+    (the share with no underrun is ``no_underrun`` over the played ones), and the voice
+    engine's admission refusals."""
+    m = _metrics(srv)
+    assert m["mmserve_time_to_first_audio_seconds_count"] >= 1
+    played = m["mmserve_audio_stream_rtf_count"]
+    assert played >= 1 and m["mmserve_audio_stream_worst_gap_seconds_count"] == played
+    assert m["mmserve_audio_stream_rtf_sum"] > 0
+    outcomes = [m.get(f'mmserve_audio_streams_total{{outcome="{o}"}}', 0.0)
+                for o in ("no_underrun", "underrun")]
+    assert sum(outcomes) == played
+    assert any(k.startswith("mmserve_audio_streams_refused_total") for k in m)
 
 
 def test_voice_agent_demo_saves_the_spoken_answer(srv, tmp_path) -> None:
