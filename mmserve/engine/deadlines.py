@@ -25,7 +25,8 @@ Mode ``deadline``:
   headroom``, also gives each stream one token often enough (``1 / t >= max rate /
   headroom``); ``t`` is :class:`StepCost`'s fit. Otherwise it waits, earliest first-audio
   target first, and is refused (finish reason ``overloaded``) once that target is
-  ``queue_s`` behind it. Playing streams are never starved for a newcomer.
+  ``queue_s`` behind it. Playing streams are never starved for a newcomer; text waiting
+  behind a stream that must wait is not held by it (``Scheduler._next_admitted``).
 
 Mode ``fifo`` (the baseline the benchmark compares against): arrival order, every running
 request in every step, everyone admitted that slots and memory allow.
@@ -194,8 +195,9 @@ class AudioPolicy:
         return req.request_id in self._skip
 
     def admits(self, req: Request) -> bool:
-        """May waiting ``req`` start now? (Called in ``waiting``'s order; a False ends the
-        step's admissions, so requests that must wait are sorted last.)"""
+        """May waiting ``req`` start now? (Called in ``waiting``'s order; a False for audio
+        ends the step's audio admissions, one for text ends all of them, so requests that
+        must wait are sorted last.)"""
         if not self.streams or req.audio is None:  # (no streams: no audio request at all)
             return self._text_tokens >= 1
         if not self._turn(req):

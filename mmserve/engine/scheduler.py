@@ -137,14 +137,14 @@ class Scheduler:
             if n > 0 and self._reserve(req, n, step):  # 0: it would make an audio stream late
                 step.add(ScheduledSeq(req, req.num_computed, n))
         while self._admissible() and step.budget > 0 and not step.preempted:
-            req = self.waiting[0]  # memory is short when someone was preempted: admit nobody
-            if not self.policy.admits(req):
+            req = self._next_admitted()  # memory is short when someone was preempted: none
+            if req is None:
                 return
             table = self.blocks.allocate(req.request_id, req.all_ids,
                                          req.extra_keys(self.blocks.block_size))
             if table is None:
                 return
-            self.waiting.popleft()
+            self.waiting.remove(req)
             req.table, req.status = table, Status.RUNNING
             req.num_computed = table.num_cached_tokens
             req.num_cached_tokens = max(req.num_cached_tokens, table.num_cached_tokens)
@@ -153,6 +153,22 @@ class Scheduler:
                 req, self._chunk(req.num_tokens - req.num_computed, step.budget,
                                  self._admissible()))
             step.add(ScheduledSeq(req, req.num_computed, n))
+
+    def _next_admitted(self) -> Request | None:
+        """The first waiting request the policy admits now, in ``waiting``'s order. Audio
+        streams start in that order (once one must wait, later ones wait too), but text is
+        not held behind an audio stream waiting for room: it runs in what audio leaves. A
+        text request the policy turns away ends the step's admissions."""
+        audio_waits = False
+        for req in self.waiting:
+            if audio_waits and req.audio is not None:
+                continue
+            if self.policy.admits(req):
+                return req
+            if req.audio is None:
+                return None
+            audio_waits = True
+        return None
 
     def _admissible(self) -> int:
         """How many waiting requests a free sequence slot could take now (0 or 1 is enough

@@ -69,8 +69,12 @@ def tokenizer(default_model_dir):
     return Tokenizer(default_model_dir)
 
 
-def simulate(mode: str, tokenizer) -> tuple[dict[str, list], dict[str, str], LLMEngine]:
-    """Run the load -> ({stream: [(time, tokens)] chunks}, {stream: finish reason}, engine)."""
+def simulate(mode: str, tokenizer, streams: int = STREAMS,
+             texts: tuple[tuple[float, int, int], ...] = ()
+             ) -> tuple[dict[str, list], dict[str, str], LLMEngine]:
+    """Run the load (``streams`` audio streams; text requests ``(arrival, prompt tokens,
+    new tokens)`` named t0, t1, ...) -> ({request: [(time, tokens)] chunks}, {request:
+    finish reason}, engine)."""
     config = EngineConfig(device="cpu", max_num_seqs=64, num_kv_blocks=512,
                           enable_prefix_caching=False, async_scheduling=False,
                           audio_scheduling=mode, audio_lead_s=0.6, audio_queue_s=1.0)
@@ -88,12 +92,19 @@ def simulate(mode: str, tokenizer) -> tuple[dict[str, list], dict[str, str], LLM
     params = SamplingParams(temperature=0, max_tokens=FRAMES * TPF, ignore_eos=True)
     spec = AudioSpec("s", FRAME_S, TPF, buffer_s=BUFFER_S, first_audio_s=0.25,
                      first_chunk_frames=1, max_chunk_frames=8)
-    arrivals = [(i * ARRIVAL_GAP_S, f"s{i}") for i in range(STREAMS)]
+    arrivals = sorted([(i * ARRIVAL_GAP_S, f"s{i}") for i in range(streams)]
+                      + [(t, f"t{i}") for i, (t, _, _) in enumerate(texts)])
     chunks: dict[str, list] = {sid: [] for _, sid in arrivals}
     reasons: dict[str, str] = {}
     while arrivals or engine.has_unfinished():
         while arrivals and arrivals[0][0] <= clock.t:
             _, sid = arrivals.pop(0)
+            if sid.startswith("t"):
+                _, n, new_tokens = texts[int(sid[1:])]
+                engine.add_request([(11 * j) % 500 + 3 for j in range(n)],
+                                   SamplingParams(temperature=0, max_tokens=new_tokens,
+                                                  ignore_eos=True), sid)
+                continue
             prompt = [(7 * int(sid[1:]) + j) % 500 + 3 for j in range(16)]
             engine.add_request(prompt, params, sid, audio=dataclasses.replace(spec, stream_id=sid))
         for out in engine.step():
@@ -145,3 +156,21 @@ def test_deadline_scheduling_plays_what_it_admits_where_fifo_underruns(tokenizer
     # first chunks are small and later ones larger
     assert max(chunks[served[0]][0][1], 0) <= 2 * TPF
     assert max(n for _, n in chunks[served[0]]) >= 4 * TPF
+
+
+def test_text_is_not_held_behind_a_stream_waiting_for_room(tokenizer):
+    """Fourteen streams, one more than the simulated machine plays in real time: the last
+    waits for room. Text requests arriving meanwhile start at once (in the time the
+    playing streams leave), not when the waiting stream is admitted or refused; every
+    stream that plays, plays without a gap."""
+    texts = ((0.3, 480, 8), (0.38, 40, 8))
+    chunks, reasons, engine = simulate("deadline", tokenizer, streams=14, texts=texts)
+    assert engine.blocks.num_used_blocks == 0
+    waiting = "s13"
+    assert not chunks[waiting] or chunks[waiting][0][0] > 1.0  # room came late, or never
+    for i, (arrival, _, new_tokens) in enumerate(texts):
+        got = chunks[f"t{i}"]
+        assert reasons[f"t{i}"] == "length" and sum(n for _, n in got) == new_tokens
+        assert got[0][0] - arrival < 0.3, (i, got[0][0] - arrival)
+    for sid in (s for s in chunks if s.startswith("s")):
+        assert not chunks[sid] or client_gaps(chunks[sid])[1] == 0.0, sid
