@@ -50,6 +50,8 @@ HELP = {
     "prefill_chunk_tokens": "most tokens of one prompt's prefill chunk in a step while other "
     "prompts wait to prefill (default: max_num_batched_tokens // 4)",
     "max_waiting": "bound of the waiting queue; a full queue answers HTTP 429",
+    "warmup": "CUDA: run every step shape a request can reach once at start-up, so the "
+    "first requests pay no kernel compiles (default: on)",
     "async_scheduling": "CUDA: launch the next decode step (greedy or sampled) before the "
     "last one's tokens reach the host, hiding the host's per-step work behind the GPU "
     "(default: on)",

@@ -45,6 +45,9 @@ class EngineConfig:
     preload_grammar: bool = True
     batch_invariant: bool = True
     enforce_eager: bool = False  # CUDA: never capture/replay decode steps as CUDA graphs
+    # CUDA: run every step shape a request can reach once at start-up, so no request pays
+    # a kernel compile (mmserve.engine.warmup); the CPU compiles nothing
+    warmup: bool = True
     # CUDA: launch a decode step (greedy or sampled) before the last one's tokens reach the host, so
     # the host's work for a step (stop checks, streaming, scheduling) runs while the GPU
     # computes the next (the engine's ``step`` docstring); off, or on CPU: one step at a time

@@ -71,6 +71,10 @@ def create_engine(config: EngineConfig) -> LLMEngine:
     engine = LLMEngine(config, model, tokenizer, limit, device, dtype,
                        build_speculator(config.spec_config(), model, device, dtype))
     attach_connector(engine, config, path)
+    if config.warmup and device.type == "cuda":
+        from mmserve.engine.warmup import warm_up
+
+        warm_up(engine)
     return engine
 
 
