@@ -51,7 +51,23 @@ UNSUPPORTED: dict[str, str] = {
     "guided_decoding_backend": "guided_decoding_backend is not supported (the backend is "
                                "xgrammar)",
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
+    "chat_template": "a per-request chat_template is not supported; the served model's "
+                     "template is used",
+    "chat_template_kwargs": "chat_template_kwargs is not supported; the served model's "
+                            "template is rendered with messages and tools only",
+    "add_generation_prompt": "add_generation_prompt=false is not supported; the assistant "
+                             "turn is always opened",
+    "continue_final_message": "continue_final_message is not supported; use "
+                              "/v1/completions with the rendered prompt",
+    "echo": "echo is not supported on chat completions; use /v1/completions",
+    "reasoning_effort": "reasoning_effort is not supported (the chat template does not "
+                        "receive it)",
+    "modalities": "only the text modality is served here; spoken answers are on "
+                  "/v1/realtime and /v1/audio/speech",
 }
+# values that ask for nothing beyond the default, where that is not null/false/empty
+_DEFAULTS: dict[str, Any] = {"best_of": 1, "add_generation_prompt": True,
+                             "modalities": ["text"]}
 
 
 class _Strict(BaseModel):
@@ -152,6 +168,8 @@ class _SamplingFields(_Open):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False  # vLLM extras the engine implements
+    skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -224,6 +242,8 @@ class _SamplingFields(_Open):
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
             logprobs=self.num_logprobs(),
             structured=structured if structured is not None else self.structured(),
             logit_bias=self.bias(),
@@ -231,10 +251,14 @@ class _SamplingFields(_Open):
 
 
 def _neutral(name: str, value: Any) -> bool:
-    """A value that asks for nothing (null, false, empty, best_of=1)."""
-    if value is None or value is False or value == [] or value == {}:
+    """A value that asks for nothing: null, the default (``_DEFAULTS``), else false or
+    empty."""
+    if value is None:
         return True
-    return name == "best_of" and value == 1 and value is not True
+    if name in _DEFAULTS:
+        want = _DEFAULTS[name]
+        return type(value) is type(want) and value == want
+    return value is False or value == [] or value == {}
 
 
 def _structured_outputs(so: StructuredOutputs) -> StructuredOutput:

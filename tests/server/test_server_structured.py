@@ -169,13 +169,18 @@ def test_unsupported_fields_and_bad_constraints_are_400s(server, sdk):
         return httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
             "messages": _ask("hi"), "max_tokens": 2, **body})
 
-    for field, value in (("best_of", 3), ("prompt_logprobs", 1), ("guided_json", {}),
-                         ("repetition_penalty", 1.2)):
-        if field == "guided_json":
-            value = {"type": "object"}
+    for field, value in (("best_of", 3), ("prompt_logprobs", 1),
+                         ("guided_json", {"type": "object"}), ("repetition_penalty", 1.2),
+                         ("chat_template", "{{ messages }}"),
+                         ("chat_template_kwargs", {"enable_thinking": False}),
+                         ("add_generation_prompt", False), ("continue_final_message", True),
+                         ("echo", True), ("reasoning_effort", "low"),
+                         ("modalities", ["text", "audio"])):
         r = post({field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
-    assert post({"best_of": 1}).status_code == 200  # asks for nothing beyond n
+    for neutral in ({"best_of": 1}, {"add_generation_prompt": True},  # ask nothing new
+                    {"modalities": ["text"]}, {"echo": False}, {"store": True}):
+        assert post(neutral).status_code == 200, neutral
     r = post({"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "nonsense"}}}})
     assert r.status_code == 400 and "Unsupported type" in r.json()["error"]["message"]
@@ -184,6 +189,44 @@ def test_unsupported_fields_and_bad_constraints_are_400s(server, sdk):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
     r = post({"structured_outputs": {"regex": "a+", "choice": ["a"]}})
     assert r.status_code == 400
+
+
+def test_logit_bias_through_the_sdk_moves_and_bans_the_pick(sdk, default_model_dir):
+    from mmserve.models.tokenizer import Tokenizer
+
+    tok = Tokenizer(default_model_dir)
+    target = tok.encode(" banana")[0]
+
+    def first(**kw: Any) -> list[int]:
+        out = sdk.chat.completions.create(model=MODEL, messages=_ask("Name a fruit."),
+                                          temperature=0, max_tokens=1, **kw)
+        return tok.encode(out.choices[0].message.content or "")
+
+    plain = first()
+    assert plain[:1] != [target]
+    assert first(logit_bias={str(target): 100})[:1] == [target]
+    assert first(logit_bias={str(plain[0]): -100})[:1] != plain[:1]
+
+
+def test_vllm_output_extras_reach_the_engine(server):
+    """``include_stop_str_in_output`` and ``skip_special_tokens`` (vLLM extras the engine
+    implements) are honoured, not dropped."""
+    from mmserve.server.protocol import CompletionRequest
+
+    params = CompletionRequest(prompt="x", include_stop_str_in_output=True,
+                               skip_special_tokens=False).to_sampling_params(4)
+    assert params.include_stop_str_in_output and not params.skip_special_tokens
+
+    def text(**kw: Any) -> str:
+        r = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+            "prompt": "One, two, three, four,", "max_tokens": 8, "temperature": 0,
+            "stop": [","], **kw})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    cut = text()
+    assert cut and "," not in cut
+    assert text(include_stop_str_in_output=True) == cut + ","
 
 
 def test_a_document_cut_by_max_tokens_finishes_with_length(sdk):
