@@ -102,7 +102,13 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, tokenizer):
     first, pre = _trainer(tmp_path / "cut", tokenizer, steps=4, lm=lm)
     first.run(first.features(pre), stop_after=2)  # as if killed after step 2
     second, pre = _trainer(tmp_path / "cut", tokenizer, steps=4, lm=lm)
-    result = second.run(second.features(pre))
+    encoded: list[int] = []  # rows through the encoder: the 4 held-out images only
+    forward = second.encoder.forward
+    second.encoder.forward = lambda x: encoded.append(len(x)) or forward(x)  # type: ignore
+    feats = second.features(pre)  # the 12 training images' features come from the cache
+    assert encoded == [4] and (tmp_path / "cut" / "features.safetensors").is_file()
+    assert torch.equal(feats, whole.features(pre))
+    result = second.run(feats)
     assert result.resumed_from == 2
     a, b = whole.projector.state_dict(), second.projector.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
