@@ -135,9 +135,9 @@ def build_smolvlm(tokenizer_src: Path, out: Path) -> Path:
     return _save(SmolVLMForConditionalGeneration(cfg), processor, out)
 
 
-def build_llava_clip(tokenizer_src: Path, out: Path) -> Path:
-    """LLaVA-1.5: CLIP tower read at layer -2 without its class token, Llama LM, a
-    tokenizer that adds BOS (its template writes none)."""
+def build_llava_clip(tokenizer_src: Path, out: Path, lm: str = "llama") -> Path:
+    """LLaVA-1.5: CLIP tower read at layer -2 without its class token, a Llama (or
+    ``lm``: Mistral) LM, a tokenizer that adds BOS (its template writes none)."""
     from transformers import (
         CLIPImageProcessor,
         LlavaConfig,
@@ -151,7 +151,8 @@ def build_llava_clip(tokenizer_src: Path, out: Path) -> Path:
         vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
                            num_hidden_layers=3, num_attention_heads=4, image_size=28,
                            patch_size=4, projection_dim=32),
-        text_config=_text(len(tok)), image_token_index=tok.convert_tokens_to_ids("<image>"),
+        text_config=_text(len(tok), model_type=lm, **_LM_EXTRA.get(lm, {})),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-2, vision_feature_select_strategy="default",
         image_seq_length=49)
     images = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
@@ -186,5 +187,14 @@ def build_llava_siglip_qwen2(tokenizer_src: Path, out: Path) -> Path:
     return _save(LlavaForConditionalGeneration(cfg), processor, out)
 
 
+_LM_EXTRA = {"mistral": dict(sliding_window=None)}  # as test_llama_family's Mistral
+
+
+def build_llava_clip_mistral(tokenizer_src: Path, out: Path) -> Path:
+    """LLaVA-1.5's layout with a Mistral LM (as llava-v1.6-mistral's text side)."""
+    return build_llava_clip(tokenizer_src, out, lm="mistral")
+
+
 BUILDERS = {"idefics3": build_idefics3, "smolvlm": build_smolvlm,
-            "llava_clip": build_llava_clip, "llava_siglip_qwen2": build_llava_siglip_qwen2}
+            "llava_clip": build_llava_clip, "llava_clip_mistral": build_llava_clip_mistral,
+            "llava_siglip_qwen2": build_llava_siglip_qwen2}
