@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from mmserve.config import EngineConfig
 from mmserve.engine.engine import LLMEngine
 from mmserve.engine.factory import create_engine, model_name
-from mmserve.engine.outputs import EngineStats, RequestOutput
+from mmserve.engine.outputs import EngineStats, RequestOutput, coalesce
 from mmserve.engine.playback import AudioSpec
 from mmserve.engine.request import EmbeddingSpan
 from mmserve.errors import EngineDeadError, QueueFullError
@@ -109,12 +109,15 @@ class AsyncEngine:
             self._pending_adds += 1
         self._post("add", (list(prompt_token_ids), params, rid, spans, stage_request, audio))
         done = False
+        held: BaseException | None = None  # met while coalescing: raised after the delta
         try:
             while True:
-                item = await stream.get()
+                item = held or await stream.get()
                 if isinstance(item, BaseException):
                     done = True
                     raise item
+                if self.stage is None:  # a stage's deltas carry per-step audio
+                    item, held = _coalesced(item, stream)
                 done = item.finished
                 yield item
                 if done:
@@ -202,8 +205,7 @@ class AsyncEngine:
                 log.exception("output stage failed")
                 self._fail_all(exc)
                 return 0.0
-        for out in outputs:
-            self._deliver(out.request_id, out)
+        self._deliver_step(outputs)
         return self.engine.idle_for()
 
     def _drain_inbox(self) -> None:
@@ -237,8 +239,39 @@ class AsyncEngine:
                 self.stage.release(rid)
             self._deliver(rid, RuntimeError(f"engine step failed: {exc}"))
 
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs, with one wake-up per event loop rather than one per output:
+        each ``call_soon_threadsafe`` writes the loop's self-pipe and schedules a callback,
+        a cost that otherwise grows with the batch on both threads."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        for out in outputs:
+            target = self._streams.get(out.request_id)
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], out))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
+
     def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
         target = self._streams.get(rid)
         if target is not None:
             loop, stream = target
             loop.call_soon_threadsafe(stream.put_nowait, item)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for stream, out in items:
+        stream.put_nowait(out)
+
+
+def _coalesced(item: RequestOutput, stream: asyncio.Queue
+               ) -> tuple[RequestOutput, BaseException | None]:
+    """``item`` merged with the deltas already queued behind it (a consumer that fell
+    behind gets them as one); an error met on the way comes back to be raised next."""
+    parts, held = [item], None
+    while not parts[-1].finished and not stream.empty():
+        nxt = stream.get_nowait()
+        if isinstance(nxt, BaseException):
+            held = nxt
+            break
+        parts.append(nxt)
+    return coalesce(parts), held

@@ -40,6 +40,22 @@ class RequestOutput:
     audio: Any = None
 
 
+def coalesce(deltas: list[RequestOutput]) -> RequestOutput:
+    """One delta for consecutive deltas of a request (what a consumer that fell behind
+    reads: one event, not one per step). The last delta is reused: a stream's deltas are
+    its own, and a merge costs a few list and string joins. Text only: an output stage's
+    audio is per step."""
+    last = deltas[-1]
+    if len(deltas) == 1:
+        return last
+    assert all(d.audio is None for d in deltas), "audio deltas are not merged"
+    last.new_token_ids = [t for d in deltas for t in d.new_token_ids]
+    last.new_text = "".join(d.new_text for d in deltas)
+    if any(d.new_logprobs is not None for d in deltas):
+        last.new_logprobs = [lp for d in deltas for lp in d.new_logprobs or []]
+    return last
+
+
 @dataclass
 class EngineStats:
     """A snapshot of engine counters for /metrics (totals are monotonic)."""

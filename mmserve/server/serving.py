@@ -105,13 +105,16 @@ async def _wait_disconnect(receive: Receive) -> None:
         pass
 
 
-def sse_event(payload: BaseModel | dict[str, Any]) -> str:
+def sse_event(payload: BaseModel | dict[str, Any] | str) -> str:
+    """One SSE event; a ``str`` payload is JSON encoded already."""
+    if isinstance(payload, str):
+        return f"data: {payload}\n\n"
     if isinstance(payload, BaseModel):
         return f"data: {payload.model_dump_json()}\n\n"
     return f"data: {json.dumps(payload)}\n\n"
 
 
-async def sse_stream(chunks: AsyncIterator[BaseModel]) -> AsyncIterator[str]:
+async def sse_stream(chunks: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
     """SSE framing with ``[DONE]``; an error after the first byte becomes an error event."""
     try:
         async for chunk in chunks:
