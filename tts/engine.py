@@ -23,9 +23,10 @@ DEFAULT_KV_MB = 256
 
 def engine_config(voice: Voice, device: str = "auto", **options: Any) -> EngineConfig:
     # fixed sizes, not the device defaults: a voice shares the GPU with the LLM, and its
-    # steps are short so audio deadlines hold
+    # steps are short so audio deadlines hold; a voice never decodes under a grammar, so
+    # no grammar compiler is built beside it
     opts: dict[str, Any] = {"kv_cache_memory_mb": DEFAULT_KV_MB, "max_num_seqs": 32,
-                            "max_num_batched_tokens": 512}
+                            "max_num_batched_tokens": 512, "preload_grammar": False}
     opts.update(options)
     return EngineConfig(model=str(voice.model_dir), device=device, **opts)
 

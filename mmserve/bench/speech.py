@@ -234,7 +234,8 @@ def _orpheus(name: str, device: str, max_streams: int) -> Bench:
     (tmp / "config.json").write_text(json.dumps(shape))
     tok = Tokenizer(tmp)
     config = EngineConfig(device=device, max_num_seqs=max(32, max_streams),
-                          kv_cache_memory_mb=4096 if device == "cuda" else 512)
+                          kv_cache_memory_mb=4096 if device == "cuda" else 512,
+                          preload_grammar=False)  # nothing constrained; nothing beside the loop
     engine = LLMEngine(config, model, tok, 4096, torch.device(device), dtype)
     snac = SNACConfig() if name == "orpheus-3b" else SNACConfig(encoder_dim=4, decoder_dim=64)
     codec = random_snac(snac).to(device)

@@ -146,7 +146,8 @@ def run_vision_bench(connector: str = "auto", lm: str | None = None, device: str
 
     engine = AsyncEngine.from_config(EngineConfig(
         model=lm, device=device, dtype=dtype, connector=connector,
-        max_num_seqs=max(max(concurrency), 1), max_model_len=512))
+        max_num_seqs=max(max(concurrency), 1), max_model_len=512,
+        preload_grammar=False))  # nothing constrained: no compiler built beside the timed loop
     try:
         conn = engine.engine.connector
         if conn is None:
