@@ -86,3 +86,13 @@ def test_killed_job_resumes_with_the_same_captions(images, engine, tmp_path):
     ref = tmp_path / "ref.jsonl"
     _run_job(engine, images, ref, concurrency=1)
     assert _records(ref) == after
+
+
+def test_a_manifest_lists_its_images_relative_to_it(tmp_path):
+    from connectors.caption_job import list_images
+
+    manifest = tmp_path / "job" / "manifest.jsonl"
+    manifest.parent.mkdir()
+    manifest.write_text('{"image": "sub/a.png"}\n\n{"image": "b.png", "note": 1}\n')
+    assert list_images(str(manifest)) == [("sub/a.png", manifest.parent / "sub" / "a.png"),
+                                          ("b.png", manifest.parent / "b.png")]
