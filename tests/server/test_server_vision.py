@@ -1,7 +1,8 @@
 """Image chat through the ``openai`` SDK against a live server with the shipped default
 connector: streamed and not, several images, image tokens in usage, a repeat image
-served from the encoder cache, and a 400 naming what is allowed for every bad-image
-class, after which the server still serves."""
+served from the encoder cache (or, behind the same prefix, from the prefix cache), and
+a 400 naming what is allowed for every bad-image class, after which the server still
+serves."""
 
 import base64
 import io
@@ -102,6 +103,14 @@ def test_two_images_and_a_repeat_served_from_the_encoder_cache(vision, engine, m
                                              *_ask(_url(a))])
     assert _metric(srv, "encoder_payloads") == encoded
     assert _metric(srv, "encoder_cache_hits") == hits + 1
+    # the same request again: its image's KV blocks come from the prefix cache, so the
+    # image needs neither the encoder nor its cache
+    hits, reused = _metric(srv, "encoder_cache_hits"), _metric(srv, "prefix_cache_hit_tokens")
+    client.chat.completions.create(model=model_name, messages=_ask(_url(a), _url(b)),
+                                   temperature=0, max_tokens=4)
+    assert _metric(srv, "prefix_cache_hit_tokens") - reused >= 2 * per
+    assert (_metric(srv, "encoder_payloads"), _metric(srv, "encoder_cache_hits")) == (
+        encoded, hits)
 
 
 def _bomb(side: int) -> bytes:
