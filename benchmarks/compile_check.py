@@ -18,8 +18,10 @@ import subprocess
 import tempfile
 
 import triton
-from triton.backends.compiler import GPUTarget
+from triton._C.libtriton import ir
+from triton.backends.compiler import GPUTarget, Language
 from triton.compiler import ASTSource
+from triton.compiler.compiler import make_backend
 
 from mmserve.kernels import (
     triton_attention,
@@ -73,13 +75,35 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
     return types
 
 
-def compile_sm90(fn, constexprs: dict, fp8: bool = False, **options):
-    """``fn`` compiled for sm_90 with ``constexprs`` (the JIT's divisibility hints)."""
+def _source(fn, constexprs: dict, fp8: bool) -> ASTSource:
     types = _types(fn, constexprs, fp8)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if types[n] != "constexpr" and n not in NO_HINT}
-    src = ASTSource(fn, signature=types, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=TARGET, options=options)
+    return ASTSource(fn, signature=types, constexprs=constexprs, attrs=attrs)
+
+
+def compile_sm90(fn, constexprs: dict, fp8: bool = False, **options):
+    """``fn`` compiled for sm_90 with ``constexprs`` (the JIT's divisibility hints)."""
+    return triton.compile(_source(fn, constexprs, fp8), target=TARGET, options=options)
+
+
+def ttgir_sm90(fn, constexprs: dict, fp8: bool = False, **options) -> str:
+    """``fn``'s sm_90 TTGIR, the text ``compile_sm90(...).asm["ttgir"]`` holds, without the
+    LLVM, PTX and ptxas stages after it (most of a compile's time; the layouts are fixed by
+    then). Runs the backend's own first two stages, so the passes are the compiler's."""
+    backend = make_backend(TARGET)
+    opts = backend.parse_options(dict(options))
+    stages: dict = {}
+    backend.add_stages(stages, opts, Language.TRITON)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = _source(fn, constexprs, fp8).make_ir(
+        TARGET, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), context)
+    metadata: dict = {}
+    for stage in ("ttir", "ttgir"):
+        module = stages[stage](module, metadata)
+    return str(module)
 
 
 def dot_layouts(fn, constexprs: dict, fp8: bool = False, **options) -> list[tuple[str, ...]]:
@@ -89,14 +113,14 @@ def dot_layouts(fn, constexprs: dict, fp8: bool = False, **options) -> list[tupl
     the same kWidth where mma.sync reads registers (an int8 load's kWidth 4 regroups k, so
     a Q8 product read that way is an ulp off the bf16 GEMM's). mma.sync (16-row tiles) and
     wgmma (64 rows and more) add a k16 step alike (docs/performance.md)."""
-    ir = compile_sm90(fn, constexprs, fp8, **options).asm["ttgir"]
+    text = ttgir_sm90(fn, constexprs, fp8, **options)
     mmas = {}
-    for name, body in re.findall(r"^(#\w+) = #ttg\.nvidia_mma<(.*)>$", ir, re.M):
+    for name, body in re.findall(r"^(#\w+) = #ttg\.nvidia_mma<(.*)>$", text, re.M):
         version = re.search(r"versionMajor = (\d+)", body)
         shape = re.search(r"instrShape = \[([\d, ]+)\]", body)
         mmas[name] = (version.group(1) if version else "?", shape.group(1) if shape else "?")
     out = []
-    for line in ir.splitlines():
+    for line in text.splitlines():
         if "tt.dot " not in line and "ttng.warp_group_dot " not in line:
             continue
         result = re.search(r"-> tensor<[^,>]+, (#\w+)>", line)
