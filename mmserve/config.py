@@ -136,6 +136,9 @@ class ServerConfig:
     ws_ping_timeout_s: float = 20.0
     log_repeat_window_s: float = 60.0  # a repeated log line (same class) at most once per window
     engine_stall_timeout_s: float = 120.0  # /health answers 503 when one step runs longer
+    # on SIGTERM/SIGINT, requests in flight may finish for this long; the rest are then
+    # cancelled (an error as their last event, their KV blocks freed)
+    shutdown_grace_s: float = 5.0
     # images in chat requests (served when the engine has a vision connector)
     max_images_per_request: int = 8
     max_image_bytes: int = 8 * 1024 * 1024  # encoded size of one image
@@ -157,7 +160,8 @@ class ServerConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("header_timeout_s", "body_timeout_s", "ws_ping_interval_s",
-                     "ws_ping_timeout_s", "log_repeat_window_s", "engine_stall_timeout_s"):
+                     "ws_ping_timeout_s", "log_repeat_window_s", "engine_stall_timeout_s",
+                     "shutdown_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key:

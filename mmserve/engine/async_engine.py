@@ -68,6 +68,8 @@ class AsyncEngine:
         self._count_lock = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False
+        self._cancel_requested = False  # end every request in flight at the next round
+        self.cancelled_at_shutdown = 0  # requests ended by cancel_in_flight or the stop
         self._dead: BaseException | None = None  # why the loop ended, if it did unasked
         self._step_since: float | None = None  # monotonic start of the step running now
         self._guests: list[AsyncEngine] = []  # engines stepped by this one's loop
@@ -143,10 +145,20 @@ class AsyncEngine:
         since = self._step_since
         return 0.0 if since is None else time.monotonic() - since
 
+    def cancel_in_flight(self) -> None:
+        """End every request in flight (a graceful shutdown's grace has run out): each
+        stream's last item is an ``EngineDeadError`` saying the server is shutting down,
+        and the requests' blocks are freed before the next step. Thread-safe."""
+        (self._host or self)._cancel_requested = True  # for every engine on the loop
+        self._wake.set()
+
     async def shutdown(self) -> None:
         await asyncio.to_thread(self.shutdown_sync)
 
     def shutdown_sync(self) -> None:
+        """Stop the loop. Requests still in flight then are cancelled as by
+        ``cancel_in_flight`` (their count is ``cancelled_at_shutdown``), so every block
+        is back in the pool once this returns."""
         self._stopping = True
         if self._host is not None:  # a guest leaves the host's loop (between its rounds)
             self._host._guests = [g for g in self._host._guests if g is not self]
@@ -176,6 +188,10 @@ class AsyncEngine:
             members = (*self._guests, self)  # guests (a voice: deadlines) first
             for m in members:
                 m._drain_inbox()
+            if self._cancel_requested:
+                self._cancel_requested = False
+                for m in members:
+                    m.cancelled_at_shutdown += m._cancel_all()
             busy = [m for m in members if m.engine.has_unfinished()]
             if not busy:
                 self._wake.wait(timeout=1.0)
@@ -186,6 +202,21 @@ class AsyncEngine:
             if idle > 0:
                 self._wake.wait(timeout=min(idle, 0.1))
                 self._wake.clear()
+        for m in (*self._guests, self):  # aborts already posted first, then the rest
+            m._drain_inbox()
+            m.cancelled_at_shutdown += m._cancel_all()
+
+    def _cancel_all(self) -> int:
+        """Abort every request in the engine, ending its stream with the shutdown error
+        -> how many there were."""
+        ids = list(self.engine.requests)
+        for rid in ids:
+            self.engine.abort(rid)
+            if self.stage is not None:
+                self.stage.release(rid)
+            self._deliver(rid, EngineDeadError("the server is shutting down; retry the "
+                                               "request once it is back"))
+        return len(ids)
 
     def _step_once(self) -> float:
         """One step of this engine, its outputs delivered -> seconds it may now rest."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from typing import TextIO
 
@@ -20,6 +21,8 @@ from mmserve.server.app import create_app
 from mmserve.server.connections import ConnectionLimits, guarded_h11
 from mmserve.server.engine_client import EngineClient
 from mmserve.server.log_limits import install_repeat_filter
+
+SHUTDOWN_FLUSH_S = 2.0  # after the engine cancels at shutdown: time to write the endings
 
 
 def uvicorn_config(app: object, config: ServerConfig) -> uvicorn.Config:
@@ -37,11 +40,39 @@ def uvicorn_config(app: object, config: ServerConfig) -> uvicorn.Config:
         ws_ping_interval=config.ws_ping_interval_s,
         ws_ping_timeout=config.ws_ping_timeout_s,
         timeout_keep_alive=config.keep_alive_timeout_s,
-        timeout_graceful_shutdown=5,
+        # uvicorn cancels what still runs after this; DrainingServer has cancelled it in
+        # the engine SHUTDOWN_FLUSH_S earlier, so that time goes to writing the endings
+        timeout_graceful_shutdown=config.shutdown_grace_s + SHUTDOWN_FLUSH_S,
         access_log=config.log_level in ("debug", "trace"),
     )
     install_repeat_filter(config.log_repeat_window_s)  # uvicorn.Config set up its handlers
     return uv
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a draining shutdown. On SIGTERM/SIGINT it stops accepting
+    and lets the requests in flight run on for ``shutdown_grace_s``; the engine then
+    cancels those still running, so each ends with an error its client can read (an SSE
+    error chunk, a Realtime ``error`` event) and its blocks are freed, and uvicorn closes
+    whatever is left ``SHUTDOWN_FLUSH_S`` later."""
+
+    def __init__(self, config: uvicorn.Config, engine: object, grace_s: float) -> None:
+        super().__init__(config)
+        self.engine, self.grace_s = engine, grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        cancel = getattr(self.engine, "cancel_in_flight", None)  # test engines may lack it
+        timer = (asyncio.get_running_loop().call_later(self.grace_s, cancel)
+                 if cancel is not None else None)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+
+def make_server(app: object, engine: object, config: ServerConfig) -> DrainingServer:
+    return DrainingServer(uvicorn_config(app, config), engine, config.shutdown_grace_s)
 
 
 def bound_address(server: uvicorn.Server, config: ServerConfig) -> tuple[str, int]:
@@ -56,7 +87,7 @@ async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO = sy
                     speech: object = None, max_speech_input_chars: int = 4096) -> None:
     """Serve ``engine`` until uvicorn stops (SIGINT/SIGTERM); announce the address on ``out``."""
     app = create_app(engine, config, speech, max_speech_input_chars)
-    server = uvicorn.Server(uvicorn_config(app, config))
+    server = make_server(app, engine, config)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
@@ -99,6 +130,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig,
         engine.shutdown_sync()
         if speech is not None:
             speech.shutdown()
+        print(f"mmserve: stopped; {engine.cancelled_at_shutdown} request(s) cancelled at "
+              f"shutdown, {engine.stats().kv_blocks_used} KV block(s) in use", flush=True)
     return 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from live_server import last_json, start_stream
 
 from mmserve.cli import build_parser, config_from, main
 from mmserve.config import EngineConfig, ServerConfig
@@ -110,6 +111,8 @@ def test_serve_subprocess_prints_address_answers_health_and_stops() -> None:
             "tiny",
             "--log-level",
             "warning",
+            "--shutdown-grace-s",
+            "1",
         ],
         cwd=REPO,
         env=env,
@@ -117,6 +120,7 @@ def test_serve_subprocess_prints_address_answers_health_and_stops() -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
+    lines: list[str] = []
     try:
         url = None
         deadline = time.monotonic() + 240
@@ -125,17 +129,27 @@ def test_serve_subprocess_prints_address_answers_health_and_stops() -> None:
             line = proc.stdout.readline()
             if not line:
                 break
+            lines.append(line)
             found = re.search(r"serving tiny on (http://[\d.]+:\d+)", line)
             url = found.group(1) if found else None
         assert url is not None, "serve never printed where it listens"
         assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "ok"}
         assert httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"] == "tiny"
+        # SIGTERM with a stream in flight: past the 1 s grace the stream is cancelled with
+        # an error event, and the exit line says its blocks came back
+        stream, client = start_stream(url, 200)
         proc.send_signal(signal.SIGTERM)
+        client.join(timeout=60)
         assert proc.wait(timeout=60) == 0
+        lines += proc.stdout.readlines()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    err = last_json(stream.events)["error"]
+    assert err["code"] == "engine_unavailable" and "shutting down" in err["message"]
+    assert "mmserve: stopped; 1 request(s) cancelled at shutdown, 0 KV block(s) in use\n" in (
+        lines), "".join(lines)
 
 
 def test_pull_lists_and_returns_the_cached_model(capsys: pytest.CaptureFixture[str]) -> None:
