@@ -39,7 +39,8 @@ class StandInEngine:
     def _validate(self, *args: Any) -> None:
         pass
 
-    def add_request(self, prompt: list[int], params: Any, rid: str, spans: Any) -> None:
+    def add_request(self, prompt: list[int], params: Any, rid: str, spans: Any,
+                    audio: Any = None) -> None:
         self.requests[rid] = prompt
 
     def abort(self, rid: str) -> None:
