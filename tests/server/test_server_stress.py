@@ -23,10 +23,12 @@ def _clean(result: phases.PhaseResult) -> None:
 
 
 def test_fuzzed_http_inputs(target: Target) -> None:
-    result = phases.fuzz_http(target, 40, rng_seed=1)
+    """Giving up after 1 s (not the bench's 5 s) still leaves long fuzzed generations for
+    the server to abort (status -1), at a fifth of the wait."""
+    result = phases.fuzz_http(target, 40, rng_seed=1, give_up_s=1.0)
     _clean(result)
     assert result.inputs >= 25
-    assert "200" in result.extra["statuses"] and "400" in result.extra["statuses"]
+    assert {"200", "400", "-1"} <= set(result.extra["statuses"]), result.extra
 
 
 def test_fuzzed_realtime_events(target: Target) -> None:

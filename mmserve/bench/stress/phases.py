@@ -55,12 +55,12 @@ def _http_inputs() -> st.SearchStrategy[tuple[str, Any]]:
     )
 
 
-def fuzz_http(target: Target, n: int, rng_seed: int = 0) -> PhaseResult:
-    """``n`` fuzzed bodies to the two POST routes; a client gives up on an answer after 5 s
-    (the server must then abort the request and free its blocks)."""
+def fuzz_http(target: Target, n: int, rng_seed: int = 0, give_up_s: float = 5.0) -> PhaseResult:
+    """``n`` fuzzed bodies to the two POST routes; a client gives up on an answer after
+    ``give_up_s`` (the server must then abort the request and free its blocks)."""
     result = PhaseResult("fuzz-http")
     statuses: dict[int, int] = {}
-    client = httpx.Client(base_url=target.url, timeout=5)
+    client = httpx.Client(base_url=target.url, timeout=give_up_s)
 
     @seed(rng_seed)
     @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
