@@ -214,8 +214,11 @@ class AsyncEngine:
             self.engine.abort(rid)
             if self.stage is not None:
                 self.stage.release(rid)
-            self._deliver(rid, EngineDeadError("the server is shutting down; retry the "
-                                               "request once it is back"))
+            try:
+                self._deliver(rid, EngineDeadError("the server is shutting down; retry the "
+                                                   "request once it is back"))
+            except RuntimeError:  # its event loop has closed: nobody is left to tell
+                pass
         return len(ids)
 
     def _step_once(self) -> float:
