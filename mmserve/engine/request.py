@@ -80,7 +80,7 @@ class EmbeddingSpan:
         return self.start + self.length
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler's list look-ups must not compare fields
 class Request:
     request_id: str
     prompt_ids: list[int]

@@ -115,8 +115,9 @@ class Scheduler:
         for req in list(self.running):
             if step.budget <= 0:
                 return
-            if req not in self.running or req.num_tokens - req.num_computed != 1:
-                continue  # preempted this step, or prefilling
+            if req.status is Status.WAITING or req.num_tokens - req.num_computed != 1:
+                continue  # preempted this step (O(1), where a list look-up made it O(n^2)),
+                # or prefilling
             if self.policy.skips(req):
                 continue  # an audio stream well ahead of its playback (or outside the window)
             draft = drafts.get(req.request_id, [])[: step.budget - 1]
@@ -129,7 +130,7 @@ class Scheduler:
         for i, req in enumerate(prefilling):
             if step.budget <= 0:
                 return
-            if req not in self.running:
+            if req.status is Status.WAITING:
                 continue  # preempted for an earlier request this step
             behind = len(prefilling) - i - 1 + self._admissible()
             n = self.policy.chunk(
@@ -137,9 +138,10 @@ class Scheduler:
             if n > 0 and self._reserve(req, n, step):  # 0: it would make an audio stream late
                 step.add(ScheduledSeq(req, req.num_computed, n))
         while self._admissible() and step.budget > 0 and not step.preempted:
-            req = self._next_admitted()  # memory is short when someone was preempted: none
-            if req is None:
+            admitted = self._next_admitted()  # memory is short when someone was preempted
+            if admitted is None:
                 return
+            req = admitted
             table = self.blocks.allocate(req.request_id, req.all_ids,
                                          req.extra_keys(self.blocks.block_size))
             if table is None:
@@ -209,7 +211,7 @@ class Scheduler:
 
     def finish(self, req: Request) -> None:
         """Remove a finished or aborted request and free its blocks now."""
-        if req in self.running:
+        if req in self.running:  # (the status may say FINISHED already)
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
