@@ -113,8 +113,15 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+PANELS = (
+    ("tok_s", "tok/s (aggregate)", "linear"),
+    ("ttft_p99_ms", "TTFT p99 (ms)", "log"),
+    ("gap_p99_ms", "inter-token gap p99 (ms)", "log"),
+)
+
+
 def plot(result: dict, path: Path) -> str:
-    """tok/s and TTFT p99 against clients, one line per path; returns a note."""
+    """tok/s, TTFT p99 and gap p99 against clients, one line per path; returns a note."""
     try:
         import matplotlib
 
@@ -122,7 +129,8 @@ def plot(result: dict, path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib not installed: no plot"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(15, 4.2))
+    clients: set[int] = set()
     for kind, label in (
         ("engine", "engine in-process"),
         ("sse", "served, SDK SSE"),
@@ -130,23 +138,18 @@ def plot(result: dict, path: Path) -> str:
     ):
         levels = result.get(kind, {})
         cs = sorted(levels, key=int)
-        if not cs:
-            continue
-        left.plot([int(c) for c in cs], [levels[c]["tok_s"] or 0 for c in cs], "o-", label=label)
-        right.plot(
-            [int(c) for c in cs], [levels[c]["ttft_p99_ms"] or 0 for c in cs], "o-", label=label
-        )
-    title = f"{result['model']} ({result['machine']['device']})"
-    left.set(xscale="log", xlabel="concurrent clients", ylabel="tok/s (aggregate)", title=title)
-    right.set(
-        xscale="log",
-        yscale="log",
-        xlabel="concurrent clients",
-        ylabel="TTFT p99 (ms)",
-        title=f"{result['config']['max_tokens']} tokens a request",
-    )
-    left.legend(fontsize=8)
-    right.legend(fontsize=8)
+        clients.update(int(c) for c in cs)
+        for ax, (key, _, _) in zip(axes, PANELS, strict=True):
+            points = [(int(c), levels[c].get(key)) for c in cs if levels[c].get(key)]
+            if points:
+                ax.plot(*zip(*points, strict=True), "o-", label=label)
+    for ax, (_, ylabel, yscale) in zip(axes, PANELS, strict=True):
+        ax.set(xscale="log", yscale=yscale, xlabel="concurrent clients", ylabel=ylabel)
+        ax.set_xticks(sorted(clients), [str(c) for c in sorted(clients)])
+        ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
+        ax.legend(fontsize=8)
+    axes[0].set_title(f"{result['model']} ({result['machine']['device']})")
+    axes[1].set_title(f"{result['config']['max_tokens']} tokens a request")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
