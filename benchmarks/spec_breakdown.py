@@ -64,7 +64,7 @@ def main() -> None:
 
     def step():
         state.clear()
-        pre = eng._ahead
+        pre = eng.launch.pending
         t = time.perf_counter()
         out = eng_step()
         dt = time.perf_counter() - t

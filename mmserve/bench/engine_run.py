@@ -204,7 +204,7 @@ class PagedDecoder:
         its argmax, read in place (the next replay rewrites it only after the reads
         queued before it), is the next step's input ids, and the launch that copies them
         in also writes them into pinned memory, behind an event; then the host waits for
-        the event (the engine's ``_launched`` and ``_launch_ahead``). A step's time is
+        the event (the engine's ``LaunchAhead``). A step's time is
         from one step's tokens on the host to the next's."""
         b = len(first)
         host = torch.empty(b, dtype=torch.long, pin_memory=True)

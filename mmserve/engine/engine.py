@@ -1,27 +1,12 @@
-"""The engine: one ``step()`` = one scheduling decision = one forward.
+"""The engine: one ``step()`` = one scheduling decision = one model forward.
 
-    schedule = scheduler.schedule(drafts); logits = runner.run(schedule.seqs);
-    tokens = sampler/verifier(logits); postprocess(tokens) -> RequestOutputs
+    step = scheduler.schedule(drafts) -> runner.run(step.seqs)     # schedule, run
+    tokens = sampler / verifier(logits) -> commit, append, finish    # update
 
-Async scheduling (CUDA, ``EngineConfig.async_scheduling``): when a step is a plain decode
-of every running request and each request's token can be picked on the device (greedy:
-the argmax; sampled: a draw from the request's own generator; no logprobs, penalties or
-min_tokens to apply), the next step (the same requests, one position on, its input
-tokens taken on the device from this step's picks) is launched before this step's
-tokens are brought to the host, so the host's postprocessing and the next launch run
-while the GPU computes. A step returns its own outputs, as a synchronous one does; a
-request that this step finishes (EOS, a stop string) drops its row of the step already
-running, and its KV there lands in blocks it has just freed, written before any later
-step can reuse them (one stream). Tokens are those of the synchronous engine: the same
-steps, kernels and graphs, and batch invariance for any row dropped; a sampled row is
-drawn when its step is launched, from its generator, in the synchronous engine's order.
-Any other step (logprobs, penalties, a verify, a prefill) is prelaunched: launched once the last
-step's tokens are in and committed, before that step's text (for requests without stop
-strings, whose text can end nothing) and outputs are built, so those and the caller's
-work between steps overlap its forward. It is the step the synchronous engine would take
-next, proposed and scheduled from the same state; speculation records each step's cost
-before choosing the next, as it does synchronously, and a step launched in an earlier
-call is timed from the last step's record (one whole period).
+A step may be launched early (``launch_ahead.LaunchAhead``, CUDA): the next decode
+before this step's tokens reach the host, or the next step before this step's outputs
+are built; either is the step the synchronous engine takes next, so tokens are the
+same. Kernel work stays behind the runner (and the sampler).
 
 The engine knows tokenization only to detokenize outputs and check stop strings;
 requests arrive as token ids (plus optional embedding spans).
@@ -32,90 +17,66 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
 from mmserve.config import EngineConfig
-from mmserve.engine.block_manager import BlockManager, BlockTable
+from mmserve.engine.block_manager import BlockManager
 from mmserve.engine.cuda_graphs import DEFAULT_SIZES, PREFILL_SIZES, DecodeGraphs
 from mmserve.engine.deadlines import AudioPolicy
 from mmserve.engine.defaults import resolve_sizes
 from mmserve.engine.detokenizer import IncrementalDetokenizer
 from mmserve.engine.kv_cache import KVCache, kv_cache_dtype
+from mmserve.engine.launch_ahead import LaunchAhead, LaunchedStep, StepClock
 from mmserve.engine.outputs import EngineStats, RequestOutput
 from mmserve.engine.playback import AudioSpec
 from mmserve.engine.request import EmbeddingSpan, Request, Status
 from mmserve.engine.runner import ModelRunner, StepLogits
-from mmserve.engine.sampler import Sampler, SampleResult, SamplingState, adjusts
+from mmserve.engine.sampler import Sampler, SampleResult, SamplingState
 from mmserve.engine.scheduler import ScheduledSeq, Scheduler
 from mmserve.engine.span_encoder import SpanEncoder, SpanMaterializer
 from mmserve.engine.stop import StopChecker
 from mmserve.engine.token_output import TokenAppender
 from mmserve.errors import InvalidRequestError
-from mmserve.kernels.triton_copy import copy_flat
 from mmserve.models.base import CausalLM
 from mmserve.sampling_params import SamplingParams
 from mmserve.speculative.speculator import Speculator
 from mmserve.structured.grammar import GrammarCompiler, GrammarLoader
 
-log = logging.getLogger("mmserve")
+log = logging.getLogger(__name__)
+
+
+class _Picked(NamedTuple):
+    """A step's sampled tokens (None: nothing sampled on the host this step) and, per
+    sequence, which of them are its own (None: a prefill chunk, or a sampled verify
+    that does its own rejection sampling)."""
+
+    sampled: SampleResult | None
+    picks: list[slice | None]
 
 
 @dataclass
-class _Launched:
-    """A plain decode step on its way (async scheduling): its rows are its sequences in
-    order, and its tokens are copied to the host while later work runs."""
+class _Update:
+    """What a step's update emitted: the requests with outputs, in order, and the
+    per-token work (detokenizing, stop checks) it took."""
 
-    seqs: list[ScheduledSeq]
-    result: StepLogits
-    tokens: torch.Tensor  # (n,) the step's tokens on the device (argmax or drawn; valid
-    # until the next replay, which every read of them is queued before)
-    host: torch.Tensor | None  # CUDA: pinned (n,), the copy's target
-    ready: torch.cuda.Event | None  # CUDA: recorded after the copy (None: not yet queued)
-    quiet: bool  # the speculator's quiet flag as it proposed this step (False: none)
+    done: list[Request] = field(default_factory=list)
+    emit_s: float = 0.0  # seconds of per-token work
+    emitted: int = 0  # tokens
+    emitters: int = 0  # sequences that emitted
 
-    def send(self) -> None:
-        """Queue the tokens' copy to the host, unless it is queued already (the step
-        launched after this one carries it in its input copy: ``LLMEngine._launch_ahead``)."""
-        if self.host is not None and self.ready is None:
-            copy_flat(self.host, self.tokens)  # a kernel writes the pinned buffer
-            self.ready = torch.cuda.Event()
-            self.ready.record()
-
-    def token_ids(self) -> list[int]:
-        """The step's tokens on the host; waits for this step's copy only."""
-        if self.host is None:
-            return self.tokens.tolist()
-        self.send()
-        assert self.ready is not None
-        self.ready.synchronize()
-        return self.host.tolist()
-
-
-@dataclass
-class _Prelaunched:
-    """A step launched once the last step's tokens were in, before that step's text and
-    outputs were built (async scheduling): the step the synchronous engine takes next,
-    proposed and scheduled from the same state, launched a little earlier."""
-
-    seqs: list[ScheduledSeq]
-    result: StepLogits
-    quiet: bool
+    @property
+    def share(self) -> float:
+        """The part of the per-token work beyond one token a sequence."""
+        return 1.0 - self.emitters / self.emitted if self.emitted > self.emitters else 0.0
 
 
 def audio_policy(config: EngineConfig, max_num_seqs: int) -> AudioPolicy:
     """The scheduler's audio policy as ``config`` sets it."""
     return AudioPolicy(config.audio_scheduling, config.audio_window or max_num_seqs,
                        config.audio_lead_s, config.audio_queue_s)
-
-
-def _picked_on_device(req: Request, ahead: int) -> bool:
-    """No logprobs, and nothing for the sampler to apply ``ahead`` tokens from now
-    (penalties, min_tokens): the request's next token can be picked on the device, the
-    argmax (greedy) or a draw from its own generator (sampled), without the host."""
-    return req.params.logprobs is None and not adjusts(req.sampling, [0] * ahead)
 
 
 class LLMEngine:
@@ -166,18 +127,9 @@ class LLMEngine:
         self._ids = itertools.count()
         # async scheduling: on CUDA only (on CPU a step launched ahead runs at once, so
         # there is nothing to overlap; tests switch it on there to check its bookkeeping)
-        self.async_scheduling = config.async_scheduling and device.type == "cuda"
-        # the step launched before the last one finished (its tokens on the device), or
-        # once the last one's tokens were in, before its outputs
-        self._ahead: _Launched | _Prelaunched | None = None
-        # a step launched in an earlier call is timed from that call's cost record on
-        # (one step's whole period, like a synchronous step's); the last step's deferred
-        # text work falls in it
-        self._recorded_at = 0.0
-        self._carried_emit = 0.0
+        self.launch = LaunchAhead(config.async_scheduling and device.type == "cuda",
+                                  self.scheduler, self.blocks, self.runner, self.sampler)
         self._ran_nothing = False  # the last step scheduled nothing (``idle_for``)
-        self.ahead_steps = 0  # steps launched ahead (tests, benchmarks)
-        self.prelaunched_steps = 0  # steps launched before the last step's outputs
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -304,42 +256,80 @@ class LLMEngine:
         return self._grammars.get()
 
     @property
+    def async_scheduling(self) -> bool:
+        """Whether steps may be launched early (``launch_ahead``)."""
+        return self.launch.enabled
+
+    @async_scheduling.setter
+    def async_scheduling(self, enabled: bool) -> None:
+        self.launch.enabled = enabled
+
+    @property
+    def ahead_steps(self) -> int:
+        """Decode steps launched before the last step's tokens reached the host."""
+        return self.launch.ahead_steps
+
+    @property
+    def prelaunched_steps(self) -> int:
+        """Steps launched before the last step's outputs were built."""
+        return self.launch.prelaunched_steps
+
+    @property
     def speculator(self) -> Speculator | None:
         """The engine's speculator, switched on or off (None: built without one)."""
         return self.spec or self._spec_off
 
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        start = time.perf_counter()
+        """One scheduling decision, one forward, its outputs: schedule -> run -> update."""
         self._ran_nothing = False
-        launched, self._ahead = self._ahead, None
-        if launched is not None and all(s.req.finished for s in launched.seqs):
-            launched = None  # every request of the step ahead finished (or was aborted)
-        carried, self._carried_emit = self._carried_emit, 0.0
-        if launched is not None:  # launched in the last call: timed from its cost record
-            seqs, result, quiet = launched.seqs, launched.result, launched.quiet
-            start = self._recorded_at
-        else:
-            step = self._propose_and_run()
-            if step is None:
-                self._ran_nothing = True
-                self.scheduler.policy.idle()
-                return self._refused()
-            seqs, result, quiet = step
-            carried = 0.0
-        if not isinstance(launched, _Launched):
-            launched = self._launched(seqs, result, quiet) if self._overlaps(seqs) else None
-        if launched is not None:
-            self._ahead = self._launch_ahead(launched)
-            ids = launched.token_ids()  # copied by the step ahead's input launch, or now
-            sampled: SampleResult | None = SampleResult(ids, [None] * len(ids))
-            picks: list[slice | None] = [slice(i, i + 1) for i in range(len(ids))]
-        else:
-            sampled, picks = self._sample(seqs, result)
+        step, clock = self.launch.take()  # a step launched early, in the last call
+        if step is None:
+            step = self._schedule_and_run()
+        if step is None:
+            return self._idle()
+        picked = self._pick(step)
+        update = self._update(step, picked)
+        self._record(step, clock, update)
+        return self._outputs(step, update)
+
+    def _schedule_and_run(self) -> LaunchedStep | None:
+        """Draft, schedule and launch a step (None: nothing to run)."""
+        drafts, quiet = None, False
+        if self.spec is not None:
+            drafts = self.spec.propose(self.scheduler.running, len(self.scheduler.waiting))
+            quiet = self.spec.quiet
+            if drafts:
+                drafts = self._grammar_drafts(drafts)
+        seqs = self.scheduler.schedule(drafts).seqs
+        if not seqs:
+            return None
+        if self.spans is not None:  # pending spans the chunks read: one batched encode
+            self.spans.fill((s.req, s.start, s.start + s.num_real) for s in seqs if s.req.spans)
+        return LaunchedStep(seqs, self.runner.run(seqs), quiet)
+
+    def _idle(self) -> list[RequestOutput]:
+        self._ran_nothing = True
+        self.scheduler.policy.idle()
+        return self._refused()
+
+    def _pick(self, step: LaunchedStep) -> _Picked:
+        """The step's tokens: picked on the device (the next decode launched before they
+        are brought to the host, when it may be) or sampled on the host."""
+        cur = self.launch.on_device(step)
+        if cur is None:
+            return _Picked(*self._sample(step.seqs, step.result))
+        self.launch.launch_next(cur, self.spec)
+        ids = self.launch.token_ids(cur)
+        return _Picked(SampleResult(ids, [None] * len(ids)),
+                       [slice(i, i + 1) for i in range(len(ids))])
+
+    def _update(self, step: LaunchedStep, picked: _Picked) -> _Update:
+        """Verify drafts, advance each request's computed length, commit full blocks,
+        append its new tokens and finish the requests that ended."""
         now = time.monotonic()
-        emit_s, emitted, emitters = 0.0, 0, 0  # per-token work: detokenizing, stop checks
-        done: list[Request] = []  # requests with outputs, in order
-        for s, rows, pick in zip(seqs, result.rows, picks, strict=True):
+        update = _Update()
+        for s, rows, pick in zip(step.seqs, step.result.rows, picked.picks, strict=True):
             req = s.req
             if req.finished:  # a step run ahead: its request finished (or was aborted)
                 continue
@@ -347,16 +337,7 @@ class LLMEngine:
                 req.num_computed = s.start + s.num_tokens
                 self._commit(req)
                 continue
-            if s.draft:
-                assert self.spec is not None
-                if pick is not None:  # greedy: the target's tokens came from the batch call
-                    tokens = self.spec.verify_greedy(s, sampled.token_ids[pick])  # type: ignore[union-attr]
-                else:
-                    tokens = self.spec.verify(s, result.logits[rows], self.sampler)
-                logprobs: list = [None] * len(tokens)
-            else:
-                assert sampled is not None and isinstance(pick, slice)
-                tokens, logprobs = sampled.token_ids[pick], sampled.logprobs[pick]
+            tokens, logprobs = self._tokens(s, rows, pick, step.result, picked.sampled)
             # KV is valid for the real tokens and the accepted drafts, not the rejected ones
             req.num_computed = s.start + s.num_real + len(tokens) - 1
             if s.draft:
@@ -367,32 +348,53 @@ class LLMEngine:
             # text that can end nothing (no stop strings) waits for the next launch
             self.generation_tokens_total += self.appender.append(
                 req, tokens, logprobs, defer_text=self.async_scheduling and not req.stop)
-            emit_s += time.perf_counter() - t
-            emitted, emitters = emitted + len(tokens), emitters + 1
+            update.emit_s += time.perf_counter() - t
+            update.emitted += len(tokens)
+            update.emitters += 1
             if req.finished:
                 self._finish(req)
-            done.append(req)
-        # per-token work counted as one token per sequence, what a plain step emits: a
-        # token costs it whichever step emits it, so it is no price of verifying (on the
-        # H200 a 3-token verify step measured 25 % dearer than a decode step with it)
-        share = 1.0 - emitters / emitted if emitted > emitters else 0.0
-        if self.spec is not None:  # the whole step: on CUDA the forward alone is asynchronous
-            seconds = time.perf_counter() - start - emit_s * share - carried
-            self.spec.record_step(result.num_rows, seconds, any(s.draft for s in seqs),
-                                  result.graph, emitted, emitters, quiet)
-        self._recorded_at = time.perf_counter()
-        if self._ahead is None and self.async_scheduling and self.scheduler.has_work():
-            # the next step's tokens are all in: launch it before this step's text and
-            # outputs are built (the same step the synchronous engine takes next)
-            self._ahead = self._prelaunch()
+            update.done.append(req)
+        return update
+
+    def _tokens(self, s: ScheduledSeq, rows: list[int], pick: slice | None,
+                result: StepLogits, sampled: SampleResult | None) -> tuple[list[int], list]:
+        """A sequence's new tokens (a verify's accepted drafts and the target's next
+        token) and their logprobs."""
+        if not s.draft:
+            assert sampled is not None and isinstance(pick, slice)
+            return sampled.token_ids[pick], sampled.logprobs[pick]
+        assert self.spec is not None
+        if pick is not None:  # greedy: the target's tokens came from the batch call
+            assert sampled is not None
+            tokens = self.spec.verify_greedy(s, sampled.token_ids[pick])
+        else:
+            tokens = self.spec.verify(s, result.logits[rows], self.sampler)
+        return tokens, [None] * len(tokens)
+
+    def _record(self, step: LaunchedStep, clock: StepClock, update: _Update) -> None:
+        """Give the speculator the step's cost: the whole step (on CUDA the forward alone
+        is asynchronous), less the per-token work beyond one token a sequence, what a
+        plain step emits (a token costs it whichever step emits it, so it is no price of
+        verifying)."""
+        if self.spec is None:
+            return
+        seconds = time.perf_counter() - clock.start - update.emit_s * update.share - clock.carried
+        self.spec.record_step(step.result.num_rows, seconds, any(s.draft for s in step.seqs),
+                              step.result.graph, update.emitted, update.emitters, step.quiet)
+
+    def _outputs(self, step: LaunchedStep, update: _Update) -> list[RequestOutput]:
+        """Launch the next step if its tokens are all in (the same step the synchronous
+        engine takes next), then build this step's text and outputs while it runs."""
+        self.launch.prelaunch(self._schedule_and_run)
         t = time.perf_counter()
-        for req in done:
+        for req in update.done:
             self.appender.catch_up(req)
-        if self._ahead is not None:  # that text work falls in the next step's time
-            self._carried_emit = (time.perf_counter() - t) * share
+        if self.launch.pending is not None:  # that text work falls in the next step's time
+            self.launch.carried_emit = (time.perf_counter() - t) * update.share
         policy = self.scheduler.policy
+        seqs = step.seqs
         policy.end_step(len(seqs), sum(s.num_tokens for s in seqs), self.scheduler.has_work())
-        return [req.take_output() for req in done if policy.releases(req)] + self._refused()
+        return [req.take_output() for req in update.done if policy.releases(req)] + self._refused()
 
     def _refused(self) -> list[RequestOutput]:
         """Outputs for the waiting audio streams the audio policy refused this step."""
@@ -414,22 +416,6 @@ class LLMEngine:
         wake = sched.policy.next_wake(now, sched.running, sched.waiting)
         return 0.0 if wake is None else max(0.0, wake - now)
 
-    def _propose_and_run(self) -> tuple[list[ScheduledSeq], StepLogits, bool] | None:
-        """Draft, schedule and launch a step -> (its sequences, logits, the speculator's
-        quiet flag), or None: nothing to run."""
-        drafts, quiet = None, False
-        if self.spec is not None:
-            drafts = self.spec.propose(self.scheduler.running, len(self.scheduler.waiting))
-            quiet = self.spec.quiet
-            if drafts:
-                drafts = self._grammar_drafts(drafts)
-        seqs = self.scheduler.schedule(drafts).seqs
-        if not seqs:
-            return None
-        if self.spans is not None:  # pending spans the chunks read: one batched encode
-            self.spans.fill((s.req, s.start, s.start + s.num_real) for s in seqs if s.req.spans)
-        return seqs, self.runner.run(seqs), quiet
-
     def _grammar_drafts(self, drafts: dict[str, list[int]]) -> dict[str, list[int]]:
         """Drafts cut at the first token a constrained request's grammar refuses (a token
         the target could never pick after the mask: verifying it would be wasted rows)."""
@@ -444,111 +430,6 @@ class LLMEngine:
             if draft:
                 out[request_id] = draft
         return out
-
-    def _prelaunch(self) -> _Prelaunched | None:
-        step = self._propose_and_run()
-        if step is None:
-            return None
-        self.prelaunched_steps += 1
-        return _Prelaunched(*step)
-
-    # -- async scheduling ------------------------------------------------------------
-    def _overlaps(self, seqs: list[ScheduledSeq]) -> bool:
-        """Whether this step's tokens can wait on the device while the next step launches:
-        a plain decode of one token a sequence, every request picked on the device
-        (greedy or sampled) with nothing the sampler applies (penalties, min_tokens) and
-        no logprobs, now and one token on (those need the host's counts or this step's
-        logits, which the next step's replay overwrites)."""
-        if not self.async_scheduling:
-            return False
-        for s in seqs:
-            if s.draft or s.num_real != 1 or not s.samples or not _picked_on_device(s.req, 0):
-                return False
-        return True
-
-    def _launched(self, seqs: list[ScheduledSeq], result: StepLogits,
-                  quiet: bool) -> _Launched:
-        """The step's tokens picked on the device (a graph's argmax buffer is read in
-        place: the next replay overwrites it only after every read queued here), on CUDA
-        with a pinned buffer for their way to the host (``_Launched.send``: the step
-        launched ahead copies them there in its own input copy's launch, one launch
-        fewer a step; H200, SmolLM2-135M batch 1, ~-2.4 us of ~568, session 32). Sampled
-        rows are drawn now, before any later step's draw from the same generators. (The
-        host's counts may lack the last step's token here, for a step launched ahead;
-        nothing a draw reads depends on them: a request overlaps only with no penalty
-        and with its min_tokens behind it.)"""
-        n = len(seqs)
-        assert result.rows[-1] == [n - 1] and len(result.rows) == n, "one row a sequence"
-        # the sampler's own pick: the graph's argmax when all are greedy (a view of its
-        # buffer: every read of it, the copy to the host and the next step's input ids,
-        # is queued before the next replay overwrites it), else a draw, device work that
-        # waits for nothing
-        argmax = result.argmax[:n] if result.argmax is not None else None
-        tokens = self.sampler.sample_tokens(result.logits[:n], [s.req.sampling for s in seqs],
-                                            argmax=argmax)
-        if tokens.device.type != "cuda":
-            return _Launched(seqs, result, tokens, None, None, quiet)
-        host = torch.empty(n, dtype=tokens.dtype, pin_memory=True)
-        return _Launched(seqs, result, tokens.contiguous(), host, None, quiet)
-
-    def _launch_ahead(self, cur: _Launched) -> _Launched | None:
-        """Launch the step after ``cur`` before ``cur``'s tokens are on the host, when it
-        is known without them: every running request decodes its next token, all keep
-        overlapping, none waiting could be admitted (every slot is taken, and none frees
-        by length), their slots fit without preempting anyone, and speculation (if on)
-        would draft nothing. (A request that ends at an EOS or a stop string frees its
-        slot a step later than it would have: the one step ahead its row ran in.)"""
-        running, waiting = self.scheduler.running, len(self.scheduler.waiting)
-        if not self.scheduler.policy.steady():
-            return None
-        if (waiting and len(running) < self.scheduler.max_num_seqs) or len(running) != len(
-                cur.seqs) or any(s.req is not r for s, r in zip(cur.seqs, running, strict=True)):
-            return None
-        # each row: its sequence, its table, where cur's row of it is; the blocks the slot
-        # of the token it writes needs (taken from the free pool alone: a row may still end
-        # at EOS, and the synchronous engine would never have taken, or evicted a cached
-        # prefix for, its block; short of it the scheduler decides, and may preempt)
-        ahead: list[tuple[ScheduledSeq, BlockTable, int]] = []
-        fresh = 0
-        for i, s in enumerate(cur.seqs):
-            req, p, table = s.req, s.req.params, s.req.table
-            assert table is not None
-            if not _picked_on_device(req, 1):
-                return None
-            if (p.max_tokens is not None and len(req.output_ids) + 1 >= p.max_tokens) or (
-                    req.num_tokens + 1 >= req.max_total_len):
-                continue  # cur's token is its last
-            ahead.append((ScheduledSeq(req, s.start + 1, 1), table, i))
-            fresh += max(0, self.blocks.blocks_for(s.start + 2) - len(table.block_ids))
-        if not ahead or (len(ahead) < len(cur.seqs) and (waiting or self.spec is not None)):
-            return None  # a slot frees for a waiting request; for speculation a new shape
-        # (returning None: ``step`` queues cur's copy to the host itself)
-        if fresh > self.blocks.num_fresh_blocks:
-            return None
-        if self.spec is not None and not self.spec.propose_ahead(running, waiting):
-            return None
-        for a, table, _ in ahead:
-            extra = a.start + 1 - table.num_tokens
-            if extra > 0:
-                reserved = self.blocks.append_slots(table, extra)
-                assert reserved  # the free pool held them
-        seqs = [a for a, _, _ in ahead]
-        whole = len(ahead) == len(cur.seqs)
-        keep = cur.tokens if whole else cur.tokens[
-            torch.tensor([i for _, _, i in ahead], device=cur.tokens.device)]
-        # every row goes on: its input ids are cur's tokens, and the launch that copies
-        # them in also copies them to the host (else cur's own copy goes first, so the
-        # host never waits behind the step ahead)
-        carry = None
-        if whole and cur.host is not None and cur.ready is None:
-            carry = (cur.host, torch.cuda.Event())
-        else:
-            cur.send()
-        result = self.runner.run_ahead(seqs, keep, tokens_to=carry)
-        if carry is not None:
-            cur.ready = carry[1]
-        self.ahead_steps += 1
-        return self._launched(seqs, result, self.spec is not None and self.spec.quiet)
 
     def _sample(self, seqs: list[ScheduledSeq], result: StepLogits
                 ) -> tuple[SampleResult | None, list[slice | None]]:

@@ -100,6 +100,14 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, meta, self.kv)
         return StepLogits(self.model.compute_logits(hidden), rows, n)
 
+    def copy_to_host(self, host: torch.Tensor, tokens: torch.Tensor) -> torch.cuda.Event:
+        """Queue ``host[:] = tokens`` (a pinned buffer, written by a kernel) -> an event
+        recorded after it."""
+        copy_flat(host, tokens)
+        ready = torch.cuda.Event()
+        ready.record()
+        return ready
+
     @staticmethod
     def _decode_or_verify(seqs: list[ScheduledSeq]) -> bool:
         """Every sequence runs exactly its one newest token (plus drafts), with no span."""

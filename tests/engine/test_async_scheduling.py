@@ -74,7 +74,7 @@ def test_steps_launched_ahead_change_no_delta_and_leak_no_block(llm):
     assert ahead[1] == sync[1]
     assert {f[2] for f in sync[1].values()} >= {"length", "stop"}
     assert llm.engine.blocks.num_used_blocks == 0
-    assert llm.engine._ahead is None
+    assert llm.engine.launch.pending is None
 
 
 def test_requests_queued_for_a_slot_while_steps_run_ahead(llm):
@@ -124,20 +124,20 @@ def test_abort_and_arrival_while_a_step_is_prelaunched(llm):
 
     def hook(eng, step, ids):
         if step == 5:
-            seen.append((type(eng._ahead).__name__, eng.abort(ids[2]).finish_reason))
+            seen.append((type(eng.launch.pending).__name__, eng.abort(ids[2]).finish_reason))
             eng.add_request(llm.tokenizer.encode("The moon is"),
                             SamplingParams(temperature=0.9, seed=5, max_tokens=9,
                                            presence_penalty=0.3), "late")
 
     sync = _drive(llm, False, params, PROMPTS[:6], hook)
     ahead = _drive(llm, True, params, PROMPTS[:6], hook)
-    assert seen == [("NoneType", "abort"), ("_Prelaunched", "abort")]
+    assert seen == [("NoneType", "abort"), ("LaunchedStep", "abort")]
     assert ahead[0] == sync[0] and ahead[1] == sync[1]
     assert 2 not in ahead[1] and "late" in ahead[1]
     assert {f[2] for f in sync[1].values()} == {"length", "stop"}
     assert ahead[3] > 10
     assert llm.engine.blocks.num_used_blocks == 0
-    assert llm.engine._ahead is None
+    assert llm.engine.launch.pending is None
 
 
 def test_abort_and_arrival_while_a_step_runs_ahead(llm):
@@ -148,7 +148,7 @@ def test_abort_and_arrival_while_a_step_runs_ahead(llm):
 
     def hook(eng, step, ids):
         if step == 4:
-            seen.append((eng._ahead is not None, eng.abort(ids[3]).finish_reason))
+            seen.append((eng.launch.pending is not None, eng.abort(ids[3]).finish_reason))
             eng.add_request(llm.tokenizer.encode("The moon is"),
                             SamplingParams(temperature=0, max_tokens=9), "late")
 
@@ -181,18 +181,18 @@ def test_sampled_requests_run_ahead_and_draw_what_the_synchronous_engine_draws(l
 
     def hook(eng, step, ids):
         if step == 10:  # past the min_tokens request's first 6 tokens
-            seen.append((type(eng._ahead).__name__, eng.abort(ids[1]).finish_reason))
+            seen.append((type(eng.launch.pending).__name__, eng.abort(ids[1]).finish_reason))
             eng.add_request(llm.tokenizer.encode("The moon is"),
                             SamplingParams(temperature=0.8, seed=3, max_tokens=9), "late")
 
     sync = _drive(llm, False, params, PROMPTS[:6], hook)
     ahead = _drive(llm, True, params, PROMPTS[:6], hook)
-    assert seen == [("NoneType", "abort"), ("_Launched", "abort")]
+    assert seen == [("NoneType", "abort"), ("DecodeOnDevice", "abort")]
     assert ahead[1] == sync[1] and ahead[0] == sync[0]
     assert 1 not in ahead[1] and "late" in ahead[1] and len(ahead[1]) == 6
     assert ahead[2] >= 15  # most steps once the min_tokens request is past them
     assert llm.engine.blocks.num_used_blocks == 0
-    assert llm.engine._ahead is None
+    assert llm.engine.launch.pending is None
 
 
 def test_late_request_output_equals_its_output_alone(llm):
@@ -204,7 +204,7 @@ def test_late_request_output_equals_its_output_alone(llm):
                         SamplingParams(temperature=0, max_tokens=30), "first")
         for _ in range(5):
             eng.step()
-        assert eng._ahead is not None
+        assert eng.launch.pending is not None
         eng.add_request(llm.tokenizer.encode("The moon is"),
                         SamplingParams(temperature=0, max_tokens=9), "late")
         finals = {}

@@ -83,5 +83,5 @@ def test_client_gone_mid_stream_frees_blocks_and_serving_goes_on(
     assert all(cut) and all(f.startswith(c) for c, f in zip(cut, full, strict=True))
     assert after == sync_after  # served on, with the synchronous engine's text
     wait_for_idle(ahead_engine, before)
-    assert ahead_engine.engine._ahead is None or all(
-        s.req.finished for s in ahead_engine.engine._ahead.seqs)
+    pending = ahead_engine.engine.launch.pending
+    assert pending is None or all(s.req.finished for s in pending.seqs)
