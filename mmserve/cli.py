@@ -82,6 +82,11 @@ HELP = {
     "allow_remote_images": "fetch http(s) image URLs (default: off; data: URLs only)",
     "allowed_local_media_path": "accept local image paths under this directory (default: off)",
     "remote_image_timeout_s": "timeout for fetching a remote image",
+    "engine_process": "run the engine's step loop in an engine-core process of its own, "
+    "the API server (HTTP, templates, detokenization, parsers) in another, talking over "
+    "ZeroMQ (default: off: the loop runs on a thread of the API server)",
+    "api_server_count": "API-server processes accepting on the one port, all served by one "
+    "engine core; > 1 implies --engine-process",
 }
 
 

@@ -147,6 +147,9 @@ class ServerConfig:
     allow_remote_images: bool = False  # fetch http(s) image URLs
     allowed_local_media_path: str | None = None  # accept file paths under this directory
     remote_image_timeout_s: float = 10.0
+    # -- processes (docs/serving.md) --
+    engine_process: bool = False  # True: the step loop in an engine-core process of its own
+    api_server_count: int = 1  # API-server processes sharing the port; > 1 implies the split
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -164,6 +167,8 @@ class ServerConfig:
                      "shutdown_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.api_server_count < 1:
+            raise ValueError(f"api_server_count must be >= 1, got {self.api_server_count}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be non-empty when set")
         for name in ("max_images_per_request", "max_image_bytes", "max_image_pixels"):
@@ -181,6 +186,11 @@ class ServerConfig:
         if self.log_level not in levels:
             allowed = ", ".join(levels)
             raise ValueError(f"log_level must be one of {allowed}, got {self.log_level!r}")
+
+    @property
+    def split(self) -> bool:
+        """The step loop runs in an engine-core process, API servers in others."""
+        return self.engine_process or self.api_server_count > 1
 
 
 @dataclass

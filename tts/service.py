@@ -36,11 +36,14 @@ class Usage:
 
 
 class SpeechService:
-    def __init__(self, voice: Voice, engine: AsyncEngine) -> None:
+    def __init__(self, voice: Voice, engine: Any) -> None:
+        """``engine``: an ``AsyncEngine`` with the voice's audio stage, or the server's
+        ``RemoteEngine`` for the voice in an engine-core process (same surface)."""
         self.voice, self.engine = voice, engine
         self.registry = VoiceRegistry(voice)
         assert engine.stage is not None, "a speech engine needs its audio stage"
-        self.sample_rate: int = engine.stage.sample_rate  # type: ignore[attr-defined]
+        self.sample_rate: int = engine.stage.sample_rate
+        self.frame_duration: float = engine.stage.frame_duration  # seconds of one codec frame
 
     @classmethod
     def start(cls, voice: str | Voice | None = None, device: str = "auto",

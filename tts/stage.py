@@ -60,6 +60,10 @@ class AudioStage:
     def sample_rate(self) -> int:
         return self.codec.sample_rate
 
+    @property
+    def frame_duration(self) -> float:
+        return float(self.codec.frame_duration)
+
     def open(self, request_id: str, audio: AudioRequest) -> None:
         self.streams[request_id] = _Stream(self.layout.parser(), audio.seed)
 

@@ -135,6 +135,10 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    async def refresh(self) -> None:
+        """Nothing to fetch: ``stats()`` reads the engine itself (a ``RemoteEngine``, whose
+        engine is in another process, fetches its counters here)."""
+
     def alive(self) -> bool:
         host = self._host or self
         return self._dead is None and host._dead is None and self._thread.is_alive()

@@ -59,7 +59,11 @@ async def list_models(request: Request) -> ModelList:
 
 @basic_router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(get_state(request).metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+    state = get_state(request)
+    refresh = getattr(state.engine, "refresh", None)
+    if refresh is not None:  # an engine in another process: fetch its counters now
+        await refresh()
+    return Response(state.metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
 
 def _compile_chat_template(tokenizer: Any) -> None:

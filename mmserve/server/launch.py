@@ -83,15 +83,17 @@ def bound_address(server: uvicorn.Server, config: ServerConfig) -> tuple[str, in
     return config.host, config.port
 
 
-async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO = sys.stdout,
-                    speech: object = None, max_speech_input_chars: int = 4096) -> None:
-    """Serve ``engine`` until uvicorn stops (SIGINT/SIGTERM); announce the address on ``out``."""
+async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO | None = sys.stdout,
+                    speech: object = None, max_speech_input_chars: int = 4096,
+                    sockets: list[socket.socket] | None = None) -> None:
+    """Serve ``engine`` until uvicorn stops (SIGINT/SIGTERM); announce the address on ``out``
+    (None: stay quiet). ``sockets``: listen on these (already bound) instead of binding."""
     app = create_app(engine, config, speech, max_speech_input_chars)
     server = make_server(app, engine, config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=sockets))
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
-    if server.started:
+    if server.started and out is not None:
         host, port = bound_address(server, config)
         name = config.served_model_name or engine.model_name
         print(
@@ -105,22 +107,37 @@ async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO = sy
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig,
                speech_config: SpeechConfig | None = None) -> int:
-    """Load the model (and the voice), serve, and shut the engines down when it stops."""
-    from mmserve.engine.async_engine import AsyncEngine
+    """Load the model (and the voice), serve, and shut the engines down when it stops: on
+    a thread of this process, or (``server_config.split``) in an engine-core process of its
+    own with API servers in others (``launch_split``)."""
+    setup_logging(server_config)
+    raise_fd_limit()
+    print(f"mmserve: loading {engine_config.model or 'the default model'} ...", flush=True)
+    if server_config.split:
+        from mmserve.server.launch_split import run_split
 
+        return run_split(engine_config, server_config, speech_config or SpeechConfig())
+    return _run_in_process(engine_config, server_config, speech_config)
+
+
+def setup_logging(config: ServerConfig) -> None:
     logging.basicConfig(
-        level=server_config.log_level.upper() if server_config.log_level != "trace" else "DEBUG",
+        level=config.log_level.upper() if config.log_level != "trace" else "DEBUG",
         format="%(levelname)s %(name)s: %(message)s",
     )
-    install_repeat_filter(server_config.log_repeat_window_s)
-    _raise_fd_limit()
-    print(f"mmserve: loading {engine_config.model or 'the default model'} ...", flush=True)
+    install_repeat_filter(config.log_repeat_window_s)
+
+
+def _run_in_process(engine_config: EngineConfig, server_config: ServerConfig,
+                    speech_config: SpeechConfig | None) -> int:
+    from mmserve.engine.async_engine import AsyncEngine
+
     engine = AsyncEngine.from_config(engine_config)
     speech_config = speech_config or SpeechConfig()
     speech = start_speech(speech_config, engine) if speech_config.enabled else None
     # uvicorn re-raises the signal it caught once it has drained; make SIGTERM an exit
     # that unwinds (and shuts the engine down) instead of killing the process outright.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGTERM, exit_on_signal)
     try:
         asyncio.run(serve_app(engine, server_config, speech=speech,
                               max_speech_input_chars=speech_config.max_speech_input_chars))
@@ -155,11 +172,11 @@ def start_speech(config: SpeechConfig, text_engine: object = None):  # -> Speech
                                kv_cache_memory_mb=config.voice_kv_cache_memory_mb)
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
+def exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def _raise_fd_limit() -> None:
+def raise_fd_limit() -> None:
     """Let the process open as many sockets as the hard limit allows (``max_connections``
     is the cap that matters; the soft limit is often far below it)."""
     try:

@@ -151,12 +151,12 @@ class Speaker:
         from tts.stage import AudioRequest
 
         sp = self.speech
-        stage = sp.engine.stage
-        spec = AudioSpec(self.stream_id, stage.codec.frame_duration,
+        frame_s = sp.frame_duration
+        spec = AudioSpec(self.stream_id, frame_s,
                          sp.voice.layout.tokens_per_frame, buffer_s=self.buffer_s,
                          first_audio_s=self.first_audio_s,
-                         first_chunk_frames=max(1, round(0.04 / stage.codec.frame_duration)),
-                         max_chunk_frames=max(1, round(0.32 / stage.codec.frame_duration)),
+                         first_chunk_frames=max(1, round(0.04 / frame_s)),
+                         max_chunk_frames=max(1, round(0.32 / frame_s)),
                          last=False)
         seed, self._seed = self._seed, self._seed + 1
         queue: asyncio.Queue = asyncio.Queue()

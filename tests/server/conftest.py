@@ -3,10 +3,16 @@
 One engine serves two apps: an open one and one with ``--api-key``. Tests that
 need the queue to overflow get their own tiny engine (one running sequence,
 one waiting slot) so the 429 is deterministic.
+
+``MMSERVE_TEST_ENGINE=process`` serves the session engine from an engine-core process of
+its own (``mmserve serve --engine-process``) instead of a thread, so the same tests hold
+the split to the in-process behaviour (tests that read ``AsyncEngine`` internals or build
+their own engine still use the in-process one).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,9 +30,14 @@ API_KEY = "sk-mmserve-test"
 def engine() -> Iterator[Any]:
     from mmserve.engine.async_engine import AsyncEngine
 
-    eng = AsyncEngine.from_config(
-        EngineConfig(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=32, max_waiting=64)
-    )
+    config = EngineConfig(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=32,
+                          max_waiting=64)
+    if os.environ.get("MMSERVE_TEST_ENGINE") == "process":
+        from mmserve.server.launch_split import spawn_engine
+
+        eng: Any = spawn_engine(config)
+    else:
+        eng = AsyncEngine.from_config(config)
     yield eng
     eng.shutdown_sync()
 

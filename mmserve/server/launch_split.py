@@ -1,0 +1,194 @@
+"""``mmserve serve`` as processes: one engine core, one or more API servers on one port.
+
+The launcher spawns the engine core (``mmserve.engine.core_process``) and waits until it
+has loaded; binds the listening socket once; spawns ``api_server_count - 1`` API-server
+processes that accept on that same socket (handed to them at spawn); and serves as the
+first API server itself. Each API server loads only the CPU halves (tokenizer, chat
+template, image processor, the voice's phonemizer) and talks to the core through
+``core_client.RemoteEngine``. A thread reaps children as they exit, so a dead core is
+seen as dead (not a zombie) by every API server, which then answers ``/health`` with 503
+and ends in-flight requests with an error. SIGTERM/SIGINT stop the API servers, then the
+core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import multiprocessing
+import signal
+import socket
+import sys
+import threading
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from mmserve.config import EngineConfig, ServerConfig, SpeechConfig
+from mmserve.engine import wire
+from mmserve.engine.core_process import CoreAddress, start_core, wait_ready
+from mmserve.server.core_client import Core, RemoteEngine
+from mmserve.server.launch import exit_on_signal, raise_fd_limit, serve_app, setup_logging
+
+log = logging.getLogger("mmserve")
+
+
+def run_split(
+    engine_config: EngineConfig, server_config: ServerConfig, speech_config: SpeechConfig
+) -> int:
+    address = CoreAddress.fresh()
+    core = start_core(engine_config, speech_config, address, server_config.log_level)
+    children: list[BaseProcess] = []
+    signal.signal(signal.SIGTERM, exit_on_signal)
+    try:
+        try:
+            info = wait_ready(address, core)
+        except RuntimeError as exc:
+            print(f"mmserve: error: {exc}", file=sys.stderr, flush=True)
+            return 1
+        print(f"mmserve: engine core running in process {info.pid}", flush=True)
+        sock = listen(server_config)
+        ctx = multiprocessing.get_context("spawn")
+        for i in range(1, server_config.api_server_count):
+            child = ctx.Process(
+                target=api_server_main,
+                name=f"mmserve-api-{i}",
+                args=(address, info, server_config, speech_config, sock),
+            )
+            child.start()
+            children.append(child)
+        threading.Thread(
+            target=_reap, args=([core, *children],), name="mmserve-reaper", daemon=True
+        ).start()
+        engine, speech = remote_engines(address, info, speech_config, announce=True)
+        try:
+            asyncio.run(
+                serve_app(
+                    engine,
+                    server_config,
+                    speech=speech,
+                    sockets=[sock],
+                    max_speech_input_chars=speech_config.max_speech_input_chars,
+                )
+            )
+        except KeyboardInterrupt:
+            pass
+        finally:
+            engine.shutdown_sync()
+    finally:
+        _stop([*children, core])
+    return 0
+
+
+def listen(config: ServerConfig) -> socket.socket:
+    """The one listening socket every API server accepts on (bound before they start, so
+    ``--port 0`` names one port for all of them)."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def api_server_main(
+    address: CoreAddress,
+    info: wire.CoreInfo,
+    server_config: ServerConfig,
+    speech_config: SpeechConfig,
+    sock: socket.socket,
+) -> None:
+    """One more API server (a spawned child): serve on the shared socket until signalled."""
+    setup_logging(server_config)
+    raise_fd_limit()
+    engine, speech = remote_engines(address, info, speech_config, announce=False)
+    try:
+        asyncio.run(
+            serve_app(
+                engine,
+                server_config,
+                out=None,
+                speech=speech,
+                sockets=[sock],
+                max_speech_input_chars=speech_config.max_speech_input_chars,
+            )
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.shutdown_sync()
+
+
+def remote_engines(
+    address: CoreAddress, info: wire.CoreInfo, speech_config: SpeechConfig, announce: bool
+) -> tuple[RemoteEngine, Any]:
+    """The LLM (tokenizer and image processor loaded here) and, if the core runs a voice,
+    a ``SpeechService`` whose engine is the core's voice."""
+    from mmserve.models.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(Path(info.model_path))
+    processor = None
+    if info.connector_path is not None:
+        from connectors.loader import load_processor
+
+        processor = load_processor(Path(info.connector_path), tokenizer)
+    core = Core(address, info)
+    engine = RemoteEngine(core, wire.LLM, tokenizer, processor)
+    speech = None
+    if len(info.members) > wire.VOICE:
+        from tts.registry import load
+        from tts.service import SpeechService
+
+        speech = SpeechService(
+            load(speech_config.voice, speech_config.snac), RemoteEngine(core, wire.VOICE, None)
+        )
+    elif speech_config.enabled and announce:
+        print(
+            "mmserve: no default voice (build it with `mmserve voice train`); "
+            "/v1/audio/speech is off",
+            flush=True,
+        )
+    return engine, speech
+
+
+def spawn_engine(engine_config: EngineConfig, log_level: str = "warning") -> RemoteEngine:
+    """An engine core in a process of its own, and the LLM's ``RemoteEngine`` in this one
+    (tests, scripts). ``shutdown_sync()`` stops the core, and so does this process's exit
+    (a core left running would hold the interpreter's exit forever)."""
+    address = CoreAddress.fresh()
+    proc = start_core(engine_config, None, address, log_level)
+    atexit.register(_stop, [proc])
+    try:
+        info = wait_ready(address, proc)
+        engine, _ = remote_engines(address, info, SpeechConfig(voice="none"), announce=False)
+    except BaseException:
+        _stop([proc])
+        raise
+    engine.core.on_close = lambda: _stop([proc])
+    engine.core.process = proc
+    return engine
+
+
+def _reap(procs: list[BaseProcess]) -> None:
+    """Join children as they exit (a reaped core's pid is gone: API servers see it dead)."""
+    live = {p.sentinel: p for p in procs}
+    while live:
+        for sentinel in wait(list(live)):
+            proc = live.pop(sentinel)  # type: ignore[arg-type,call-overload]
+            proc.join()
+            if proc.exitcode not in (0, -signal.SIGTERM):
+                log.error("%s (pid %s) exited with code %s", proc.name, proc.pid, proc.exitcode)
+
+
+def _stop(procs: list[BaseProcess]) -> None:
+    """SIGTERM each (API servers first, the core last), then wait; kill what lingers."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
