@@ -10,7 +10,8 @@ that sent its request), so one core can serve several apps in one process as
 voice stepped by the same loop) with ``AsyncEngine``'s surface, so the routes cannot tell
 the two apart:
 
-- ``generate`` streams ``RequestOutput`` deltas; admission errors (invalid prompt, full
+- ``generate`` streams ``RequestOutput`` deltas (a consumer that fell behind gets the
+  deltas queued for it merged into one, as in-process); admission errors (invalid prompt, full
   queue) come back as the first item, raised from the stream as in-process; closing the
   stream early aborts the request, and the core frees its blocks before its next step.
 - ``alive()`` is False once the core process is gone (its pid, checked every probe) or its
@@ -38,7 +39,7 @@ import zmq
 import zmq.asyncio
 
 from mmserve.engine import wire
-from mmserve.engine.outputs import EngineStats, RequestOutput
+from mmserve.engine.outputs import EngineStats, RequestOutput, coalesce
 from mmserve.engine.playback import AudioSpec
 from mmserve.engine.request import EmbeddingSpan
 from mmserve.errors import EngineDeadError
@@ -85,6 +86,21 @@ def pid_alive(pid: int) -> bool:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     return True
+
+
+def _coalesced(
+    item: RequestOutput, queue: asyncio.Queue
+) -> tuple[RequestOutput, BaseException | None]:
+    """``item`` merged with the deltas queued behind it, as ``AsyncEngine`` does (a
+    consumer that fell behind gets one event); an error met on the way is raised next."""
+    parts, held = [item], None
+    while not parts[-1].finished and not queue.empty():
+        nxt = queue.get_nowait()
+        if isinstance(nxt, BaseException):
+            held = nxt
+            break
+        parts.append(nxt)
+    return coalesce(parts), held
 
 
 class Core:
@@ -208,6 +224,7 @@ class CoreClient:
         if not self.core.alive():
             raise EngineDeadError(f"the engine has stopped ({self.core._dead}); restart the server")
         key = (member, rid)
+        merge = not self.core.info.members[member].sample_rate  # audio deltas stay per step
         stream = self._streams[key] = _Stream()
         self.send(
             wire.Add(
@@ -215,12 +232,15 @@ class CoreClient:
             )
         )
         done = False
+        held: BaseException | None = None  # met while coalescing: raised after the delta
         try:
             while True:
-                item = await stream.queue.get()
+                item = held or await stream.queue.get()
                 if isinstance(item, BaseException):
                     done = True
                     raise item
+                if merge:
+                    item, held = _coalesced(item, stream.queue)
                 done = item.finished
                 yield item
                 if done:
