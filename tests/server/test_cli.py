@@ -135,6 +135,7 @@ def test_serve_subprocess_prints_address_answers_health_and_stops() -> None:
         assert url is not None, "serve never printed where it listens"
         assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "ok"}
         assert httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"] == "tiny"
+        _check_default_voice(url)
         # SIGTERM with a stream in flight: past the 1 s grace the stream is cancelled with
         # an error event, and the exit line says its blocks came back
         stream, client = start_stream(url, 200)
@@ -150,6 +151,22 @@ def test_serve_subprocess_prints_address_answers_health_and_stops() -> None:
     assert err["code"] == "engine_unavailable" and "shutting down" in err["message"]
     assert "mmserve: stopped; 1 request(s) cancelled at shutdown, 0 KV block(s) in use\n" in (
         lines), "".join(lines)
+
+
+def _check_default_voice(url: str) -> None:
+    """With the default voice installed, the flagless server answers Realtime sessions in
+    audio (issue 50.2); without it, in text."""
+    import json
+
+    from websockets.sync.client import connect
+
+    from tts.registry import DEFAULT_VOICE_DIR
+
+    voiced = (DEFAULT_VOICE_DIR / "voice.json").is_file()
+    with connect(url.replace("http://", "ws://") + "/v1/realtime?model=tiny") as ws:
+        created = json.loads(ws.recv(timeout=60))
+    assert created["type"] == "session.created"
+    assert created["session"]["output_modalities"] == (["audio"] if voiced else ["text"])
 
 
 def test_pull_lists_and_returns_the_cached_model(capsys: pytest.CaptureFixture[str]) -> None:
