@@ -13,7 +13,8 @@ requests of a fresh server pay those compiles: seconds of TTFT.
 the kernels real requests reach: rounds of 1, 2, 3, 16 and 17 prompts at once (sequence
 counts of 1, multiples of 16 and neither) whose lengths are likewise 1, multiples of 16
 and neither, greedy and sampled, decoding a few tokens each; then one prompt longer than
-a step's token budget (a full chunk, then the rest beside decodes). Speculation is
+a step's token budget (a full chunk, then the rest beside decodes; capped by the context,
+so at most a context-long prompt where the budget is larger). Speculation is
 switched off meanwhile: its cost model must never record a step that paid a compile.
 
 Afterwards nothing of it remains: every request finished and its blocks freed, the
