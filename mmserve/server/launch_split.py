@@ -17,10 +17,12 @@ import asyncio
 import atexit
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import sys
 import threading
+import time
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -55,7 +57,7 @@ def run_split(
             child = ctx.Process(
                 target=api_server_main,
                 name=f"mmserve-api-{i}",
-                args=(address, info, server_config, speech_config, sock),
+                args=(address, info, server_config, speech_config, sock, os.getpid()),
             )
             child.start()
             children.append(child)
@@ -100,10 +102,15 @@ def api_server_main(
     server_config: ServerConfig,
     speech_config: SpeechConfig,
     sock: socket.socket,
+    launcher_pid: int,
 ) -> None:
-    """One more API server (a spawned child): serve on the shared socket until signalled."""
+    """One more API server (a spawned child): serve on the shared socket until signalled,
+    or until the launcher is gone (an orphan would keep answering 503 forever)."""
     setup_logging(server_config)
     raise_fd_limit()
+    threading.Thread(
+        target=_stop_when_orphaned, args=(launcher_pid,), name="mmserve-parent", daemon=True
+    ).start()
     engine, speech = remote_engines(address, info, speech_config, announce=False)
     try:
         asyncio.run(
@@ -170,6 +177,12 @@ def spawn_engine(engine_config: EngineConfig, log_level: str = "warning") -> Rem
     engine.core.on_close = lambda: _stop([proc])
     engine.core.process = proc
     return engine
+
+
+def _stop_when_orphaned(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's handler: a graceful stop
 
 
 def _reap(procs: list[BaseProcess]) -> None:
