@@ -125,4 +125,4 @@ def _forget(engine: LLMEngine) -> None:
     blocks.prefix_hits = blocks.prefix_queries = 0
     engine.scheduler.num_preemptions = 0
     engine.prompt_tokens_total = engine.generation_tokens_total = 0
-    engine.ahead_steps = engine.prelaunched_steps = 0
+    engine.launch.ahead_steps = engine.launch.prelaunched_steps = 0
