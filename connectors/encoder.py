@@ -40,7 +40,9 @@ def create_encoder_model(spec: EncoderSpec) -> nn.Module:
     """The timm model of ``spec``, its weights from ``spec.file`` when given."""
     overlay: dict[str, Any] = dict(spec.data)
     if spec.file is not None:
-        overlay["file"] = spec.file
+        # A local file is a plain state dict: never a model's own custom loader (some timm
+        # versions route a ViT's weights to its JAX .npz reader whatever the file is).
+        overlay.update(file=spec.file, custom_load=False)
     return timm.create_model(spec.name, pretrained=spec.file is not None, num_classes=0,
                              pretrained_cfg_overlay=overlay, **spec.kwargs)
 
