@@ -34,6 +34,8 @@ from mmserve.errors import EngineDeadError, QueueFullError
 
 log = logging.getLogger("mmserve")
 
+OWNER_CHECK_S = 1.0
+
 
 @dataclass
 class Member:
@@ -54,6 +56,7 @@ class EngineCore:
         self._enc = wire.encoder()
         self._dec = wire.decoder(wire.ToCore)
         self._outbox: dict[bytes, list[RequestOutput]] = {}
+        self._owners_checked = 0.0  # monotonic time of the last ``_drop_orphans`` check
 
     # -- the loop ----------------------------------------------------------------
     def run(self, sock: zmq.Socket) -> None:
@@ -63,6 +66,7 @@ class EngineCore:
         try:
             while not self.stopping:
                 self._drain(sock)
+                self._drop_orphans()
                 busy = [(i, m) for i, m in self._ordered() if m.engine.has_unfinished()]
                 if not busy:
                     poller.poll(1000)
@@ -77,6 +81,24 @@ class EngineCore:
                 for rid in list(m.owner):
                     self._fail(sock, i, rid, EngineDeadError(f"the engine has stopped: {exc!r}"))
             raise
+
+    def _drop_orphans(self) -> None:
+        """At most every ``OWNER_CHECK_S``: release the requests of API servers whose
+        process is gone (nobody reads their outputs; their blocks would stay taken until
+        each request ran to its end)."""
+        now = time.monotonic()
+        if now < self._owners_checked + OWNER_CHECK_S:
+            return
+        self._owners_checked = now
+        owners = {o for m in self.members for o in m.owner.values()}
+        gone = {o for o in owners if (pid := wire.owner_pid(o)) and not wire.pid_alive(pid)}
+        for m in self.members if gone else ():
+            for rid, owner in list(m.owner.items()):
+                if owner in gone:
+                    del m.owner[rid]
+                    self._release(m, rid)
+        if gone:
+            log.warning("dropped the requests of %d API server(s) that exited", len(gone))
 
     def _ordered(self) -> list[tuple[int, Member]]:
         return [(self.members.index(m), m) for m in self.order]

@@ -16,6 +16,8 @@ Sockets (``core_process`` binds, ``core_client`` connects):
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 import msgspec
@@ -166,6 +168,31 @@ def from_wire(spans: list[WireSpan] | None) -> list[EmbeddingSpan] | None:
         EmbeddingSpan(s.start, s.vectors, s.digest, s.payload, s.source, s.length, s.offset)
         for s in spans
     ]
+
+
+def owner_id(pid: int, n: int) -> bytes:
+    """The identity of an API server's request socket: its pid, so the core can tell when
+    the process behind it is gone (``EngineCore`` then drops its requests)."""
+    return f"{pid}:{n}".encode()
+
+
+def owner_pid(owner: bytes) -> int | None:
+    head = owner.split(b":", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (same host: the processes are siblings)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    return True
 
 
 def failure(engine: int, request_id: str, exc: BaseException) -> Failed:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -48,6 +49,7 @@ from mmserve.sampling_params import SamplingParams
 log = logging.getLogger("mmserve")
 
 PROBE_INTERVAL_S = 0.5
+_CLIENT_NUMBERS = itertools.count()
 SILENT_AFTER_S = 2.0  # no probe answer for this long: the silence counts as a running step
 
 
@@ -72,20 +74,6 @@ class RemoteStage:
 
 def _empty_stats() -> EngineStats:
     return EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-
-
-def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie (same host: the core is our sibling)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    return True
 
 
 def _coalesced(
@@ -145,7 +133,7 @@ class Core:
             client.fail_all(EngineDeadError(f"the engine has stopped: {reason}"))
 
     def alive(self) -> bool:
-        if self._dead is None and not pid_alive(self.info.pid):
+        if self._dead is None and not wire.pid_alive(self.info.pid):
             self.die(f"the engine core process {self.info.pid} exited")
         return self._dead is None
 
@@ -190,14 +178,18 @@ class CoreClient:
         self._kick = asyncio.Event()
         self._fresh: list[asyncio.Future] = []
         self._ctx = zmq.asyncio.Context()
-        self._sock = self._socket(core.address.requests)
+        self._sock = self._socket(
+            core.address.requests, wire.owner_id(os.getpid(), next(_CLIENT_NUMBERS))
+        )
         self._tasks = [
             asyncio.ensure_future(self._read(self._sock)),
             asyncio.ensure_future(self._watch(self._socket(core.address.control))),
         ]
 
-    def _socket(self, where: str) -> zmq.asyncio.Socket:
+    def _socket(self, where: str, identity: bytes | None = None) -> zmq.asyncio.Socket:
         sock = self._ctx.socket(zmq.DEALER)
+        if identity is not None:
+            sock.setsockopt(zmq.IDENTITY, identity)
         for opt, value in ((zmq.LINGER, 0), (zmq.SNDHWM, 0), (zmq.RCVHWM, 0)):
             sock.setsockopt(opt, value)
         sock.connect(where)
