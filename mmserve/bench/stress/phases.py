@@ -10,7 +10,9 @@ import json
 import random
 import socket
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -55,6 +57,43 @@ def _http_inputs() -> st.SearchStrategy[tuple[str, Any]]:
     )
 
 
+class ServerDown(Exception):
+    """The server stopped answering ``/health``: the phase ends there."""
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps``, lone surrogates and the fuzzer's 3,000-deep nesting included (the C
+    encoder checks Python's recursion limit, which the default of 1,000 would trip)."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 10_000))
+    try:
+        return json.dumps(value)
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def _run_examples(strategy: st.SearchStrategy[Any], n: int, rng_seed: int,
+                  test: Callable[[Any], None]) -> None:
+    """``test`` on ``n`` examples of ``strategy``. Hypothesis may end a run before
+    ``max_examples`` (examples it discards, a space it has covered), so runs with the
+    next seeds continue until ``n`` are done or a run adds none."""
+    done = 0
+
+    def counted(value: Any) -> None:
+        nonlocal done
+        done += 1
+        test(value)
+
+    for round_ in range(n):
+        before = done
+        run = given(strategy)(counted)
+        settings(max_examples=n - done, database=None, deadline=None, phases=[Phase.generate],
+                 suppress_health_check=list(HealthCheck))(run)
+        seed(rng_seed + round_)(run)()
+        if done >= n or done == before:
+            return
+
+
 def fuzz_http(target: Target, n: int, rng_seed: int = 0, give_up_s: float = 5.0) -> PhaseResult:
     """``n`` fuzzed bodies to the two POST routes; a client gives up on an answer after
     ``give_up_s`` (the server must then abort the request and free its blocks)."""
@@ -62,15 +101,11 @@ def fuzz_http(target: Target, n: int, rng_seed: int = 0, give_up_s: float = 5.0)
     statuses: dict[int, int] = {}
     client = httpx.Client(base_url=target.url, timeout=give_up_s)
 
-    @seed(rng_seed)
-    @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(_http_inputs())
     def one(case: tuple[str, Any]) -> None:
         route, body = case
         result.inputs += 1
         try:
-            raw = body if isinstance(body, bytes) else json.dumps(body).encode()  # \ud800 too
+            raw = body if isinstance(body, bytes) else dumps(body).encode()  # \ud800 too
             r = client.post(route, content=raw, headers={"content-type": "application/json"})
         except httpx.TimeoutException:
             statuses[-1] = statuses.get(-1, 0) + 1  # we gave up: the server aborts it
@@ -82,11 +117,11 @@ def fuzz_http(target: Target, n: int, rng_seed: int = 0, give_up_s: float = 5.0)
         result.status_5xx += r.status_code >= 500
         if result.inputs % 500 == 0 and not target.alive():
             result.crashes += 1
-            raise RuntimeError("the server stopped answering")
+            raise ServerDown
 
     try:
-        one()
-    except RuntimeError:
+        _run_examples(_http_inputs(), n, rng_seed, one)
+    except ServerDown:
         pass
     client.close()
     result.crashes += not target.alive()
@@ -101,8 +136,8 @@ def _ws_inputs() -> st.SearchStrategy[str | bytes]:
     garbage = st.one_of(
         st.text(max_size=100), st.binary(max_size=50),
         st.integers(100, 3000).map(lambda d: '{"type":' + "[" * d + "]" * d + "}"),
-        nasty().map(lambda v: json.dumps(v)))
-    return st.one_of(*[e.map(json.dumps) for e in events], garbage)
+        nasty().map(dumps))
+    return st.one_of(*[e.map(dumps) for e in events], garbage)
 
 
 def _typed(event: Any, kind: str) -> Any:
@@ -134,10 +169,6 @@ def fuzz_ws(target: Target, n: int, rng_seed: int = 0) -> PhaseResult:
                 result.status_5xx += 1
             wait = 0.05
 
-    @seed(rng_seed)
-    @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(_ws_inputs())
     def one(message: str | bytes) -> None:
         result.inputs += 1
         ws = socket_()
@@ -154,7 +185,7 @@ def fuzz_ws(target: Target, n: int, rng_seed: int = 0) -> PhaseResult:
             state["closed_abnormally"] += code not in (1000, 1001)
             state["ws"] = None
 
-    one()
+    _run_examples(_ws_inputs(), n, rng_seed, one)
     if state["ws"] is not None:
         state["ws"].close()
     result.crashes += not target.alive()
