@@ -436,7 +436,8 @@ def bench(args: argparse.Namespace) -> int:
             min_requests=args.min_requests,
             burst=args.burst, protocols=tuple(p for p in args.protocols.split(",") if p),
             engine=not args.no_engine, client_procs=args.client_procs,
-            serve_args=tuple(shlex.split(args.serve_args)), out_dir=args.out_dir))
+            serve_args=tuple(shlex.split(args.serve_args)), out_dir=args.out_dir),
+            lambda flags: config_from(EngineConfig, build_parser().parse_args(["serve", *flags])))
         return 0
     if args.which == "throughput":
         from mmserve.bench.throughput import run_throughput

@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -105,8 +106,13 @@ class ServeBenchConfig:
         return flags + list(self.serve_args)
 
 
-def run_serve_bench(cfg: ServeBenchConfig) -> dict[str, Any]:
-    """Run every phase; print the table; write JSON (+ PNG) under ``out_dir``."""
+def run_serve_bench(
+    cfg: ServeBenchConfig, engine_config: Callable[[list[str]], Any]
+) -> dict[str, Any]:
+    """``engine_config(serve_flags)``: the EngineConfig that ``mmserve serve`` builds from
+    those flags (the CLI's own parser, passed in so this module never imports the CLI),
+    so the in-process baseline runs the served configuration. Runs every phase, prints the
+    table, writes JSON (+ PNG) under ``out_dir``."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"config": asdict(cfg), "machine": machine(cfg.device)}
@@ -120,7 +126,7 @@ def run_serve_bench(cfg: ServeBenchConfig) -> dict[str, Any]:
         if pool is not None:
             pool.shutdown()
     if cfg.engine:
-        result["engine"] = engine_phase(cfg)
+        result["engine"] = engine_phase(cfg, engine_config(cfg.serve_flags()))
     serve_report.ratios(result)
     print(serve_report.table(result))
     result["plot"] = serve_report.plot(result, out / "serve.png")
@@ -177,14 +183,11 @@ def serve_phases(cfg: ServeBenchConfig, pool: Executor | None, out: Path) -> dic
     return res
 
 
-def engine_phase(cfg: ServeBenchConfig) -> dict[str, Any]:
+def engine_phase(cfg: ServeBenchConfig, engine_cfg: Any) -> dict[str, Any]:
     """Each concurrency on the same engine configuration, in this process."""
-    from mmserve.cli import build_parser, config_from
-    from mmserve.config import EngineConfig
     from mmserve.llm import LLM
     from mmserve.sampling_params import SamplingParams
 
-    engine_cfg = config_from(EngineConfig, build_parser().parse_args(["serve", *cfg.serve_flags()]))
     llm = LLM(**asdict(engine_cfg))
     tok = llm.tokenizer
     ids = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import socket
 import sys
@@ -42,7 +43,7 @@ def uvicorn_config(app: object, config: ServerConfig) -> uvicorn.Config:
         timeout_keep_alive=config.keep_alive_timeout_s,
         # uvicorn cancels what still runs after this; DrainingServer has cancelled it in
         # the engine SHUTDOWN_FLUSH_S earlier, so that time goes to writing the endings
-        timeout_graceful_shutdown=config.shutdown_grace_s + SHUTDOWN_FLUSH_S,
+        timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s + SHUTDOWN_FLUSH_S),
         access_log=config.log_level in ("debug", "trace"),
     )
     install_repeat_filter(config.log_repeat_window_s)  # uvicorn.Config set up its handlers
