@@ -157,7 +157,7 @@ def forms() -> list[tuple[str, object, dict, bool, dict]]:
 
     stack = dict(num_warps=4, num_stages=4)
     kernel = triton_decode_stack._decode_stack_kernel
-    # the serial kernel's defaults (TUNING's "serial" switches: k_t, v_l1)
+    # the serial kernel's defaults (StackTuning's "serial" switches: k_t, v_l1)
     serial = {**STACK, "SPREAD": False, "KT": True, "V_L1": True}
     for spread in (True, False):
         add(f"decode stack, spread={spread}", kernel, (STACK if spread else serial), **stack)
@@ -169,12 +169,6 @@ def forms() -> list[tuple[str, object, dict, bool, dict]]:
         {**STACK, "KS": 0}, **stack)
     add("decode stack, the norm from the rows (defer off)", kernel, {**STACK, "DEFER": False},
         **stack)
-    for fuse, regs in ((0, False), (1, False), (2, False), (1, True), (2, True)):
-        # the o product by kv-head group (phase C in B: "o_fuse"; "o_regs")
-        add(f"decode stack, serial, the o product by kv-head group, o_fuse={fuse}, "
-            f"o_regs={regs}", kernel,
-            {**serial, "SEGO": 192, "OFUSE": fuse, "O_REGS": regs,
-             "POLL": triton_grid.poll_asm(1, 0, False)}, **stack)
     add("decode stack's input kernel", triton_decode_stack._stack_input_kernel,
         {"GP": 64, "IDS": True, "ZB": 256, "TRIGGER": True}, num_warps=4)
     add("decode stack, serial, loads after the products (early off)", kernel,
@@ -201,9 +195,6 @@ def forms() -> list[tuple[str, object, dict, bool, dict]]:
         for epilogue in ("RESIDUAL", "GATED", "NORM"):
             add(f"fused GEMM, {epilogue.lower()}, late={late}", triton_fused._fused_gemm_kernel,
                 {**FUSED, epilogue: True, "LATE": late}, num_warps=2, num_stages=4)
-    # the o product by kv-head group (fused.o_segments: K 576 in 3 chains of 192, BK 64)
-    add("fused GEMM, residual, K in segments of 192", triton_fused._fused_gemm_kernel,
-        {**FUSED, "RESIDUAL": True, "SEG": 192, "BK": 64}, num_warps=2, num_stages=4)
     # the residual GEMMs' deeper pipelines (triton_fused.RESIDUAL_STAGES): two programs an SM
     for stages in (6, 7):
         add(f"fused GEMM, residual, {stages} stages", triton_fused._fused_gemm_kernel,
@@ -230,9 +221,9 @@ def forms() -> list[tuple[str, object, dict, bool, dict]]:
         add(f"Q8_0 GEMM, {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps} warps, {cfg.stages} stages",
             triton_matmul._gemm_q8_kernel,
             {"BM": cfg.bm, "BN": cfg.bn, "QB": cfg.bk, "GROUP_M": 8, "UPCAST": True, "PDL": True,
-             "LATE": False, "FMA": True, "EARLY": 0, "EARLY_LINES": 1},
+             "LATE": False, "FMA": True},
             num_warps=cfg.warps, num_stages=cfg.stages)
-    # rope + cache write + attention in one launch (the layered path's), both shapes
+    # rope + cache write + attention in one launch (the stack's attention phase), both shapes
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
         add(f"rope + attention, HQ={hq} HKV={hkv} D={d}",
             triton_rope_attention._rope_attention_kernel,

@@ -11,7 +11,7 @@ graph replayed alone against the engine's batch-1 graph step (embedding, final n
 head and argmax on top).
 
 Usage (GPU): ``PYTHONPATH=$PWD python benchmarks/stack_profile.py --ctx 120 250 --out $OUT/p.json
-[--variant 'static={"static": true}' ...]`` (each variant's ``TUNING`` overrides, and
+[--variant 'static={"static": true}' ...]`` (each variant's ``StackTuning`` changes, and
 "_split" for ``triton_attention.SPLIT`` and "_serial" for ``cuda_graphs.SERIAL_MAX_SPLITS``,
 alternated with the default in rounds, outputs compared bit for bit, the largest difference
 reported where they differ); ``--launches-only`` just
@@ -31,11 +31,12 @@ from mmserve.bench.engine_run import prompted_decoder
 from mmserve.bench.limits import cuda_time_ms
 from mmserve.engine import cuda_graphs
 from mmserve.engine.cuda_graphs import serial_max_keys
+from mmserve.kernels import settings as kernel_settings
 from mmserve.kernels import triton_attention
 from mmserve.kernels.attention import AttentionMetadata
 from mmserve.kernels.decode_stack import serial_splits, stacked_weights
 from mmserve.kernels.triton_attention import paged_metadata
-from mmserve.kernels.triton_decode_stack import TUNING, decode_stack, default_programs
+from mmserve.kernels.triton_decode_stack import decode_stack, default_programs
 
 PHASES = ("qkv", "attention", "o", "gate_up", "down")
 
@@ -134,7 +135,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--ctx", type=int, nargs="+", default=[120, 250])
     ap.add_argument("--variant", action="append", default=[],
-                    help="NAME=JSON: triton_decode_stack.TUNING overrides, timed against the "
+                    help="NAME=JSON: settings.StackTuning changes, timed against the "
                          "default in alternated rounds, outputs compared bit for bit")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--launches-only", action="store_true")
@@ -154,7 +155,6 @@ def main() -> None:
                     launch()
         torch.cuda.synchronize()
         return
-    base = dict(TUNING)
     arith = {"_split": (triton_attention, "SPLIT"), "_serial": (cuda_graphs, "SERIAL_MAX_SPLITS"),
              "_bn": (triton_attention, "BLOCK_N")}
     arith_base = {k: getattr(mod, attr) for k, (mod, attr) in arith.items()}
@@ -166,12 +166,12 @@ def main() -> None:
     ref: dict = {}
     for rnd in range(args.rounds):
         for name, over in settings.items():
-            TUNING.clear()
-            TUNING.update({**base, **{k: v for k, v in over.items() if k not in arith}})
+            stack = {k: v for k, v in over.items() if k not in arith}
             for k, (mod, attr) in arith.items():  # "_split": keys a split (the bits move)
                 setattr(mod, attr, over.get(k, arith_base[k]))  # "_serial": its graph's splits
             for ctx in args.ctx:
-                row = profile_row(model, dec, ctx, programs)
+                with kernel_settings.override(stack=stack):
+                    row = profile_row(model, dec, ctx, programs)
                 out = row.pop("out")
                 ref.setdefault(ctx, out)
                 row["same_bits_as_default"] = bool(torch.equal(out, ref[ctx]))
@@ -183,8 +183,6 @@ def main() -> None:
                     print(f"  !! {name} ctx {ctx}: output differs from the default's (max abs "
                           f"{row['max_abs_diff']:.3g}, scale {float(ref[ctx].abs().max()):.3g})",
                           flush=True)
-    TUNING.clear()
-    TUNING.update(base)
     for k, (mod, attr) in arith.items():
         setattr(mod, attr, arith_base[k])
     print("summary (stack graph us, median over rounds):")

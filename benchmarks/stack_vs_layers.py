@@ -30,16 +30,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+from dataclasses import asdict, replace
 
 import torch
 
 from mmserve.bench.shapes import shape
 from mmserve.engine.cuda_graphs import serial_max_keys
+from mmserve.kernels import settings as kernel_settings
 from mmserve.kernels.attention import AttentionMetadata, kv_layer, paged_attention
 from mmserve.kernels.decode_stack import serial_splits, stacked_weights
 from mmserve.kernels.fused import linear_residual, norm_gate_up_silu, norm_linear, qkv_rope
 from mmserve.kernels.triton_attention import paged_metadata
-from mmserve.kernels.triton_decode_stack import TUNING, decode_stack
+from mmserve.kernels.triton_decode_stack import decode_stack
 from mmserve.models.llama import hf_tensor_shapes
 from mmserve.models.registry import build_model
 
@@ -163,15 +165,20 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="rows of the batched step (0: none)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="stack_vs_layers.json")
-    ap.add_argument("--tuning", default="", help="TUNING overrides, e.g. qkv_rope=0,bk=128")
+    ap.add_argument("--tuning", default="",
+                    help="StackTuning changes, e.g. qkv_rope=0,bk=128")
     ap.add_argument("--probe", action="store_true",
                     help="at a step the stack differs, name the layer and phase (probe())")
     ap.add_argument("--serial-ref", action="store_true",
                     help="also the layered one-row step with serial splits against the reference")
     args = ap.parse_args()
+    base = kernel_settings.current().stack
+    changes = {}
     for kv_pair in filter(None, args.tuning.split(",")):
         k, v = kv_pair.split("=")
-        TUNING[k] = type(TUNING[k])(int(v)) if isinstance(TUNING[k], (bool, int)) else v
+        old = getattr(base, k)
+        changes[k] = type(old)(int(v)) if isinstance(old, (bool, int)) else v
+    kernel_settings.install(replace(kernel_settings.current(), stack=replace(base, **changes)))
     if args.device == "cpu":
         interpreter_index_patch()
     result = check(args.model, args.layers, args.steps, args.repeat, args.batch, args.device,
@@ -254,8 +261,9 @@ def check(name: str, layers: int | None, steps: int, repeat: int, batch: int, de
         rows.append(row)
     log(f"{name} ({model.num_layers} layers): {len(differing)} of {steps} steps "
         f"differ from the layered one-row step; first {differing[:10]}", flush=True)
-    return {"model": name, "layers": model.num_layers, "steps": steps, "tuning": dict(TUNING),
-            "batch": batch, "repeat": repeat, "differing_steps": differing, "rows": rows}
+    return {"model": name, "layers": model.num_layers, "steps": steps,
+            "tuning": asdict(kernel_settings.current().stack), "batch": batch,
+            "repeat": repeat, "differing_steps": differing, "rows": rows}
 
 
 if __name__ == "__main__":

@@ -15,12 +15,9 @@ Usage (GPU): ``PYTHONPATH=$PWD python benchmarks/step_ab.py --out $OUT/step_ab.j
 give 129-228 cached tokens (the serial graph, as throughput.py's decode); 512, 513-612
 (the spread one). ``--q8-head``: the LM head's random weight as Q8_0 blocks (as the shipped
 GGUFs store theirs), and a setting may then set ``"q8_head": false`` (the head from its
-bf16 weight: ``linear.set_q8_head``), ``"q8_early": N`` (``triton_matmul.Q8_EARLY``: its
-programs ask L2 for their first N blocks before waiting on the final norm) or ``"q8_tile":
-[bm, bn, bk, warps, stages]`` (``triton_matmul.Q8_TILE``: the head's tile in place of
-``q8_tile``'s) beside the stack's keys. ``"o_groups": true``: the o product summed by
-kv-head group (``fused.set_o_groups``: other bits, so other tokens; with the stack's
-"o_fuse", phase C inside phase B at batch 1).
+bf16 weight: ``KernelConfig.q8_head``) or ``"q8_tile": [bm, bn, bk, warps, stages]``
+(``KernelConfig.q8_tile``: the head's tile in place of ``q8_tile``'s) beside the stack's
+keys (``StackTuning``); ``"spread": false``: ``KernelConfig.spread``.
 """
 
 from __future__ import annotations
@@ -32,18 +29,14 @@ import statistics
 import torch
 
 from mmserve.bench.engine_run import prompted_decoder, tuning_overrides
-from mmserve.kernels import triton_matmul
-from mmserve.kernels.fused import set_o_groups
-from mmserve.kernels.linear import set_q8_head
-from mmserve.kernels.triton_decode_stack import TUNING
-from mmserve.kernels.triton_matmul import Q8_EARLY, TileConfig
+from mmserve.kernels import settings as kernel_settings
 
-EXTRA = {"q8_head", "q8_early", "q8_tile", "o_groups"}  # keys that are not the stack's TUNING
-Q8_KEYS = {"q8_head", "q8_early", "q8_tile"}  # those that need --q8-head
+EXTRA = {"q8_head", "q8_tile", "spread"}  # KernelConfig's keys, not the stack's
+Q8_KEYS = {"q8_head", "q8_tile"}  # those that need --q8-head
 
 
 def settings_from(variants: list[str]) -> dict[str, dict]:
-    """["NAME=JSON", ...] -> {"default": {}, NAME: TUNING overrides, ...}."""
+    """["NAME=JSON", ...] -> {"default": {}, NAME: StackTuning / KernelConfig changes}."""
     out: dict[str, dict] = {"default": {}}
     for v in variants:
         name, _, js = v.partition("=")
@@ -56,7 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--variant", action="append", default=[],
-                    help="NAME=JSON: triton_decode_stack.TUNING overrides")
+                    help="NAME=JSON: StackTuning (and q8_head, q8_tile, spread) changes")
     ap.add_argument("--starts", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
@@ -66,38 +59,25 @@ def main() -> None:
     args = ap.parse_args()
     settings = settings_from(args.variant)
     if not args.q8_head and any(Q8_KEYS & set(over) for over in settings.values()):
-        raise SystemExit("q8_head / q8_early / q8_tile settings need --q8-head (the head's blocks)")
+        raise SystemExit("q8_head / q8_tile settings need --q8-head (the head's blocks)")
     dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16,
                                      q8_head=args.q8_head)
-    base, q8_tile = dict(TUNING), triton_matmul.Q8_TILE
     rows = []
-    try:
-        for rnd in range(args.rounds):
-            order = list(settings.items())
-            for name, over in order if rnd % 2 == 0 else order[::-1]:
-                TUNING.clear()
-                TUNING.update({**base, **{k: v for k, v in over.items() if k not in EXTRA}})
-                set_q8_head(bool(over.get("q8_head", True)))
-                Q8_EARLY["blocks"] = int(over.get("q8_early", 0))
-                tile = over.get("q8_tile")
-                triton_matmul.Q8_TILE = TileConfig(*tile) if tile else q8_tile
-                set_o_groups(bool(over.get("o_groups", False)))
+    for rnd in range(args.rounds):
+        order = list(settings.items())
+        for name, over in order if rnd % 2 == 0 else order[::-1]:
+            stack = {k: v for k, v in over.items() if k not in EXTRA}
+            extra = {k: v for k, v in over.items() if k in EXTRA}
+            with kernel_settings.override(stack=stack, **extra):
                 dec.capture((1,))
                 row: dict = {"setting": name, "round": rnd}
                 for start in args.starts:
                     r = dec.decode(first, start, args.steps, graphs=True, ahead=True)
                     row[f"step_us_{start}"] = r.seconds / r.steps * 1e6
                     row[f"tokens_{start}"] = r.row0
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if not k.startswith("tokens")}),
-                      flush=True)
-    finally:
-        TUNING.clear()
-        TUNING.update(base)
-        set_q8_head(True)
-        Q8_EARLY["blocks"] = 0
-        triton_matmul.Q8_TILE = q8_tile
-        set_o_groups(False)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if not k.startswith("tokens")}),
+                  flush=True)
     same = {name: all(r[f"tokens_{s}"] == rows[0][f"tokens_{s}"] for s in args.starts
                       for r in rows if r["setting"] == name) for name in settings}
     report = {"model": args.model, "q8_head": args.q8_head, "starts": args.starts,

@@ -44,7 +44,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--gemm-configs", default=None,
                    help="tile shapes JSON (benchmarks/invariance.py)")
     p.add_argument("--tuning", default=None,
-                   help="JSON over the decode stack's TUNING, e.g. '{\"o_fuse\": 2}'")
+                   help="JSON over the decode stack's StackTuning, e.g. '{\"bk\": 128}'")
     return p.parse_args()
 
 
@@ -52,8 +52,11 @@ if __name__ == "__main__":
     args = parse()
     tuning = vars(args).pop("tuning")
     if tuning:
-        from mmserve.bench.engine_run import tuning_overrides
-        from mmserve.kernels.triton_decode_stack import TUNING
+        from dataclasses import replace
 
-        TUNING.update(tuning_overrides(tuning))
+        from mmserve.bench.engine_run import tuning_overrides
+        from mmserve.kernels import settings
+
+        now = settings.current()
+        settings.install(replace(now, stack=replace(now.stack, **tuning_overrides(tuning))))
     run_throughput(args)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import sys
 import types
 import typing
@@ -185,11 +184,12 @@ sampling_flags = dataclass_flags(
     speech_flags,
 )
 def serve(args: argparse.Namespace) -> int:
+    from mmserve import envs
     from mmserve.server.launch import run_server
 
     server_config = config_from(ServerConfig, args)
-    if server_config.api_key is None and os.environ.get("MMSERVE_API_KEY"):
-        server_config.api_key = os.environ["MMSERVE_API_KEY"]
+    if server_config.api_key is None:
+        server_config.api_key = envs.MMSERVE_API_KEY
     return run_server(config_from(EngineConfig, args), server_config,
                       config_from(SpeechConfig, args))
 

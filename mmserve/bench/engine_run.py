@@ -35,15 +35,19 @@ BLOCK_SIZE = 16
 
 
 def tuning_overrides(text: str, extra: Iterable[str] = (), name: str = "") -> dict:
-    """A command line's JSON object of ``triton_decode_stack.TUNING`` overrides (keys in
-    ``extra`` allowed too); an unknown key stops the script, named."""
-    from mmserve.kernels.triton_decode_stack import TUNING
+    """A command line's JSON object of ``settings.StackTuning`` changes (keys in ``extra``
+    allowed too; lists become tuples, as the frozen fields hold them); an unknown key
+    stops the script, named."""
+    from dataclasses import fields
+
+    from mmserve.kernels.settings import StackTuning
 
     over = json.loads(text)
-    unknown = set(over) - set(TUNING) - set(extra)
+    unknown = set(over) - {f.name for f in fields(StackTuning)} - set(extra)
     if unknown:
-        raise SystemExit(f"{name + ': ' if name else ''}not TUNING keys: {sorted(unknown)}")
-    return over
+        raise SystemExit(f"{name + ': ' if name else ''}not StackTuning fields: "
+                         f"{sorted(unknown)}")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in over.items()}
 
 
 @dataclass

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mmserve import envs
 from mmserve.bench import serve_report
 from mmserve.bench.serve_clients import Load, Messages, Timing, run_load
 
@@ -265,7 +266,7 @@ def _requests(cfg: ServeBenchConfig, clients: int) -> int:
 def _served_model(url: str) -> str:
     import httpx
 
-    key = os.environ.get("MMSERVE_API_KEY")
+    key = envs.MMSERVE_API_KEY
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.get(f"{url}/v1/models", headers=headers, timeout=60).json()["data"][0]["id"]
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+
+from mmserve import envs
 
 Messages = list[dict[str, str]]
 
@@ -188,7 +189,7 @@ async def _run_share(load: Load) -> list[Timing]:
     # one client process's share of the largest load)
     sse = AsyncOpenAI(
         base_url=load.url + "/v1",
-        api_key=os.environ.get("MMSERVE_API_KEY", "x"),
+        api_key=envs.MMSERVE_API_KEY or "x",
         timeout=600.0,
         max_retries=0,
     )

@@ -15,7 +15,7 @@ import gc
 import json
 import platform
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -125,10 +125,14 @@ def load_tile_configs(path: str | None) -> dict | None:
     """Apply tuned GEMM tile shapes (speed only: the invariant GEMM's bits do not move)."""
     if path is None:
         return None
-    from mmserve.kernels.triton_matmul import set_tile_configs
+    from mmserve.kernels import settings
+    from mmserve.kernels.triton_matmul import BUCKETS
 
     table = {int(k): tuple(v) for k, v in json.loads(Path(path).read_text()).items()}
-    set_tile_configs(table)  # type: ignore[arg-type]
+    if not set(table) <= set(BUCKETS):
+        raise SystemExit(f"{path}: tile buckets are {BUCKETS}, got {sorted(table)}")
+    tiles = tuple(sorted(table.items()))
+    settings.install(replace(settings.current(), tiles=tiles))  # type: ignore[arg-type]
     return {str(k): list(v) for k, v in table.items()}
 
 
@@ -240,26 +244,15 @@ def token_agreement(tokens: list[int], ref: list[int]) -> dict:
 
 def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict:
     """One variant on ``dec`` (whose KV dtype the caller chose); fp8kv is the engine path."""
-    from mmserve.kernels.decode_stack import decode_stack_enabled, set_decode_stack_enabled
-    from mmserve.kernels.fused import set_fused_enabled
-    from mmserve.kernels.linear import set_batch_invariant, set_q8_head
-    from mmserve.kernels.triton_pdl import set_pdl_enabled
+    from mmserve.kernels import settings
 
-    set_batch_invariant(variant != "cublas")
+    now = settings.current()
     # the Q8_0 head on in every variant but its reference (bf16head)
-    q8 = set_q8_head(variant != "bf16head")
-    set_fused_enabled(variant != "unfused")
-    set_pdl_enabled(variant != "nopdl")
-    stack = decode_stack_enabled()
-    set_decode_stack_enabled(stack and variant != "layered")
-    try:
+    with settings.override(batch_invariant=variant != "cublas",
+                           q8_head=variant != "bf16head", fused=variant != "unfused",
+                           pdl=variant != "nopdl",
+                           decode_stack=now.decode_stack and variant != "layered"):
         return measure_engine(cfg, dec, vocab)
-    finally:
-        set_batch_invariant(True)
-        set_q8_head(q8)
-        set_fused_enabled(True)
-        set_pdl_enabled(True)
-        set_decode_stack_enabled(stack)
 
 
 def measure_engine(cfg: ThroughputConfig, dec, vocab: int) -> dict:

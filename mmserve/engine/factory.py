@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ import torch
 
 from mmserve.config import DEFAULT_MODEL, EngineConfig
 from mmserve.engine.engine import LLMEngine
-from mmserve.kernels.linear import q8_head_enabled, set_batch_invariant
+from mmserve.kernels import settings
 from mmserve.speculative.factory import build_speculator
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ def create_engine(config: EngineConfig) -> LLMEngine:
 
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    set_batch_invariant(config.batch_invariant)
+    # the kernels' settings in force, with this engine's arithmetic (batch invariance)
+    kernels = dataclasses.replace(settings.current(), batch_invariant=config.batch_invariant)
+    settings.install(kernels)
     torch.manual_seed(config.seed)
     start = time.perf_counter()
     path = resolve_model(config.model)
@@ -55,7 +58,7 @@ def create_engine(config: EngineConfig) -> LLMEngine:
     tokenizer = Tokenizer(path)
     log.info("loaded %s from %s in %.2fs", model_name(config), path, time.perf_counter() - start)
     head = model.q8_head()
-    if head is not None and q8_head_enabled():
+    if head is not None and kernels.q8_head:
         log.info("LM head: read from its Q8_0 blocks up to %d rows (%.1f MB against %.1f MB "
                  "of %s; the same bits)", Q8_MAX_ROWS,
                  sum(t.numel() * t.element_size() for t in head) / 1e6,

@@ -11,26 +11,25 @@ fused Triton kernels (bf16, batch-invariant mode, hidden <= ``FUSE_MAX_HIDDEN``,
 cache), the model has no QKV bias, q/k norm or sliding window, and each phase's tiles
 fit one program per SM (``fits_one_wave``). Its output has the
 bits of the layered path (GPU tests), so which one ran never shows in a token.
-``set_decode_stack_enabled(False)`` (or ``MMSERVE_DECODE_STACK=0``) keeps the layered
-path, for comparisons.
+``KernelConfig.decode_stack`` off (``MMSERVE_DECODE_STACK=0``) keeps the layered path,
+for comparisons.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from mmserve.kernels import fused
+from mmserve.kernels.settings import current, override
 from mmserve.kernels.triton_decode_stack import MAX_ROWS
 from mmserve.kernels.triton_dispatch import use_triton
 
 # On by default: faster than the layered path at batch 1 (docs/performance.md).
-_state: dict[str, int | bool] = {"enabled": os.environ.get("MMSERVE_DECODE_STACK", "1") != "0",
-                                 "max_rows": MAX_ROWS, "runs": 0}
+_counts = {"runs": 0}
 
 # (stacked name, attribute path under a layer)
 STACKED = (("qkv", "attn.qkv_weight"), ("o", "attn.o_weight"), ("gate_up", "mlp.gate_up_weight"),
@@ -38,17 +37,14 @@ STACKED = (("qkv", "attn.qkv_weight"), ("o", "attn.o_weight"), ("gate_up", "mlp.
            ("post_norm", "post_attn_norm"))
 
 
-def set_decode_stack_enabled(enabled: bool) -> None:
-    _state["enabled"] = enabled
-
-
 def decode_stack_enabled() -> bool:
-    return bool(_state["enabled"])
+    """Whether small steps may run as one launch (``KernelConfig.decode_stack``)."""
+    return current().decode_stack
 
 
 def runs() -> int:
     """Launches of the stack so far (a forward the caller watches ran it if this moved)."""
-    return int(_state["runs"])
+    return _counts["runs"]
 
 
 @contextlib.contextmanager
@@ -57,15 +53,8 @@ def serial_splits() -> Iterator[None]:
     variant without the spread path (fewer registers) and the layered attention kernel
     (``triton_attention.SPREAD``). CUDA graphs captured inside replay that variant; the
     bits are the same either way (GPU tests)."""
-    from mmserve.kernels.triton_attention import SPREAD
-    from mmserve.kernels.triton_decode_stack import TUNING
-
-    was = TUNING["spread"], SPREAD["on"]
-    TUNING["spread"] = SPREAD["on"] = False
-    try:
+    with override(spread=False):
         yield
-    finally:
-        TUNING["spread"], SPREAD["on"] = was
 
 
 def spread_runs() -> int:
@@ -74,13 +63,6 @@ def spread_runs() -> int:
     from mmserve.kernels.triton_attention import SPREAD
 
     return runs() + int(SPREAD["runs"])
-
-
-def set_decode_stack_rows(rows: int) -> None:
-    """The most tokens a step may have to run as one launch (1..``MAX_ROWS``; benchmarks
-    compare against 1, the one-token stack)."""
-    assert 1 <= rows <= MAX_ROWS
-    _state["max_rows"] = rows
 
 
 def fits_one_wave(hidden: int, qkv: int, inter: int, kv_heads: int, device) -> bool:
@@ -105,8 +87,10 @@ def applies(x: torch.Tensor, kv, layers: nn.ModuleList, rows: int | None = None)
     the fused kernels. ``rows``: the step's token count, where x is the embedding table
     its rows will be gathered from (``run``'s ``ids``)."""
     rows = x.shape[0] if rows is None else rows
-    if not (_state["enabled"] and 0 < rows <= _state["max_rows"] and ready(layers)
-            and use_triton(x) and x.dtype == torch.bfloat16 and fused._fused_gemm(x, x.shape[-1])):
+    settings = current()
+    if not (settings.decode_stack and 0 < rows <= min(settings.decode_stack_rows, MAX_ROWS)
+            and ready(layers) and use_triton(x) and x.dtype == torch.bfloat16
+            and fused._fused_gemm(x, x.shape[-1])):
         return False
     cache = whole_cache(kv)
     return cache is not None and cache.dtype == x.dtype and cache.is_contiguous()
@@ -152,7 +136,7 @@ def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, k
 
     cache = whole_cache(kv)
     assert cache is not None
-    _state["runs"] += 1
+    _counts["runs"] += 1
     pm = paged_metadata(meta, cache.shape[3])
     return decode_stack(x, stacked_weights(layers), cache, rope.cos, rope.sin, positions,
                         pm.slot_mapping, pm.block_tables, pm.context_lens, pm.query_start,

@@ -11,28 +11,23 @@ same whether it is alone, in a decode batch of 64, or one of k+1 verify rows.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from mmserve.kernels.settings import current
 from mmserve.kernels.triton_dispatch import use_triton
 
 ROW_TILE = 8  # rows per fixed-shape product; a verify step of k+1 <= 8 rows costs one tile
 
 # The Q8_0 head's bits decide batch invariance (up to 16 rows read the blocks, more the
 # bf16 weight), so they must be the bf16 GEMM's: on sm_90 they are (the GPU tests, and
-# the default model's row 0 the same at batch 1 and 64). MMSERVE_Q8_HEAD=0 turns it off.
-_state = {"invariant": True, "q8_head": os.environ.get("MMSERVE_Q8_HEAD", "1") != "0"}
-
-
-def set_batch_invariant(enabled: bool) -> None:
-    """Switch every product in the process between the invariant and the plain path."""
-    _state["invariant"] = enabled
+# the default model's row 0 the same at batch 1 and 64). ``KernelConfig.q8_head`` off
+# (``MMSERVE_Q8_HEAD=0``) reads the bf16 weight.
 
 
 def batch_invariant() -> bool:
-    return _state["invariant"]
+    """Whether products run on fixed tiles (``KernelConfig.batch_invariant``)."""
+    return current().batch_invariant
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -42,7 +37,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if x.device.type == "cuda":
         return cuda_linear(x, weight, bias)
-    if not _state["invariant"]:
+    if not batch_invariant():
         return F.linear(x, weight, bias)
     return tiled_linear(x, weight, bias, ROW_TILE)
 
@@ -51,25 +46,11 @@ def cuda_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """Invariant mode, half precision: the fixed-reduction-tree Triton GEMM (cuBLAS picks its
     kernel by M, so a row's bits change with the batch: ``benchmarks/invariance.py``). Else
     cuBLAS."""
-    if (_state["invariant"] and x.dtype in (torch.bfloat16, torch.float16)
-            and use_triton(x)):
+    if batch_invariant() and x.dtype in (torch.bfloat16, torch.float16) and use_triton(x):
         from mmserve.kernels.triton_matmul import invariant_linear
 
         return invariant_linear(x, weight, bias)
     return F.linear(x, weight, bias)
-
-
-def set_q8_head(enabled: bool) -> bool:
-    """Whether ``logits_linear`` reads an LM head's Q8_0 blocks where a model has them
-    (speed only: the same bits; ``MMSERVE_Q8_HEAD=0`` starts with it off).
-    Returns the previous setting."""
-    previous = _state["q8_head"]
-    _state["q8_head"] = enabled
-    return previous
-
-
-def q8_head_enabled() -> bool:
-    return _state["q8_head"]
 
 
 def logits_linear(x: torch.Tensor, weight: torch.Tensor, q8=None) -> torch.Tensor:
@@ -77,14 +58,16 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor, q8=None) -> torch.Tenso
 
     On CUDA's invariant path the GEMM stores its rounded result as float32 itself, the
     same bits without the cast's launch after it. ``q8``: ``weight`` as a ``q8.Q8Weight``
-    (checked bit for bit against it when the model was placed); up to
+    (checked bit for bit against it when the model was placed); with
+    ``KernelConfig.q8_head`` (the default), up to
     ``triton_matmul.Q8_MAX_ROWS`` rows the product reads it instead (the same bits, 1.125
     bytes a weight instead of 2)."""
-    if (x.device.type == "cuda" and _state["invariant"]
+    settings = current()
+    if (x.device.type == "cuda" and settings.batch_invariant
             and x.dtype in (torch.bfloat16, torch.float16) and use_triton(x)):
         from mmserve.kernels.triton_matmul import Q8_MAX_ROWS, invariant_linear, q8_linear
 
-        if q8 is not None and _state["q8_head"] and x.numel() <= Q8_MAX_ROWS * x.shape[-1]:
+        if q8 is not None and settings.q8_head and x.numel() <= Q8_MAX_ROWS * x.shape[-1]:
             return q8_linear(x, q8, float_out=True)
         return invariant_linear(x, weight, float_out=True)
     return linear(x, weight).float()

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mmserve.kernels.settings import current
 from mmserve.kernels.triton_pdl import pdl_args
 
 try:  # Triton ships with CUDA builds of torch; the CPU path never needs it
@@ -88,21 +89,22 @@ LAUNCH = {"num_warps": 4, "num_stages": 2}
 PREFETCH_MAX_PROGRAMS = 128
 # Such grids also load each step's keys and values during the step before (mode 2), so a
 # step waits for the longer of its loads and its math, not both (an e4m3 cache keeps mode
-# 1). Speed only: the same values meet the same arithmetic.
-KV_AHEAD = {"on": True}
+# 1). Speed only: the same values meet the same arithmetic. (``KernelConfig.kv_ahead``
+# off keeps mode 1, for comparisons.)
 # Small grids (fewer (sequence, tile, kv head) groups than this) spread a long context's
 # splits over programs of their own, as the decode stack does (``spread_programs``): at
 # batch 1 the Llama-3-8B shape has 8 groups, each a chain of dependent key blocks in one
-# program. ``on``: off inside ``decode_stack.serial_splits``; ``runs``: launches so far.
+# program (``KernelConfig.spread``: off inside ``decode_stack.serial_splits``). ``runs``:
+# launches so far; ``sms`` and ``counts``: per device, its SM count and the counters.
 SPREAD_MAX_GROUPS = 64
 SPREAD_MAX_PROGRAMS = 16
-SPREAD: dict = {"on": True, "runs": 0, "sms": {}, "counts": {}}
+SPREAD: dict = {"runs": 0, "sms": {}, "counts": {}}
 
 
 def prefetch_mode(fp8: bool) -> int:
     """``attention_rows``' PREFETCH for a small grid: 2 (block ids and keys/values a step
-    ahead), or 1 (block ids only: an e4m3 cache, or ``KV_AHEAD`` off)."""
-    return 2 if KV_AHEAD["on"] and not fp8 else 1
+    ahead), or 1 (block ids only: an e4m3 cache, or ``KernelConfig.kv_ahead`` off)."""
+    return 2 if current().kv_ahead and not fp8 else 1
 
 
 def available() -> bool:
@@ -615,7 +617,7 @@ def spread_programs(groups: int, device: torch.device) -> int:
     """Programs a (sequence, tile, kv head) group gets: 1 (each tile's splits in one
     program) unless spreading is on and the groups leave most of the GPU idle; then as
     many as fill it, up to ``SPREAD_MAX_PROGRAMS``. Speed only: the bits are the same."""
-    if not SPREAD["on"] or groups >= SPREAD_MAX_GROUPS:
+    if not current().spread or groups >= SPREAD_MAX_GROUPS:
         return 1
     sms = SPREAD["sms"].get(device.index)
     if sms is None:  # (the interpreter's CPU tensors: a small GPU's worth)

@@ -13,16 +13,16 @@ in the stream's order, with no hand-off.
 elements taken from ``head`` instead (the input ids of a step whose tokens are still on
 the device), and ``head`` also into ``head_out`` (those tokens to the host: the last
 step's copy out and the next step's copy in as one launch); either side may be pinned
-host memory. Without Triton (CPU, or Triton switched off) the same copies run as
-``Tensor.copy_``.
+host memory. Without Triton (CPU, or Triton switched off) or with
+``KernelConfig.copy_kernel`` off (``MMSERVE_COPY_KERNEL=0``, for comparisons) the same
+copies run as ``Tensor.copy_``.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from mmserve.kernels.settings import current
 from mmserve.kernels.triton_dispatch import use_triton
 
 try:
@@ -32,17 +32,12 @@ except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
 BLOCK = 1024  # elements a program
-# off: DMA copies (``Tensor.copy_``), for comparisons (``MMSERVE_COPY_KERNEL=0``)
-_state = {"enabled": os.environ.get("MMSERVE_COPY_KERNEL", "1") != "0", "launches": 0}
-
-
-def set_copy_kernel(enabled: bool) -> None:
-    _state["enabled"] = enabled
+_counts = {"launches": 0}
 
 
 def launches() -> int:
     """Kernel launches so far (the DMA fallback counts none)."""
-    return int(_state["launches"])
+    return _counts["launches"]
 
 
 if triton is not None:
@@ -75,7 +70,7 @@ def copy_flat(dst: torch.Tensor, src: torch.Tensor, head: torch.Tensor | None = 
         assert head_out.dtype == head.dtype and head_out.is_contiguous()
     extra = [t for t in (head, head_out) if t is not None]
     device_side = dst if dst.is_cuda else src
-    kernel = _state["enabled"] and triton is not None and use_triton(device_side) and all(
+    kernel = current().copy_kernel and triton is not None and use_triton(device_side) and all(
         t.is_cuda or t.is_pinned() for t in (dst, src, *extra))
     if not kernel:
         dst.copy_(src, non_blocking=True)
@@ -87,7 +82,7 @@ def copy_flat(dst: torch.Tensor, src: torch.Tensor, head: torch.Tensor | None = 
     if n == 0:
         return
     h = head if head is not None else src
-    _state["launches"] += 1
+    _counts["launches"] += 1
     with torch.cuda.device(device_side.device):
         _copy_kernel[(triton.cdiv(n, BLOCK),)](
             dst, src, h, head_out if head_out is not None else h, n,

@@ -8,7 +8,7 @@ a microsecond each):
 
 A. RMSNorm + QKV product, tiles over the QKV columns, and in the epilogue the rope of q
    (into ``qrot``) and k and the cache write of k and v (``qkv_rope_tile``, the layered
-   path's ``qkv_rope``; ``TUNING["qkv_rope"]`` off: the plain product, ``fused_tile``,
+   path's ``qkv_rope``; ``StackTuning.qkv_rope`` off: the plain product, ``fused_tile``,
    and phase B's programs rotate and write what they read, the write and the read then
    needing only a barrier of their threads);
 B. per (sequence, kv head, 16-row query tile): attention over the cache in splits of
@@ -45,6 +45,7 @@ import os
 
 import torch
 
+from mmserve.kernels.settings import current
 from mmserve.kernels.triton_attention import BLOCK_M as BLOCK_M_ATT
 from mmserve.kernels.triton_attention import block_keys, split_keys, split_states
 from mmserve.kernels.triton_fused import NORM_CHUNK, _round_mode
@@ -83,10 +84,6 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 #   slots, before the product instead of after it (a round trip off the critical path).
 # "bk_exact": K steps that divide K (``k_step``): K = 576 in steps of 64, not 256 (whose
 #   last step would run 12 of its 16 k16 products on zeros).
-# "twice": a timing probe, never a speed setting (``fused_tile``'s TWICE): 1 the normed
-#   phases' norm prologue from the rows (so with "defer" off: the hand-over has none), 2
-#   every GEMM phase's K loop run twice in a row, the same values; the phase's time minus
-#   the default's is what that stage costs on its critical path.
 # "defer": the normed phases' operand and sums of squares handed over by the phases that
 #   write their rows (``fused_tile``'s DEFER: phase C for D, phase E for the next layer's
 #   A, ``_stack_input_kernel`` for layer 0's), so their K loops are the plain loop and
@@ -98,39 +95,22 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 #   (unpipelined) halves its shared memory and removes its spills with 128-key blocks.
 # "qkv_hoist": phase A's rows' positions and cache slots loaded once before the layer loop
 #   (``qkv_rope_tile``'s PRE_ROWS), so the rope's cos/sin loads do not wait on the
-#   positions' trip. "att_hoist": phase B's first group's metadata and block ids loaded
-#   once before the layer loop (1), and its first keys and values asked into L1 before
-#   the queries' load (2). "k_t": the keys loaded in the QK operand's orientation
+#   positions' trip. "k_t": the keys loaded in the QK operand's orientation
 #   (``triton_attention._kv_step``'s KT). "v_l1": the values asked into L1 before the
 #   keys' load (``_kv_step``'s V_L1). "serial" for these two: on in the serial kernel only
-#   (``_serial_only``); the spread kernel spills with them. "late_rstd": the normed phases
-#   (A, D) ask for their subtree sums before the product and add them after it
-#   (``fused_tile``'s LATE_RSTD).
+#   (``_serial_only``); the spread kernel spills with them.
 # "pdl": the stack launched by programmatic dependent launch, the input kernel letting it
 #   launch at its own start, so the stack's prologue (the step's metadata, layer 0's
 #   prefetch) overlaps it, then ``wait_only``.
 # "poll": the grid barrier's wait (``triton_grid.poll_asm``'s (loads in flight, cycles
 #   between them, acquire)): one relaxed load by thread 0 at a time instead of the acquire
 #   loop, which empties the SM's L1 at every poll (sound here: every read of another
-#   program's writes is ".cg"). "poll_spread": the same for the kernel compiled with the
-#   spread attention, off: it made that kernel's step slower.
-# "no_c": a timing probe, never a setting (wrong bits): 1 phase C (the o product) and its
-#   barrier skipped, 2 and phase D norming from the row itself: what a layer without the o
-#   phase could gain at most.
-# "o_fuse": with the o product summed by kv-head group (``fused.set_o_groups``, an
-#   arithmetic of every path), the serial kernel runs phase C inside phase B for a step of
-#   one sequence whose queries fit one attention tile: ``_attention_o_phase``, one grid
-#   barrier a layer fewer; the same bits as phases B and C. 1: a column tile's last item
-#   adds the groups' chains; 2: phase D adds them in its K loop (``_gate_up_from_chains``).
-#   "o_regs": the fused phase's chain takes its operand from the attention's registers
-#   (``tl.gather``), not from ``attn`` read back through L2. The o groups stay off: slower.
-TUNING: dict = {"unroll": None, "num_stages": 4, "bk": 256, "bk_gated": 256,
-          "prefetch": True, "att_prefetch": 1, "spread": True, "gated_one_dot": True,
-          "qkv_rope": True, "early": True, "bk_exact": True, "twice": 0, "defer": True,
-          "gemm_stages": 5, "att_stages": 1, "v_l1": "serial",
-          "k_t": "serial", "att_hoist": 0,
-          "late_rstd": False, "qkv_hoist": True, "pdl": True, "poll": (1, 0, False),
-          "poll_spread": False, "no_c": 0, "o_fuse": 1, "o_regs": False}
+#   program's writes is ".cg"); not in the kernel compiled with the spread attention,
+#   whose step it made slower.
+# These are the fields of ``settings.StackTuning`` (``KernelConfig.stack``); "spread" is
+# ``KernelConfig.spread``. The kernel's TWICE and NO_C (timing probes), ATT_HOIST,
+# LATE_RSTD and SEGO / OFUSE / O_REGS (the o product by kv-head group) lost and are
+# launched off.
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
@@ -662,39 +642,39 @@ if triton is not None:
 
 
 def _serial_only(value) -> bool:
-    """A switch of ``TUNING`` that may also be "serial": on in the kernel compiled without
-    the spread attention path only."""
-    return bool(value) and (value != "serial" or not TUNING["spread"])
+    """A switch of ``StackTuning`` that may also be "serial": on in the kernel compiled
+    without the spread attention path only."""
+    return bool(value) and (value != "serial" or not current().spread)
 
 
 def _poll(x: torch.Tensor, spread: bool) -> str:
-    """The grid barrier's wait (``TUNING["poll"]``: (loads in flight, cycles between them,
-    acquire loads[, cycles before a load is issued again]), ``triton_grid.poll_asm``; in the
-    kernel compiled with the spread attention path (``spread``) only with
-    ``TUNING["poll_spread"]``; "": acquire loads one at a time, the only form the
-    interpreter runs)."""
-    if (not TUNING["poll"] or (spread and not TUNING["poll_spread"]) or not x.is_cuda
-            or os.environ.get("TRITON_INTERPRET") == "1"):
+    """The grid barrier's wait (``StackTuning.poll``: (loads in flight, cycles between them,
+    acquire loads[, cycles before a load is issued again]), ``triton_grid.poll_asm``; not
+    in the kernel compiled with the spread attention path (``spread``); "": acquire loads
+    one at a time, the only form the interpreter runs)."""
+    poll = current().stack.poll
+    if not poll or spread or not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
         return ""
-    polls, spacing, acquire, *gap = TUNING["poll"]
+    polls, spacing, acquire, *gap = poll
     return poll_asm(int(polls), int(spacing), bool(acquire), int(gap[0]) if gap else 0)
 
 
 def norm_rounds(hidden: int) -> int:
-    """Norm chunks a program loads a round (``TUNING["unroll"]``, or the fewest rounds of
+    """Norm chunks a program loads a round (``StackTuning.unroll``, or the fewest rounds of
     at most ``NORM_ROUND_MAX`` chunks, split evenly)."""
-    if TUNING["unroll"] is not None:
-        return int(TUNING["unroll"])
+    unroll = current().stack.unroll
+    if unroll is not None:
+        return int(unroll)
     chunks = -(-hidden // NORM_CHUNK)
     rounds = -(-chunks // NORM_ROUND_MAX)
     return -(-chunks // rounds)
 
 
 def k_step(k: int, bk: int) -> int:
-    """A product's K step: ``bk``, or with ``TUNING["bk_exact"]`` the widest power of two
+    """A product's K step: ``bk``, or with ``StackTuning.bk_exact`` the widest power of two
     up to ``bk`` that divides ``k`` (no masked tail: K = 576 in steps of 256 runs 48 k16
     products, 12 of them on zeros; in steps of 64, 36)."""
-    if not TUNING["bk_exact"]:
+    if not current().stack.bk_exact:
         return bk
     step = bk
     while step > 16 and k % step:
@@ -771,25 +751,23 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     assert kv.is_contiguous() and kv.dtype == x.dtype
     assert all(w.is_contiguous() for w in weights.values())
     dev, dt = x.device, x.dtype
+    tuning, spread = current().stack, current().spread
     xs = torch.empty(n_layers + 1, n, hidden, dtype=dt, device=dev)
-    # the norm handed over between phases (TUNING["defer"]): 16-column subtrees
-    defer = bool(TUNING["defer"]) and hidden % BN == 0
+    # the norm handed over between phases (StackTuning.defer): 16-column subtrees
+    defer = tuning.defer and hidden % BN == 0
     groups_h = hidden // BN
-    # the "no_c" probe: what phase C writes starts as zeros (never written, so no NaN or
-    # infinity reaches the silu's IEEE division, whose slow path would skew the timing)
-    new = torch.zeros if TUNING["no_c"] else torch.empty
     if defer:  # per layer: phase A's and D's operands and their rows' subtree sums
         ysi = torch.empty(n_layers + 1, n, hidden, dtype=dt, device=dev)
-        ysm = new(n_layers, n, hidden, dtype=dt, device=dev)
+        ysm = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
         psi = torch.empty(n_layers + 1, n, groups_h, dtype=torch.float32, device=dev)
-        psm = new(n_layers, n, groups_h, dtype=torch.float32, device=dev)
+        psm = torch.empty(n_layers, n, groups_h, dtype=torch.float32, device=dev)
     else:
         xs[0].copy_(x if ids is None else x[ids])
         ysi = ysm = psi = psm = xs  # never read
-    mids = new(n_layers, n, hidden, dtype=dt, device=dev)
+    mids = torch.empty(n_layers, n, hidden, dtype=dt, device=dev)
     # rope in phase A's epilogue (qkv_rope; a q or k tile holds pairs of a head's dims,
     # so the tile's columns divide the head)
-    roped = bool(TUNING["qkv_rope"]) and d % BN == 0
+    roped = tuning.qkv_rope and d % BN == 0
     qrot = torch.empty(n_layers, n, heads * d, dtype=dt, device=dev)  # the rotated queries
     # the plain product's output: only without qkv_rope (else never touched)
     qkv = qrot if roped else torch.empty(n_layers, n, qkv_n, dtype=dt, device=dev)
@@ -804,31 +782,19 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     # the prefetching programs: those past every step's phase-B items (one compiled
     # kernel for every step shape)
     workers = programs - attention_items(MAX_ROWS, kv_heads, group)
-    workers = workers if TUNING["prefetch"] and workers > 0 else 0
+    workers = workers if tuning.prefetch and workers > 0 else 0
     att_tiles = -(-max_query_len * group // BLOCK_M_ATT)
     groups = context_lens.shape[0] * kv_heads * att_tiles
     # phase B spreads a group's splits over its programs when it has more than one: their
     # states meet in ``part``, the last to arrive (a count per layer and group) merges
-    shared = TUNING["spread"] and (programs - workers) // groups > 1
+    shared = spread and (programs - workers) // groups > 1
     splits, part = split_states(groups if shared else 0, block_tables, kv.shape[3], d, dev)
-    # the stack launched by PDL (TUNING["pdl"]): while the input kernel runs
-    pdl = pdl_args(x) if TUNING["pdl"] else {"PDL": False, "launch_pdl": False}
-    # the o product summed by kv-head group (``fused.o_segments``, an arithmetic of every
-    # path), and then with "o_fuse", in the serial kernel, a step of one sequence in one
-    # query tile runs phase C in phase B (``_attention_o_phase``): the groups' chains meet
-    # in ``po``, a count per layer and o column tile
-    from mmserve.kernels.fused import o_segments
-
-    segs = o_segments(kv_heads)
-    sego = heads * d // segs if segs > 1 else 0
-    ofuse = int(TUNING["o_fuse"]) if (sego > 0 and not TUNING["spread"]
-                                      and hidden % O_COLS == 0) else 0
-    o_tiles = hidden // O_COLS if ofuse else 0
-    o_step = k_step(heads * d, TUNING["bk"])  # the o product's K step (one that divides a
-    while sego and sego % o_step:  # group, when summed by group)
-        o_step //= 2
-    po = (torch.empty(n_layers * kv_heads * MAX_ROWS * hidden, dtype=torch.float32, device=dev)
-          if ofuse else xs)
+    # the stack launched by PDL (StackTuning.pdl): while the input kernel runs
+    pdl = pdl_args(x) if tuning.pdl else {"PDL": False, "launch_pdl": False}
+    # the o product in one chain (no kv-head groups: ``SEGO`` 0), phase C on its own
+    sego = ofuse = o_tiles = 0
+    o_step = k_step(heads * d, tuning.bk)  # the o product's K step
+    po = xs  # never read
     # zeroed by the input kernel (with "defer"; else here)
     counts = (torch.empty if defer else torch.zeros)(
         1 + n_layers * groups + n_layers * o_tiles, dtype=torch.int32, device=dev)
@@ -855,7 +821,7 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
         block_tables.stride(0),
         H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
-        BN=BN, BK=k_step(inter, TUNING["bk"]), BKG=k_step(hidden, TUNING["bk_gated"]),
+        BN=BN, BK=k_step(inter, tuning.bk), BKG=k_step(hidden, tuning.bk_gated),
         CH=NORM_CHUNK, UNROLL=norm_rounds(hidden),
         ROUND=_round_mode(dt), TK=MAX_ROWS,
         ATT_BM=BLOCK_M_ATT, ATT_BN=block_keys(d), SPLIT=split_keys(d),
@@ -864,18 +830,18 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
         LO=lines(hidden * heads * d), LGU=lines(2 * inter * hidden), LD=lines(hidden * inter),
         LN=lines(hidden),
         KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
-        ATT_PREFETCH=TUNING["att_prefetch"], SPREAD=TUNING["spread"],
-        ONE_DOT=TUNING["gated_one_dot"], QKV_ROPE=roped, EARLY=TUNING["early"],
-        BKH=k_step(hidden, TUNING["bk"]), BKQ=o_step,
-        TWICE=TUNING["twice"], DEFER=defer, G=groups_h,
-        GP=triton.next_power_of_2(max(groups_h, 2)), KS=TUNING["gemm_stages"] or 0,
-        ATT_STAGES=TUNING["att_stages"] or 0, V_L1=_serial_only(TUNING["v_l1"]),
-        KT=_serial_only(TUNING["k_t"]),
-        ATT_HOIST=TUNING["att_hoist"], LATE_RSTD=TUNING["late_rstd"],
-        QKV_HOIST=TUNING["qkv_hoist"], POLL=_poll(x, bool(TUNING["spread"])),
-        NO_C=TUNING["no_c"], SEGO=sego, OFUSE=ofuse, BNO=O_COLS,
-        BKO=o_step, BKC=min(k_step(hidden, TUNING["bk_gated"]), 128),
-        O_REGS=bool(TUNING["o_regs"]) and sego == (heads // kv_heads) * d, num_warps=4,
+        ATT_PREFETCH=tuning.att_prefetch, SPREAD=spread,
+        ONE_DOT=tuning.gated_one_dot, QKV_ROPE=roped, EARLY=tuning.early,
+        BKH=k_step(hidden, tuning.bk), BKQ=o_step,
+        TWICE=0, DEFER=defer, G=groups_h,
+        GP=triton.next_power_of_2(max(groups_h, 2)), KS=tuning.gemm_stages or 0,
+        ATT_STAGES=tuning.att_stages or 0, V_L1=_serial_only(tuning.v_l1),
+        KT=_serial_only(tuning.k_t),
+        ATT_HOIST=0, LATE_RSTD=False,
+        QKV_HOIST=tuning.qkv_hoist, POLL=_poll(x, spread),
+        NO_C=0, SEGO=sego, OFUSE=ofuse, BNO=O_COLS,
+        BKO=o_step, BKC=min(k_step(hidden, tuning.bk_gated), 128),
+        O_REGS=False, num_warps=4,
         **pdl,
-        num_stages=TUNING["num_stages"])
+        num_stages=tuning.num_stages)
     return xs[n_layers]

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 
 from mmserve.kernels.q8 import BLOCK, Q8Weight
+from mmserve.kernels.settings import current
 from mmserve.kernels.triton_pdl import gemm_pdl_args
 
 try:
@@ -40,15 +41,15 @@ class TileConfig(NamedTuple):
     stages: int
 
 
-_override: dict[int, TileConfig] = {}  # row-count bucket -> tile shape (benchmarks, tuning)
 BUCKETS = (16, 64, 256, 1 << 62)  # pick_config's row-count buckets (upper bounds)
 
 
-def set_tile_configs(table: dict[int, TileConfig]) -> None:
-    """Replace the tile shape of buckets (keys from ``BUCKETS``). Bits do not move."""
-    assert set(table) <= set(BUCKETS), f"buckets are {BUCKETS}"
-    _override.clear()
-    _override.update({b: TileConfig(*c) for b, c in table.items()})
+def _overrides() -> dict[int, TileConfig]:
+    """Row-count bucket -> tile shape, from ``KernelConfig.tiles`` (benchmarks, tuning;
+    bits do not move)."""
+    table = current().tiles
+    assert all(b in BUCKETS for b, _ in table), f"buckets are {BUCKETS}"
+    return {b: TileConfig(*c) for b, c in table}
 
 
 # Widths up to this (a wide model's gate_up, not a vocabulary) take 16x64 thin tiles, the
@@ -57,8 +58,8 @@ MLP_MAX_WIDTH = 32768
 
 
 def overridden(m: int) -> bool:
-    """Whether ``set_tile_configs`` set the tile of ``m`` rows' bucket."""
-    return next(b for b in BUCKETS if m <= b) in _override
+    """Whether ``KernelConfig.tiles`` sets the tile of ``m`` rows' bucket."""
+    return bool(current().tiles) and next(b for b in BUCKETS if m <= b) in _overrides()
 
 
 # A vocabulary-wide GEMM over a narrow hidden size (K below this: SmolLM2-135M's lm_head,
@@ -74,8 +75,10 @@ def pick_config(m: int, n: int, k: int | None = None) -> TileConfig:
     An H200 sweep of ``benchmarks/invariance.py`` chose these.
     """
     bucket = next(b for b in BUCKETS if m <= b)
-    if bucket in _override:
-        return _override[bucket]
+    if current().tiles:
+        override = _overrides().get(bucket)
+        if override is not None:
+            return override
     wide = n >= 16384  # gate_up, lm_head: enough column tiles for wider ones
     if m <= 16:  # weight streaming: many thin programs keep every SM loading
         if wide and n <= MLP_MAX_WIDTH:
@@ -91,7 +94,6 @@ def pick_config(m: int, n: int, k: int | None = None) -> TileConfig:
 
 
 if triton is not None:
-    from mmserve.kernels.triton_grid import prefetch_l2
     from mmserve.kernels.triton_pdl import launch_next, wait_only
 
     @triton.jit
@@ -177,8 +179,7 @@ if triton is not None:
     def _gemm_q8_kernel(a_ptr, q_ptr, s_ptr, o_ptr, M, N, K, stride_am, stride_om,
                         BM: tl.constexpr, BN: tl.constexpr, QB: tl.constexpr,
                         GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-                        LATE: tl.constexpr, FMA: tl.constexpr, EARLY: tl.constexpr = 0,
-                        EARLY_LINES: tl.constexpr = 1):
+                        LATE: tl.constexpr, FMA: tl.constexpr):
         """``_gemm_kernel`` over a ``q8.Q8Weight`` (q (K / QB, N, QB) int8, s (K / QB, N)
         float32 holding fp16 values): a K step a block, its weights ``d * q`` in float32
         (exact) rounded to a's dtype (nearest even) before the product, so the product's
@@ -189,13 +190,6 @@ if triton is not None:
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
         q_tile = q_ptr + rn.to(tl.int64)[:, None] * QB + rk[None, :]  # block 0's
         s_cols = s_ptr + rn
-        if EARLY > 0:  # the first EARLY blocks' lines asked of L2 before the wait (the weights
-            # do not depend on the kernel before: under PDL this overlaps its end)
-            _, pid_n = tile_ids(tl.program_id(0), M, N, BM, BN, GROUP_M)
-            TILE: tl.constexpr = BN * QB // 128  # a block's tile: this many 128-byte lines
-            line = tl.minimum(tl.arange(0, EARLY_LINES), EARLY * TILE - 1).to(tl.int64)
-            at = ((line // TILE) * N + pid_n * BN) * QB + (line % TILE) * 128
-            prefetch_l2(q_ptr + tl.minimum(at, tl.cast(N, tl.int64) * K - 1))
         wait_only(PDL)
         if not LATE:
             launch_next(PDL)
@@ -269,14 +263,15 @@ def _interpreting() -> bool:
 Q8_TILE_FEW = TileConfig(16, 256, 32, 4, 6)
 Q8_TILE_MANY = TileConfig(16, 128, 32, 4, 8)
 Q8_FEW_PER_SM = 4  # at most this many Q8_TILE_MANY programs a SM: Q8_TILE_FEW
-Q8_TILE: TileConfig | None = None  # one tile for every head (benchmarks); None: ``q8_tile``
 CPU_SMS = 132  # the interpreter's CPU tensors: an H100's count
 
 
 def q8_tile(n: int, device: torch.device) -> TileConfig:
-    """The Q8_0 head's tile for ``n`` output columns on ``device``."""
-    if Q8_TILE is not None:
-        return Q8_TILE
+    """The Q8_0 head's tile for ``n`` output columns on ``device`` (``KernelConfig.q8_tile``:
+    one tile for every head, for benchmarks)."""
+    fixed = current().q8_tile
+    if fixed is not None:
+        return TileConfig(*fixed)
     sms = (torch.cuda.get_device_properties(device).multi_processor_count
            if device.type == "cuda" else CPU_SMS)
     few = -(-n // Q8_TILE_MANY.bn) <= Q8_FEW_PER_SM * sms
@@ -286,10 +281,6 @@ def q8_tile(n: int, device: torch.device) -> TileConfig:
 # The most rows the Q8_0 head takes: above, the half-precision weight's GEMM (the same bits)
 # keeps its tiles for prefill's many rows.
 Q8_MAX_ROWS = 16
-# K blocks of its tile each program asks L2 for before waiting on the kernel before it (the
-# final norm under PDL; 0: none). A hint, no bits move. Off: no gain that noise resolves
-# (docs/performance.md).
-Q8_EARLY = {"blocks": 0}
 
 
 def q8_linear(x: torch.Tensor, weight: Q8Weight, config: TileConfig | None = None,
@@ -304,13 +295,10 @@ def q8_linear(x: torch.Tensor, weight: Q8Weight, config: TileConfig | None = Non
     if m:
         cfg = config or q8_tile(n, x.device)
         assert cfg.bk == BLOCK and cfg.bn * BLOCK % 128 == 0
-        early = int(Q8_EARLY["blocks"])
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
         _gemm_q8_kernel[(tiles,)](
             a, weight.q, weight.scale, out, m, n, k, a.stride(0), out.stride(0), BM=cfg.bm,
             BN=cfg.bn, QB=BLOCK, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
-            FMA=not _interpreting(), EARLY=early,
-            EARLY_LINES=triton.next_power_of_2(max(1, early * cfg.bn * BLOCK // 128)),
-            num_warps=cfg.warps,
+            FMA=not _interpreting(), num_warps=cfg.warps,
             num_stages=cfg.stages, **gemm_pdl_args(a, late))
     return out.view(*x.shape[:-1], n)

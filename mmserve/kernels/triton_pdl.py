@@ -23,7 +23,7 @@ Rules every kernel launched with ``launch_pdl`` here keeps:
 
 Only the launch and the order of memory traffic change: every kernel computes the same
 bits with PDL on or off (tests on the GPU compare them). Off on CPU, in the Triton
-interpreter, below sm_90, or with ``MMSERVE_PDL=0`` / ``set_pdl_enabled(False)``.
+interpreter, below sm_90, or with ``KernelConfig.pdl`` off (``MMSERVE_PDL=0``).
 """
 
 from __future__ import annotations
@@ -32,28 +32,25 @@ import os
 
 import torch
 
+from mmserve.kernels.settings import current
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
-_state: dict = {"enabled": os.environ.get("MMSERVE_PDL", "1") != "0", "devices": {}}
-
-
-def set_pdl_enabled(enabled: bool) -> None:
-    """Switch programmatic dependent launch on or off for every kernel in the process."""
-    _state["enabled"] = enabled
+_SM90: dict[int, bool] = {}  # device index -> whether it is sm_90 or newer
 
 
 def pdl_launch(t: torch.Tensor) -> bool:
     """Whether kernels working on ``t`` launch with PDL (CUDA, sm_90+, compiled Triton)."""
-    if not (_state["enabled"] and t.is_cuda) or os.environ.get("TRITON_INTERPRET") == "1":
+    if not (t.is_cuda and current().pdl) or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    ok = _state["devices"].get(dev)
+    ok = _SM90.get(dev)
     if ok is None:
-        ok = _state["devices"][dev] = torch.cuda.get_device_capability(dev)[0] >= 9
+        ok = _SM90[dev] = torch.cuda.get_device_capability(dev)[0] >= 9
     return ok
 
 

@@ -1,16 +1,14 @@
-"""Rope, the KV-cache write and paged attention in one launch, for steps of up to
-``TK`` (16) tokens a sequence (decodes and verify blocks; CUDA).
+"""Rope, the KV-cache write and paged attention of a step's tokens as device functions
+(``attend_group``), for steps of up to ``TK`` (16) tokens a sequence (decodes, verify
+blocks, short chunks; CUDA): the persistent decode stack's attention phase.
 
-The layered path runs them as two kernels a layer (``triton_fused.rope_write_kv``, then
-``triton_attention.cuda_paged_attention``); ``kernels.fused.rope_attention`` runs this one
-instead where it applies and ``MMSERVE_ROPE_ATTENTION=1`` (off by default: no faster,
-docs/performance.md). Each (sequence, kv head, query tile) program
-rotates its query rows and the keys it reads, stores the keys and values of the step's
-tokens in their cache slots, waits for its own threads, and attends over the cache, a
-long context's splits spread over programs of their own as the layered kernel spreads
-them (the last program of a group merges and leaves its counter at 0). The persistent
-decode stack's attention phase runs the same device functions (``attend_group``), so both
-have the bits of the two kernels (GPU tests).
+Each (sequence, kv head, query tile) program rotates its query rows and the keys it
+reads, stores the keys and values of the step's tokens in their cache slots, waits for
+its own threads, and attends over the cache, a long context's splits spread over
+programs of their own as the layered kernel spreads them (the last program of a group
+merges and leaves its counter at 0). ``rope_attention`` launches that phase alone, so
+tests hold it to the layered path's two kernels bit for bit; no serving path calls it
+(the layered path runs the two kernels: one launch was no faster, docs/performance.md).
 
 Reference: ``triton_fused.rope_write_kv`` then ``cuda_paged_attention``.
 """

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmserve import envs
 from mmserve.errors import MMServeError, UnknownModelError
 from mmserve.models.gguf_convert import convert_gguf, is_complete
 
@@ -104,7 +105,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 
 def mmserve_home() -> Path:
     """``$MMSERVE_HOME`` (default ``~/.cache/mmserve``), read at call time."""
-    return Path(os.environ.get("MMSERVE_HOME") or Path.home() / ".cache" / "mmserve").expanduser()
+    return envs.MMSERVE_HOME
 
 
 def _downloads() -> Path:

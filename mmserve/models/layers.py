@@ -22,9 +22,7 @@ from mmserve.kernels.fused import (
     linear_residual,
     norm_gate_up_silu,
     norm_linear,
-    o_segments,
     qkv_rope,
-    rope_attention,
     rope_write_kv,
 )
 from mmserve.kernels.linear import linear
@@ -69,17 +67,12 @@ class SelfAttention(nn.Module):
                               positions, rope, meta, kv)
         else:
             out = paged_attention(q, kv, meta, self.scale, self.window).reshape(-1, self.q_size)
-        return linear_residual(out, self.o_weight, x, o_segments(self.kv_heads))
+        return linear_residual(out, self.o_weight, x)
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
                meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:
         """(N, q + 2 kv) projections -> (N, Hq * D) attention output; caches this step's K/V."""
         n = qkv.shape[0]
-        if self.q_norm is None:  # one launch where it applies (decodes, verify blocks)
-            out = rope_attention(qkv, self.heads, self.kv_heads, positions, rope, kv, meta,
-                                 self.scale, self.window)
-            if out is not None:
-                return out
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(n, self.heads, self.head_dim)  # (N, Hq, D), a view of qkv
         k = k.reshape(n, self.kv_heads, self.head_dim)  # (N, Hkv, D)

@@ -57,21 +57,10 @@ def test_prefill_graph_chunks_equal_the_eager_forward(tiny_llama):
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("o_fuse,o_regs", [(None, False), (1, False), (2, False), (1, True)])
-def test_serial_split_graphs_replay_short_contexts_with_the_same_bits(tiny_llama, o_fuse,
-                                                                      o_regs, monkeypatch):
+def test_serial_split_graphs_replay_short_contexts_with_the_same_bits(tiny_llama):
     """Shapes the decode stack runs get a second graph of its serial-split variant, taken
     while no sequence has more than ``serial_max_keys`` keys: decode and verify steps
-    across that bound give the logits of graphs without it (and KV bytes), bit for bit.
-    ``o_fuse``: the o product by kv-head group (``fused.set_o_groups``), whose serial
-    graphs run phase C inside phase B at batch 1 (``TUNING["o_fuse"]``, ``"o_regs"``) and
-    the spread ones phase C on its own."""
-    from mmserve.kernels import fused, triton_decode_stack
-
-    if o_fuse is not None:
-        monkeypatch.setitem(fused._state, "o_groups", True)
-        monkeypatch.setitem(triton_decode_stack.TUNING, "o_fuse", o_fuse)
-        monkeypatch.setitem(triton_decode_stack.TUNING, "o_regs", o_regs)
+    across that bound give the logits of graphs without it (and KV bytes), bit for bit."""
     model = tiny_llama()
     blocks = 64
     kvs = [make_kv(model, blocks, torch.bfloat16) for _ in range(2)]
@@ -156,7 +145,7 @@ def test_graphs_reading_the_q8_head_equal_graphs_reading_the_bf16_head(tiny_llam
     """The LM head as Q8_0 blocks (a GGUF's storage) inside the captured decode graphs, at
     batch 1 and 3 (padded): the logits, tokens and KV bytes of graphs captured with the
     head read from its bf16 weight."""
-    from mmserve.kernels import linear
+    from mmserve.kernels import settings
     from mmserve.kernels.q8 import factor_q8, quantize_q8
 
     model = tiny_llama()
@@ -165,12 +154,10 @@ def test_graphs_reading_the_q8_head_equal_graphs_reading_the_bf16_head(tiny_llam
     head.data.copy_(w32.to(head.dtype))
     blocks = factor_q8(w32)
     assert blocks is not None and model.attach_q8_head(blocks)
-    previous = linear.q8_head_enabled()
     for n in (1, 3):
         runs = []
         for q8 in (True, False):
-            linear.set_q8_head(q8)
-            try:
+            with settings.override(q8_head=q8):
                 kv = make_kv(model, 64, torch.bfloat16)
                 graphs = DecodeGraphs(model, kv, 20, (1, 4))
                 graphs.capture()
@@ -182,8 +169,6 @@ def test_graphs_reading_the_q8_head_equal_graphs_reading_the_bf16_head(tiny_llam
                     logits_seen.append(logits.clone())
                     toks.append(top[:n].tolist())
                 runs.append((toks, logits_seen, kv.clone()))
-            finally:
-                linear.set_q8_head(previous)
         (toks_a, logits_a, kv_a), (toks_b, logits_b, kv_b) = runs
         assert toks_a == toks_b, n
         assert all(torch.equal(a, b) for a, b in zip(logits_a, logits_b, strict=True)), n

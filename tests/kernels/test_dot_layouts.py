@@ -6,11 +6,11 @@ operand's kWidth) from the narrowest load it can trace the operand back to, so a
 can change its grouping without a line of its arithmetic changing: a Q8 head whose k
 grouping comes from its int8 load (kWidth 4) is an ulp off the bf16 GEMM on the GPU. The CPU
 interpreter cannot see this (its dot is one float32 product); the sm_90 TTGIR can. Every
-form ``benchmarks/compile_check.py`` compiles (the decode stack's forms, the o product by kv-head
-group among them, the layered GEMMs, attention, QKV + rope, the Q8 head) against the
-invariant GEMM (``triton_matmul._gemm_kernel``): the same MMA, instruction shape and
-kWidths. The fp8 KV cache's attention is lossy against bf16 (checked by error bounds), so
-its kernels are held only to one layout among themselves.
+form ``benchmarks/compile_check.py`` compiles (the decode stack's forms, the layered GEMMs,
+attention, QKV + rope, the Q8 head) against the invariant GEMM
+(``triton_matmul._gemm_kernel``): the same MMA, instruction shape and kWidths. The fp8 KV
+cache's attention is lossy against bf16 (checked by error bounds), so its kernels are held
+only to one layout among themselves.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_every_invariant_product_sends_the_same_k_to_each_mma():
             assert widths == [k_width] * len(widths), (label, widths)
             assert version == "3" or len(widths) == 2, (label, widths)  # mma.sync: registers
             checked += 1
-    assert checked >= 150, checked  # every form's products (the input kernel has none)
+    assert checked >= 130, checked  # every form's products (the input kernel has none)
     # the fp8 cache's attention, serial and spread: one layout (kWidth 4 from its fp8 loads),
     # so a row's output does not depend on which of them ran it
     assert len(fp8_dots) == 1, fp8_dots

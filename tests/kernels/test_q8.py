@@ -181,23 +181,19 @@ def test_a_model_built_under_inference_mode_keeps_its_blocks(tiny_llama):
 def test_the_default_model_reads_its_lm_head_as_q8_on_cuda(default_model_dir):
     """Loaded on CUDA in bf16, the default model's LM head has its blocks attached, and its
     logits (1-16 rows, and 40: the bf16 weight's GEMM) are those of the bf16 weight."""
-    from mmserve.kernels import linear
+    from mmserve.kernels import settings
     from mmserve.models.registry import load_model
 
     model = load_model(default_model_dir, torch.bfloat16, "cuda")
     assert model.lm_head_q8 is not None
     torch.manual_seed(0)
     h = torch.randn(40, model.lm_head_weight().shape[1], device="cuda").bfloat16()
-    previous = linear.q8_head_enabled()
-    try:
-        for m in (1, 4, 16, 40):
-            linear.set_q8_head(True)
+    for m in (1, 4, 16, 40):
+        with settings.override(q8_head=True):
             on = model.compute_logits(h[:m])
-            linear.set_q8_head(False)
+        with settings.override(q8_head=False):
             off = model.compute_logits(h[:m])
-            assert torch.equal(on, off), m
-    finally:
-        linear.set_q8_head(previous)
+        assert torch.equal(on, off), m
 
 
 def test_the_kernels_dequantize_arithmetic_is_exact_for_every_scale_and_value():
@@ -218,7 +214,8 @@ def test_the_kernels_dequantize_arithmetic_is_exact_for_every_scale_and_value():
 def test_the_q8_heads_tile_widens_only_where_its_programs_are_few(monkeypatch):
     """SmolLM2-135M's 49,152-row head (384 programs at the narrow tile on 132 SMs) takes the
     wide tile, Gemma-3-270M's 262,144 rows the narrow one (the H100's head-alone times);
-    a fixed ``Q8_TILE`` (benchmarks) wins."""
+    a fixed ``KernelConfig.q8_tile`` (benchmarks) wins."""
+    from mmserve.kernels import settings
     from mmserve.kernels import triton_matmul as tm
 
     monkeypatch.setattr(tm, "CPU_SMS", 132)
@@ -228,6 +225,6 @@ def test_the_q8_heads_tile_widens_only_where_its_programs_are_few(monkeypatch):
     assert tm.q8_tile(128 * 4 * 132 + 1, cpu) == tm.Q8_TILE_MANY
     monkeypatch.setattr(tm, "CPU_SMS", 16)  # a small GPU: SmolLM2's head is many there
     assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY
-    monkeypatch.setattr(tm, "Q8_TILE", tm.Q8_TILE_MANY)
     monkeypatch.setattr(tm, "CPU_SMS", 132)
-    assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY
+    with settings.override(q8_tile=tuple(tm.Q8_TILE_MANY)):
+        assert tm.q8_tile(49152, cpu) == tm.Q8_TILE_MANY

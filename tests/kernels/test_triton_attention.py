@@ -129,15 +129,16 @@ def test_attention_module_dispatches_to_triton_on_cuda():
 @pytest.mark.parametrize("window", [None, 40])
 def test_block_prefetch_is_a_launch_option_only(monkeypatch, window):
     """Small grids prefetch the next key step's block ids, and its keys and values
-    (``KV_AHEAD``); the arithmetic is the loop's, so the output bits are the same every
-    way (the engine picks by grid size)."""
+    (``KernelConfig.kv_ahead``); the arithmetic is the loop's, so the output bits are the
+    same every way (the engine picks by grid size)."""
+    from mmserve.kernels import settings
     from mmserve.kernels import triton_attention as ta
 
     outs = []
     for limit, ahead in ((0, True), (1 << 30, False), (1 << 30, True)):  # never, ids, ids+kv
         monkeypatch.setattr(ta, "PREFETCH_MAX_PROGRAMS", limit)
-        monkeypatch.setitem(ta.KV_AHEAD, "on", ahead)
-        outs.append(_run([1, 4, 1, 37], [1, 200, 129, 150], 2, 4, 128, window, seed=5)[-1])
+        with settings.override(kv_ahead=ahead):
+            outs.append(_run([1, 4, 1, 37], [1, 200, 129, 150], 2, 4, 128, window, seed=5)[-1])
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
@@ -146,6 +147,7 @@ def test_spread_splits_are_a_launch_option_only(monkeypatch, window):
     """Small grids give a group's key splits programs of their own, merged in order by
     the last to finish: the same bits as one program walking them all, at one split and
     many, decode and verify rows, a window; the groups' counters are left at 0."""
+    from mmserve.kernels import settings
     from mmserve.kernels import triton_attention as ta
 
     index = torch.empty(0, device=DEVICE).device.index  # cuda:0, or None on CPU
@@ -155,8 +157,8 @@ def test_spread_splits_are_a_launch_option_only(monkeypatch, window):
     for q_lens, ctx in cases:
         outs, runs = [], ta.SPREAD["runs"]
         for on in (False, True):
-            monkeypatch.setitem(ta.SPREAD, "on", on)
-            outs.append(_run(q_lens, ctx, 2, 4, 128, window, seed=len(ctx))[-1])
+            with settings.override(spread=on):
+                outs.append(_run(q_lens, ctx, 2, 4, 128, window, seed=len(ctx))[-1])
         assert ta.SPREAD["runs"] == runs + 1, "the second launch spread"
         assert torch.equal(outs[0], outs[1]), (q_lens, ctx)
         assert not ta.SPREAD["counts"][index].any()
@@ -169,6 +171,7 @@ def test_spread_launches_replayed_from_a_graph_give_the_serial_bits():
     between a group's programs or a counter left unreset: a graph of four spread launches
     (a step's layers, the same counters each time), replayed with new contexts, gives the
     serial kernel's bits every time and leaves every counter at 0."""
+    from mmserve.kernels import settings
     from mmserve.kernels import triton_attention as ta
     from mmserve.kernels.triton_attention import PagedMetadata, cuda_paged_attention
 
@@ -202,10 +205,7 @@ def test_spread_launches_replayed_from_a_graph_give_the_serial_bits():
         torch.cuda.synchronize()
         assert not ta.SPREAD["counts"][q.device.index].any(), lens
         got = out.clone()
-        ta.SPREAD["on"] = False
-        try:
+        with settings.override(spread=False):
             want = cuda_paged_attention(q, kc, vc, meta, d**-0.5)
-        finally:
-            ta.SPREAD["on"] = True
         for layer in got:
             assert torch.equal(layer, want), lens

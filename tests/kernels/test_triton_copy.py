@@ -47,7 +47,7 @@ def test_kernel_copies_and_takes_the_head(n, heads, out):
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA: pinned host memory")
 @pytest.mark.parametrize("n", SIZES)
 def test_pinned_host_to_device_and_back_by_the_kernel(n):
-    from mmserve.kernels import triton_copy
+    from mmserve.kernels import settings, triton_copy
 
     g = torch.Generator().manual_seed(n + 1)
     host = torch.randint(-2**40, 2**40, (n,), generator=g).pin_memory()
@@ -64,16 +64,13 @@ def test_pinned_host_to_device_and_back_by_the_kernel(n):
     assert torch.equal(dev.cpu(), want) and torch.equal(back, want)
     assert torch.equal(sent, head.cpu())  # the head also to the host, in the same launch
     # the DMA fallback computes the same
-    triton_copy.set_copy_kernel(False)
-    try:
+    with settings.override(copy_kernel=False):
         dev2 = torch.full((n,), -7, dtype=torch.long, device="cuda")
         sent2 = torch.full(head.shape, -3, dtype=torch.long).pin_memory()
         triton_copy.copy_flat(dev2, host, head, sent2)
         torch.cuda.synchronize()
         assert triton_copy.launches() == before + 2 and torch.equal(dev2.cpu(), want)
         assert torch.equal(sent2, head.cpu())
-    finally:
-        triton_copy.set_copy_kernel(True)
 
 
 def test_without_a_kernel_it_is_a_plain_copy():

@@ -75,12 +75,19 @@ def _check_step(model, runner, pos: int, token: int, programs, what: str = "") -
     _check_seqs(model, runner.kv, [(runner.table, pos, [token])], programs, what)
 
 
-def _tune(monkeypatch, settings: dict | None) -> None:
-    """The stack's launch settings (``TUNING``) for one test."""
-    from mmserve.kernels import triton_decode_stack
+def _tune(monkeypatch, tuning: dict | None) -> None:
+    """The stack's launch settings (``StackTuning``; "spread": ``KernelConfig.spread``) for
+    one test."""
+    import dataclasses
 
-    for key, value in (settings or {}).items():
-        monkeypatch.setitem(triton_decode_stack.TUNING, key, value)
+    from mmserve.kernels import settings
+
+    changes = dict(tuning or {})
+    now = settings.current()
+    spread = changes.pop("spread", now.spread)
+    tuned = dataclasses.replace(now, spread=spread,
+                                stack=dataclasses.replace(now.stack, **changes))
+    monkeypatch.setattr(settings, "_installed", [tuned])
 
 
 def _model(tiny_llama):
@@ -97,20 +104,13 @@ TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
            {"defer": False}, {"defer": False, "qkv_rope": False}, {"defer": False, "unroll": 3},
            {"gemm_stages": None}, {"gemm_stages": 6, "num_stages": 3}, {"att_stages": None},
            {"att_stages": 2}, {"v_l1": True}, {"v_l1": True, "spread": False},
-           {"k_t": True}, {"k_t": True, "spread": False}, {"att_hoist": 1},
-           {"att_hoist": 2}, {"att_hoist": 2, "spread": False},
-           {"att_hoist": 2, "k_t": True, "v_l1": True}, {"late_rstd": True},
+           {"k_t": True}, {"k_t": True, "spread": False},
            {"k_t": False, "v_l1": False}, {"k_t": False, "v_l1": False, "spread": False},
-           {"k_t": True, "v_l1": True},
-           {"qkv_hoist": True},
-           {"att_hoist": 2, "k_t": True, "late_rstd": True, "qkv_hoist": True},
-           {"att_hoist": 2, "k_t": True, "late_rstd": True, "qkv_hoist": True,
-            "spread": False}, {"pdl": False},
-           {"poll": None}, {"poll": (4, 100, False), "poll_spread": True},
-           {"poll": (1, 0, True), "poll_spread": True}, {"poll_spread": True},
-           {"twice": 1, "defer": False}, {"twice": 2}]  # the last two: the timing probes
-# ("defer" off: the normed phases norm from the rows, as the layered kernels do; "twice" 1
-# runs that row norm twice, so it is a probe of the rows' path only)
+           {"k_t": True, "v_l1": True}, {"qkv_hoist": True},
+           {"k_t": True, "v_l1": True, "qkv_hoist": True, "spread": False}, {"pdl": False},
+           {"poll": None}, {"poll": (4, 100, False), "spread": False},
+           {"poll": (1, 0, True), "spread": False}]
+# ("defer" off: the normed phases norm from the rows, as the layered kernels do)
 # where the queries and keys are rotated and the keys and values cached: in the QKV phase's
 # epilogue (qkv_rope) or by the attention phase's programs
 ROPE_MODES = [{"qkv_rope": True}, {"qkv_rope": False}]
@@ -122,10 +122,9 @@ ROPE_MODES = [{"qkv_rope": True}, {"qkv_rope": False}]
                          + [(None, t) for t in TUNINGS] if ON_CUDA
                          else [(1, None), (1, {"spread": False}),
                                (1, {"gated_one_dot": False}), (1, {"qkv_rope": False}),
-                               (1, {"early": False, "bk_exact": False}), (1, {"twice": 2}),
+                               (1, {"early": False, "bk_exact": False}),
                                (1, {"defer": False}),
-                               (1, {"att_hoist": 2, "k_t": True, "late_rstd": True,
-                                    "qkv_hoist": True, "v_l1": True})])
+                               (1, {"k_t": True, "qkv_hoist": True, "v_l1": True})])
 def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatch):
     """Eight decode steps after a 37-token prompt, scattered cache blocks: each step's
     hidden state and cache bytes from the one launch equal the layered path's, whatever
@@ -141,54 +140,6 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
     for step in range(8):
         _check_step(model, runner, len(prompt) + step, int(rng.integers(0, 1000)), programs,
                     f"step {step}")
-
-
-@needs_triton
-@torch.inference_mode()
-@pytest.mark.parametrize("tuning", [{"spread": False}, {"spread": False, "o_fuse": 0},
-                                    {"spread": True}, {"spread": False, "qkv_rope": False},
-                                    {"spread": False, "o_fuse": 2},
-                                    {"spread": False, "o_fuse": 2, "qkv_rope": False},
-                                    {"spread": False, "o_regs": True},
-                                    {"spread": False, "o_fuse": 2, "o_regs": True,
-                                     "qkv_rope": False}])
-def test_decode_stack_with_the_o_product_by_kv_head_group(tiny_llama, tuning, monkeypatch):
-    """With the o product summed by kv-head group (``fused.set_o_groups``, on both paths),
-    the stack still equals the layered path: decode steps and a verify block of one
-    sequence (the serial kernel runs phase C inside the attention phase: every o tile
-    counted by every kv head's item, ``o_counts``), then a step of two sequences (phase C
-    on its own, its K loop in the groups' chains). ``o_fuse`` 2: phase D adds the chains;
-    ``o_regs``: the chains' operand from the attention's registers."""
-    from mmserve.kernels import fused
-
-    _tune(monkeypatch, tuning)
-    monkeypatch.setitem(fused._state, "o_groups", True)
-    model = _model(tiny_llama)
-    runner = SequenceRunner(model, max_len=2 * 256)
-    rng = np.random.default_rng(5)
-    blocks = rng.permutation(len(runner.table)).tolist()
-    table, other = blocks[:16], blocks[16:]
-    prompt = rng.integers(0, 1000, 150).tolist()  # two key splits
-    runner.table = other
-    runner.step(prompt[:20], 0)
-    runner.table = table
-    runner.step(prompt, 0)
-    programs = None if ON_CUDA else 1
-    fuses = not tuning["spread"] and bool(tuning.get("o_fuse", 1))
-    pos = len(prompt)
-    for step in range(3):
-        scratch: dict = {}
-        tokens = rng.integers(0, 1000, 1 if step < 2 else 4).tolist()  # the last: a verify
-        _check_seqs(model, runner.kv, [(table, pos, tokens)], programs, f"step {step}",
-                    scratch)
-        pos += len(tokens)
-        assert ("o_counts" in scratch) == fuses
-        if fuses:
-            assert (scratch["o_counts"] == model.num_kv_heads).all(), step
-    scratch = {}
-    _check_seqs(model, runner.kv, [(table, pos, [7]), (other, 20, [8])], programs,
-                "two sequences", scratch)
-    assert not scratch.get("o_counts", torch.zeros(1)).any()  # no item ran phase C
 
 
 def _grouped_model(heads: int, kv_heads: int, head_dim: int, positions: int = 512, *,
@@ -231,30 +182,21 @@ def test_decode_stack_equals_the_layers_at_smollm2_widths(prompt, rope, monkeypa
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA (bf16 bits; minutes under the interpreter)")
-@pytest.mark.parametrize("rope,o_groups", [(ROPE_MODES[0], False), (ROPE_MODES[1], False),
-                                           ({**ROPE_MODES[0], "spread": False}, True),
-                                           ({**ROPE_MODES[1], "spread": False}, True),
-                                           ({**ROPE_MODES[0], "spread": False, "o_fuse": 2},
-                                            True),
-                                           ({**ROPE_MODES[0], "spread": False, "o_regs": True},
-                                            True)])
-def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, o_groups, monkeypatch):
+@pytest.mark.parametrize("rope", [ROPE_MODES[0], ROPE_MODES[1],
+                                  {**ROPE_MODES[0], "spread": False},
+                                  {**ROPE_MODES[1], "spread": False}])
+def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, monkeypatch):
     """The whole SmolLM2-135M shape (30 layers, random weights), 128 teacher-forced decode
     steps after a 128-token prompt (contexts 129-256: two key splits, which the graphs run
     in one program each): every step's stack launch equals the layered one-row step, last
     hidden state and every layer's cache bytes (``benchmarks/stack_vs_layers.py``). A
     rounding difference in one phase shows here only now and then: rotated queries kept in
     registers (another QK summation order) moved one attention output element at 4 of these
-    steps (one of ~900 layer steps), which the narrower tests above never hit. ``o_groups``:
-    the o product summed by kv-head group on both paths, in the serial kernel (phase C
-    inside phase B each step)."""
+    steps (one of ~900 layer steps), which the narrower tests above never hit."""
     import sys
     from pathlib import Path
 
-    from mmserve.kernels import fused
-
     _tune(monkeypatch, rope)
-    monkeypatch.setitem(fused._state, "o_groups", o_groups)
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import stack_vs_layers
 
@@ -405,8 +347,10 @@ def test_stacked_weights_are_the_layers_own(tiny_llama):
     assert torch.equal(runner.step([5, 6, 7], 0), before)
 
 
-def test_decode_stack_never_runs_on_cpu(tiny_llama, monkeypatch):
-    monkeypatch.setitem(decode_stack._state, "enabled", True)
+def test_decode_stack_never_runs_on_cpu(tiny_llama):
+    from mmserve.kernels import settings
+
+    assert settings.current().decode_stack
     model = tiny_llama("cpu").float()
     x = torch.zeros(1, 256)
     decode_stack.stacked_weights(model.layers)
@@ -421,10 +365,10 @@ def test_greedy_tokens_same_with_and_without_the_stack(tiny_llama):
     model = tiny_llama("cuda")
     prompt = list(range(3, 40))
     runs = []
-    default = decode_stack.decode_stack_enabled()
+    from mmserve.kernels import settings
+
     for on in (False, True):
-        decode_stack.set_decode_stack_enabled(on)
-        try:
+        with settings.override(decode_stack=on):
             runner = SequenceRunner(model, max_len=256)
             logits = [runner.step(prompt, 0)[-1]]
             ids = [int(logits[0].argmax())]
@@ -432,7 +376,5 @@ def test_greedy_tokens_same_with_and_without_the_stack(tiny_llama):
                 logits.append(runner.step(ids[-1:], len(prompt) + len(ids) - 1)[-1])
                 ids.append(int(logits[-1].argmax()))
             runs.append((ids, torch.stack(logits)))
-        finally:
-            decode_stack.set_decode_stack_enabled(default)
     assert runs[0][0] == runs[1][0]
     assert torch.equal(runs[0][1], runs[1][1])

@@ -3,6 +3,8 @@ and tile shapes; padding slots left alone; a whole model fused vs unfused on CUD
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -372,8 +374,8 @@ def test_row_bits_independent_of_row_count_and_tile_shape(op):
 
 
 def test_residual_config_deepens_thin_long_k_tiles_where_two_fit_an_sm(monkeypatch):
-    from mmserve.kernels import triton_fused
-    from mmserve.kernels.triton_matmul import pick_config, set_tile_configs
+    from mmserve.kernels import settings, triton_fused
+    from mmserve.kernels.triton_matmul import pick_config
 
     cuda = torch.device("cuda", 0)
     for major, deep in ((9, True), (10, True), (8, False), (12, False)):
@@ -386,11 +388,8 @@ def test_residual_config_deepens_thin_long_k_tiles_where_two_fit_an_sm(monkeypat
         # another thin tile (a gate_up width's) keeps its own stages
         assert triton_fused.residual_config(1, 28672, 4096, cuda) == pick_config(1, 28672)
     assert triton_fused.residual_config(1, 4096, 14336, torch.device("cpu")) == pick_config(1, 4096)
-    set_tile_configs({16: TileConfig(16, 32, 128, 4, 3)})  # a bench's tile stays as set
-    try:
+    with settings.override(tiles=((16, (16, 32, 128, 4, 3)),)):  # a bench's tile stays as set
         assert triton_fused.residual_config(1, 4096, 14336, cuda) == TileConfig(16, 32, 128, 4, 3)
-    finally:
-        set_tile_configs({})
     triton_fused._DEEP.clear()
 
 
@@ -411,16 +410,16 @@ def test_deep_residual_pipeline_is_the_same_bits(k):
         assert torch.equal(got, r[:m] + invariant_linear(x[:m], w)), m
 
 
-def test_thin_gated_config_takes_wide_gate_ups_of_thin_steps(monkeypatch):
-    from mmserve.kernels import triton_fused, triton_matmul
+def test_thin_gated_config_takes_wide_gate_ups_of_thin_steps():
+    from mmserve.kernels import settings, triton_fused
 
     assert triton_fused.thin_gated_config(1, 28672) == triton_fused.GATED_THIN
     assert triton_fused.thin_gated_config(16, 16384) == triton_fused.GATED_THIN
     assert triton_fused.thin_gated_config(17, 28672) is None  # prefill: GEMM + silu_mul
     assert triton_fused.thin_gated_config(1, 3072) is None  # SmolLM2-135M: fused norm anyway
     assert triton_fused.thin_gated_config(1, 2 * 18944 + 2) is None  # above MLP_MAX_WIDTH
-    monkeypatch.setattr(triton_matmul, "_override", {16: TileConfig(16, 16, 256, 2, 4)})
-    assert triton_fused.thin_gated_config(1, 28672) is None  # a bench set the thin tile
+    with settings.override(tiles=((16, (16, 16, 256, 2, 4)),)):
+        assert triton_fused.thin_gated_config(1, 28672) is None  # a bench set the thin tile
 
 
 @cuda_only
@@ -516,10 +515,11 @@ def _run(model, prompt, tokens):
 @cuda_only
 @pytest.mark.parametrize("qkv_rope", [True, False])
 def test_whole_model_fused_matches_unfused(monkeypatch, qkv_rope):
-    from mmserve.kernels import decode_stack, triton_fused
+    from mmserve.kernels import settings, triton_fused
 
-    monkeypatch.setitem(decode_stack._state, "enabled", False)  # the layered fused ops
-    monkeypatch.setitem(fused._state, "qkv_rope", qkv_rope)
+    # the layered fused ops
+    layered = dataclasses.replace(settings.current(), decode_stack=False, qkv_rope=qkv_rope)
+    monkeypatch.setattr(settings, "_installed", [layered])
 
     calls = {"n": 0}
     for name in ("norm_linear", "linear_residual", "norm_gate_up_silu", "rope_write_kv",
@@ -533,15 +533,12 @@ def test_whole_model_fused_matches_unfused(monkeypatch, qkv_rope):
         monkeypatch.setattr(triton_fused, name, counted)
     model = _tiny_llama()
     prompt = torch.randint(0, 1000, (21,), generator=torch.Generator().manual_seed(5)).tolist()
-    fused.set_fused_enabled(False)
-    try:
+    with settings.override(fused=False):
         plain = _run(model, prompt, [])
         tokens = []  # the unfused model's greedy continuation
         for _ in range(8):
             tokens.append(int(plain[-1].argmax()))
             plain = _run(model, prompt, tokens)
-    finally:
-        fused.set_fused_enabled(True)
     assert calls["n"] == 0
     got = _run(model, prompt, tokens[:-1])  # the same inputs, fused
     # 8 steps x 2 layers x 5 fused ops (4 with rope and the cache write in the QKV product)
@@ -569,9 +566,10 @@ def test_wide_model_fused_is_the_unfused_bits(monkeypatch, qkv_rope):
     epilogues, rope + cache write on their own or in the QKV product's epilogue, silu *
     up) have the unfused path's bits: the whole model's logits are equal, prefill and
     decode."""
-    from mmserve.kernels import triton_fused
+    from mmserve.kernels import settings, triton_fused
 
-    monkeypatch.setitem(fused._state, "qkv_rope", qkv_rope)
+    monkeypatch.setattr(settings, "_installed",
+                        [dataclasses.replace(settings.current(), qkv_rope=qkv_rope)])
     calls = {"n": 0}
     for name in ("linear_residual", "qkv_rope" if qkv_rope else "rope_write_kv", "silu_mul"):
         real = getattr(triton_fused, name)
@@ -589,8 +587,8 @@ def test_wide_model_fused_is_the_unfused_bits(monkeypatch, qkv_rope):
     got = _run(model, prompt, tokens)
     # 7 steps x 2 layers x (o, down, rope + write, silu * up)
     assert calls["n"] == 7 * 2 * 4
-    monkeypatch.setitem(fused._state, "enabled", False)
-    want = _run(model, prompt, tokens)
+    with settings.override(fused=False):
+        want = _run(model, prompt, tokens)
     assert calls["n"] == 56
     assert torch.equal(got, want)
 

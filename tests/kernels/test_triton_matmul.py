@@ -159,20 +159,17 @@ def test_q8_linear_has_the_half_weights_bits(n, k, dtype):
 
 @pytest.mark.skipif(not ON_CUDA, reason="the Q8_0 LM head is a CUDA path")
 def test_logits_linear_reads_q8_blocks_up_to_16_rows_with_the_same_bits():
-    from mmserve.kernels import linear
+    from mmserve.kernels import linear, settings
 
     w8 = _q8(4096, 576, 7)
     w = w8.dequantize(torch.bfloat16)
     x = _rand(40, 576)
-    previous = linear.set_q8_head(True)
-    try:
+    with settings.override(q8_head=True):
         for m in (1, 16, 17, 40):  # 17 and 40: the half weight's GEMM
             assert torch.equal(linear.logits_linear(x[:m], w, w8),
                                linear.logits_linear(x[:m], w))
-        linear.set_q8_head(False)
+    with settings.override(q8_head=False):
         assert torch.equal(linear.logits_linear(x[:1], w, w8), linear.logits_linear(x[:1], w))
-    finally:
-        linear.set_q8_head(previous)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -198,19 +195,3 @@ def test_q8_dequant_is_the_rounded_float32_product_for_every_scale(dtype):
                                FMA=not _interpreting())
     bits = {2: torch.int16, 4: torch.int32}[want.element_size()]
     assert torch.equal(out.cpu().view(bits), want.view(bits))
-
-
-@pytest.mark.parametrize("early", [1, 3, 64])
-def test_q8_linear_asking_l2_before_the_wait_moves_no_bits(early):
-    """``Q8_EARLY``: each program asks L2 for its first blocks before waiting on the kernel
-    before it (a hint; 64 blocks: more than K has, the addresses clamped to the weight)."""
-    from mmserve.kernels import triton_matmul
-
-    w8 = _q8(1000, 576, 11)
-    x = _rand(3, 576)
-    want = triton_matmul.q8_linear(x, w8, float_out=True)
-    try:
-        triton_matmul.Q8_EARLY["blocks"] = early
-        assert torch.equal(triton_matmul.q8_linear(x, w8, float_out=True), want)
-    finally:
-        triton_matmul.Q8_EARLY["blocks"] = 0

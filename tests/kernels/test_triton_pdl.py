@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmserve.kernels import triton_pdl
-from mmserve.kernels.triton_pdl import pdl_launch, set_pdl_enabled
+from mmserve.kernels import settings
+from mmserve.kernels.triton_pdl import pdl_launch
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 hopper_only = pytest.mark.skipif(not HOPPER, reason="PDL needs an sm_90+ GPU")
@@ -23,14 +23,11 @@ def test_pdl_is_off_on_cpu_and_when_disabled(monkeypatch):
     if HOPPER:
         t = torch.zeros(1, device="cuda")
         assert pdl_launch(t)
-        set_pdl_enabled(False)
-        try:
+        with settings.override(pdl=False):
             assert not pdl_launch(t)
-        finally:
-            set_pdl_enabled(True)
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         assert not pdl_launch(t)
-    assert triton_pdl._state["enabled"]
+    assert settings.current().pdl
 
 
 def _chain(x, weights, norm, late=False):
@@ -70,11 +67,8 @@ def test_dependent_chain_same_bits_with_pdl_eager_and_in_a_graph(rows, late):
                 rand(h, h)) for _ in range(6)]
     norm = rand(h) + 1
     x0 = rand(rows, h) * 8
-    set_pdl_enabled(False)
-    try:
+    with settings.override(pdl=False):
         want = _chain(x0, weights, norm, late)
-    finally:
-        set_pdl_enabled(True)
     assert torch.equal(_chain(x0, weights, norm, late), want)  # eager, PDL on
     static_x = x0.clone()
     _chain(static_x, weights, norm, late)  # compile outside the capture
@@ -85,11 +79,8 @@ def test_dependent_chain_same_bits_with_pdl_eager_and_in_a_graph(rows, late):
     for seed in range(3):  # new inputs each replay: a stale read would show
         static_x.copy_(rand(rows, h) * (seed + 1))
         graph.replay()
-        set_pdl_enabled(False)
-        try:
+        with settings.override(pdl=False):
             ref = _chain(static_x, weights, norm, late)
-        finally:
-            set_pdl_enabled(True)
         assert torch.equal(out, ref), seed
 
 
@@ -108,8 +99,7 @@ def test_model_decode_graph_same_logits_with_and_without_pdl(tiny_llama):
     prompt = rng.integers(0, 1000, 40).tolist()
     results = []
     for pdl in (False, True):
-        set_pdl_enabled(pdl)
-        try:
+        with settings.override(pdl=pdl):
             kv = make_kv(model, blocks, torch.bfloat16)
             graphs = DecodeGraphs(model, kv, blocks, (1, 4), (16, 64), last_row_only=False)
             graphs.capture()
@@ -120,8 +110,6 @@ def test_model_decode_graph_same_logits_with_and_without_pdl(tiny_llama):
                 logits.append(out.clone())
                 ids.append(int(out[0].argmax()))
             results.append((torch.cat(logits), kv.clone(), ids))
-        finally:
-            set_pdl_enabled(True)
     (want, want_kv, want_ids), (got, got_kv, got_ids) = results
     assert got_ids == want_ids
     assert torch.equal(got, want)

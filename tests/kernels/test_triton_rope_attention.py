@@ -11,7 +11,7 @@ import pytest
 import torch
 from triton_kit import DEVICE, DTYPE, ON_CUDA, needs_triton
 
-from mmserve.kernels.attention import AttentionMetadata, LayerKV
+from mmserve.kernels.attention import AttentionMetadata
 from mmserve.kernels.rope import RotaryTable
 
 pytestmark = needs_triton
@@ -76,22 +76,3 @@ def test_one_launch_equals_rope_write_then_attention(case, hq, hkv, d):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(kc, kc_want, rtol=1e-5, atol=1e-5)
             assert torch.equal(vc, vc_want)
-
-
-@pytest.mark.skipif(not ON_CUDA, reason="the dispatch needs CUDA and bf16")
-def test_dispatch_takes_steps_of_up_to_sixteen_tokens_and_no_window():
-    from mmserve.kernels import fused
-
-    hq, hkv, d = 8, 2, 128
-    table = RotaryTable(d, 500000.0, 1024, device=DEVICE)
-    cases = ((True, [1, 16], [40, 300], None, True), (True, [17], [300], None, False),
-             (True, [1], [40], 32, False), (False, [1], [40], None, False))
-    try:
-        for on, q_lens, ctx_lens, window, applies in cases:
-            fused.set_rope_attention(on)
-            kc, vc, meta, positions, qkv = _step(q_lens, ctx_lens, hq, hkv, d, seed=1)
-            out = fused.rope_attention(qkv, hq, hkv, positions, table, LayerKV(kc, vc), meta,
-                                       d**-0.5, window)
-            assert (out is not None) == applies, (on, q_lens, window)
-    finally:
-        fused.set_rope_attention(False)
