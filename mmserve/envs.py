@@ -54,23 +54,31 @@ def _home(value: str | None) -> Path:
 
 
 ENV_VARS: dict[str, EnvVar] = {
-    "MMSERVE_HOME": EnvVar(_home, "~/.cache/mmserve",
-                           "model store: downloads, converted models, locks, voice training"),
-    "MMSERVE_API_KEY": EnvVar(lambda v: v or None, "unset",
-                              "API key when --api-key is not given (unset: routes open)"),
-    "MMSERVE_TRITON": EnvVar(_flag(True), "1",
-                             "0: every kernel on CUDA runs its plain-torch reference"),
-    "MMSERVE_FUSED": EnvVar(_flag(True), "1",
-                            "0: the fused layer kernels run as their unfused composition"),
-    "MMSERVE_QKV_ROPE": EnvVar(_flag(True), "1",
-                               "0: rope and the cache write after the QKV product, not in it"),
-    "MMSERVE_DECODE_STACK": EnvVar(_flag(True), "1",
-                                   "0: small steps run layer by layer, not as one launch"),
+    "MMSERVE_HOME": EnvVar(
+        _home, "~/.cache/mmserve", "model store: downloads, converted models, locks, voice training"
+    ),
+    "MMSERVE_API_KEY": EnvVar(
+        lambda v: v or None, "unset", "API key when --api-key is not given (unset: routes open)"
+    ),
+    "MMSERVE_TRITON": EnvVar(
+        _flag(True), "1", "0: every kernel on CUDA runs its plain-torch reference"
+    ),
+    "MMSERVE_FUSED": EnvVar(
+        _flag(True), "1", "0: the fused layer kernels run as their unfused composition"
+    ),
+    "MMSERVE_QKV_ROPE": EnvVar(
+        _flag(True), "1", "0: rope and the cache write after the QKV product, not in it"
+    ),
+    "MMSERVE_DECODE_STACK": EnvVar(
+        _flag(True), "1", "0: small steps run layer by layer, not as one launch"
+    ),
     "MMSERVE_PDL": EnvVar(_flag(True), "1", "0: no programmatic dependent launch (sm_90+)"),
-    "MMSERVE_COPY_KERNEL": EnvVar(_flag(True), "1",
-                                  "0: a step's small host/device copies as DMA copies"),
-    "MMSERVE_Q8_HEAD": EnvVar(_flag(True), "1",
-                              "0: the LM head reads its bf16 weight, not its Q8_0 blocks"),
+    "MMSERVE_COPY_KERNEL": EnvVar(
+        _flag(True), "1", "0: a step's small host/device copies as DMA copies"
+    ),
+    "MMSERVE_Q8_HEAD": EnvVar(
+        _flag(True), "1", "0: the LM head reads its bf16 weight, not its Q8_0 blocks"
+    ),
 }
 
 

@@ -30,9 +30,23 @@ def test_every_field_and_variable_is_in_the_reference():
 
 def test_only_envs_reads_mmserve_variables():
     """No module reads an ``MMSERVE_*`` variable itself (the table is the one place)."""
-    out = subprocess.run(["git", "grep", "-n", "-E", r"environ[^\n]*MMSERVE_|getenv\(.MMSERVE_",
-                          "--", "mmserve", "connectors", "tts", "parsers"],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            "git",
+            "grep",
+            "-n",
+            "-E",
+            r"environ[^\n]*MMSERVE_|getenv\(.MMSERVE_",
+            "--",
+            "mmserve",
+            "connectors",
+            "tts",
+            "parsers",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if out.returncode not in (0, 1):  # not a git checkout
         pytest.skip("git grep unavailable")
     hits = [line for line in out.stdout.splitlines() if not line.startswith("mmserve/envs.py")]
@@ -69,10 +83,15 @@ def test_kernel_settings_are_frozen_and_overrides_restore():
 
 def test_no_module_flips_a_kernel_switch():
     """Kernel modules keep no ``set_*`` switches and no mutable settings dicts."""
-    out = subprocess.run(["git", "grep", "-n", "-E", r"^def set_|^_state\b|^TUNING\b",
-                          "--", "mmserve/kernels"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        ["git", "grep", "-n", "-E", r"^def set_|^_state\b|^TUNING\b", "--", "mmserve/kernels"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if out.returncode not in (0, 1):
         pytest.skip("git grep unavailable")
     assert not out.stdout.strip(), out.stdout
-    assert not re.search(r"MMSERVE_(ROPE_ATTENTION|O_GROUPS)", (ROOT / "mmserve" / "envs.py")
-                         .read_text())
+    assert not re.search(
+        r"MMSERVE_(ROPE_ATTENTION|O_GROUPS)", (ROOT / "mmserve" / "envs.py").read_text()
+    )

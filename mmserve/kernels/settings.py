@@ -81,16 +81,22 @@ class KernelConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.decode_stack_rows <= STACK_MAX_ROWS:
-            raise ValueError(f"decode_stack_rows must be in [1, {STACK_MAX_ROWS}], "
-                             f"got {self.decode_stack_rows}")
+            raise ValueError(
+                f"decode_stack_rows must be in [1, {STACK_MAX_ROWS}], got {self.decode_stack_rows}"
+            )
 
     @classmethod
     def from_env(cls, **changes) -> KernelConfig:
         """The defaults, with the switches ``mmserve.envs`` reads, then ``changes``."""
-        env = dict(triton=envs.MMSERVE_TRITON, fused=envs.MMSERVE_FUSED,
-                   qkv_rope=envs.MMSERVE_QKV_ROPE, decode_stack=envs.MMSERVE_DECODE_STACK,
-                   pdl=envs.MMSERVE_PDL, copy_kernel=envs.MMSERVE_COPY_KERNEL,
-                   q8_head=envs.MMSERVE_Q8_HEAD)
+        env = dict(
+            triton=envs.MMSERVE_TRITON,
+            fused=envs.MMSERVE_FUSED,
+            qkv_rope=envs.MMSERVE_QKV_ROPE,
+            decode_stack=envs.MMSERVE_DECODE_STACK,
+            pdl=envs.MMSERVE_PDL,
+            copy_kernel=envs.MMSERVE_COPY_KERNEL,
+            q8_head=envs.MMSERVE_Q8_HEAD,
+        )
         return cls(**{**env, **changes})
 
 
