@@ -342,6 +342,9 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated phases (default all): fuzz-http, fuzz-ws, "
                         "abort-storm, overload, slow-clients, long-prefill, eviction, soak")
     stress.add_argument("--fuzz-inputs", type=int, default=10_000)
+    stress.add_argument("--fuzz-give-up-s", type=float, default=5.0,
+                        help="a fuzzing client gives up on an answer after this (the server "
+                        "must then abort the request); long fuzzed generations cost this each")
     stress.add_argument("--aborts", type=int, default=1000)
     stress.add_argument("--soak-clients", type=int, default=64)
     stress.add_argument("--soak-s", type=float, default=1800.0)
@@ -395,6 +398,7 @@ def bench(args: argparse.Namespace) -> int:
         device = "cpu" if args.device == "auto" else args.device
         results = run_stress(StressConfig(
             only=only, device=device, model=args.model, fuzz_inputs=args.fuzz_inputs,
+            fuzz_give_up_s=args.fuzz_give_up_s,
             aborts=args.aborts, max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
             soak_clients=args.soak_clients, soak_s=args.soak_s, out_dir=args.out_dir))
         return int(any(r.crashes or r.status_5xx or r.leaked_blocks for r in results))

@@ -29,6 +29,7 @@ class StressConfig:
     device: str = "cpu"
     model: str | None = None
     fuzz_inputs: int = 10_000  # split between HTTP (60 %) and WebSocket (40 %)
+    fuzz_give_up_s: float = 5.0  # an HTTP fuzzing client's wait for an answer
     aborts: int = 1000
     max_num_seqs: int = 8
     max_waiting: int = 16
@@ -73,7 +74,8 @@ def run_stress(cfg: StressConfig) -> list[phases.PhaseResult]:
 
 def _run_phase(name: str, target: Any, cfg: StressConfig) -> phases.PhaseResult:
     if name == "fuzz-http":
-        return phases.fuzz_http(target, int(cfg.fuzz_inputs * 0.6), cfg.seed)
+        return phases.fuzz_http(target, int(cfg.fuzz_inputs * 0.6), cfg.seed,
+                                give_up_s=cfg.fuzz_give_up_s)
     if name == "fuzz-ws":
         return phases.fuzz_ws(target, cfg.fuzz_inputs - int(cfg.fuzz_inputs * 0.6), cfg.seed)
     if name == "abort-storm":
