@@ -241,6 +241,14 @@ class AudioPolicy:
         """The engine had nothing to run: the next step's time starts afresh."""
         self._begin = self._prev_end = None
 
+    def forget_costs(self) -> None:
+        """Drop the step-cost fit: the steps so far (warm-up) each paid a one-off compile,
+        so they say nothing of a serving step's cost. Kept, its steps of many rows (the
+        only ones until a load brings as many) would fix the fit's per-row slope at a
+        compile's cost, and admission would refuse streams the machine can play."""
+        self.cost = StepCost()
+        self.idle()
+
     # -- output ------------------------------------------------------------------------
     def releases(self, req: Request) -> bool:
         """Whether ``req``'s new tokens leave this step (a chunk is complete, or the

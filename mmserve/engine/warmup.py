@@ -15,7 +15,8 @@ counts of 1, multiples of 16 and neither) whose lengths are likewise 1, multiple
 and neither, greedy and sampled, decoding a few tokens each; then one prompt longer than
 a step's token budget (a full chunk, then the rest beside decodes; capped by the context,
 so at most a context-long prompt where the budget is larger). Speculation is
-switched off meanwhile: its cost model must never record a step that paid a compile.
+switched off meanwhile: its cost model must never record a step that paid a compile;
+for the same reason the audio policy's step-cost fit (admission control) is dropped after.
 
 Afterwards nothing of it remains: every request finished and its blocks freed, the
 prefix cache emptied, the engine's counters back to zero.
@@ -126,3 +127,4 @@ def _forget(engine: LLMEngine) -> None:
     engine.scheduler.num_preemptions = 0
     engine.prompt_tokens_total = engine.generation_tokens_total = 0
     engine.launch.ahead_steps = engine.launch.prelaunched_steps = 0
+    engine.scheduler.policy.forget_costs()

@@ -22,6 +22,7 @@ import torch
 from mmserve.config import EngineConfig
 from mmserve.engine.engine import LLMEngine
 from mmserve.engine.playback import AudioSpec
+from mmserve.engine.warmup import warm_up
 from mmserve.sampling_params import SamplingParams
 
 FRAME_S, TPF, FRAMES, BUFFER_S = 0.04, 2, 50, 0.2
@@ -70,11 +71,13 @@ def tokenizer(default_model_dir):
 
 
 def simulate(mode: str, tokenizer, streams: int = STREAMS,
-             texts: tuple[tuple[float, int, int], ...] = ()
+             texts: tuple[tuple[float, int, int], ...] = (), warm_up_step_s: float = 0.0
              ) -> tuple[dict[str, list], dict[str, str], LLMEngine]:
     """Run the load (``streams`` audio streams; text requests ``(arrival, prompt tokens,
     new tokens)`` named t0, t1, ...) -> ({request: [(time, tokens)] chunks}, {request:
-    finish reason}, engine)."""
+    finish reason}, engine). ``warm_up_step_s`` > 0: the engine is warmed up first (as
+    ``create_engine`` does on CUDA), every warm-up step paying that long for its
+    compiles."""
     config = EngineConfig(device="cpu", max_num_seqs=64, num_kv_blocks=512,
                           enable_prefix_caching=False, async_scheduling=False,
                           audio_scheduling=mode, audio_lead_s=0.6, audio_queue_s=1.0)
@@ -83,20 +86,28 @@ def simulate(mode: str, tokenizer, streams: int = STREAMS,
     engine.scheduler.policy.clock = clock
     run = engine.runner.run
 
+    compiling = [warm_up_step_s > 0]
+
     def timed_run(seqs, *args, **kwargs):
         out = run(seqs, *args, **kwargs)
-        clock.t += step_cost(seqs)
+        clock.t += warm_up_step_s if compiling[0] else step_cost(seqs)
         return out
 
     engine.runner.run = timed_run
+    if compiling[0]:
+        warm_up(engine)
+        compiling[0] = False
+        clock.t += 1.0
+    t0 = clock.t  # the load starts now
     params = SamplingParams(temperature=0, max_tokens=FRAMES * TPF, ignore_eos=True)
     spec = AudioSpec("s", FRAME_S, TPF, buffer_s=BUFFER_S, first_audio_s=0.25,
                      first_chunk_frames=1, max_chunk_frames=8)
-    arrivals = sorted([(i * ARRIVAL_GAP_S, f"s{i}") for i in range(streams)]
-                      + [(t, f"t{i}") for i, (t, _, _) in enumerate(texts)])
+    arrivals = sorted([(t0 + i * ARRIVAL_GAP_S, f"s{i}") for i in range(streams)]
+                      + [(t0 + t, f"t{i}") for i, (t, _, _) in enumerate(texts)])
     chunks: dict[str, list] = {sid: [] for _, sid in arrivals}
     reasons: dict[str, str] = {}
     while arrivals or engine.has_unfinished():
+        assert clock.t < t0 + 60, "the load never ended"
         while arrivals and arrivals[0][0] <= clock.t:
             _, sid = arrivals.pop(0)
             if sid.startswith("t"):
@@ -174,3 +185,18 @@ def test_text_is_not_held_behind_a_stream_waiting_for_room(tokenizer):
         assert got[0][0] - arrival < 0.3, (i, got[0][0] - arrival)
     for sid in (s for s in chunks if s.startswith("s")):
         assert not chunks[sid] or client_gaps(chunks[sid])[1] == 0.0, sid
+
+
+def test_warm_up_steps_do_not_price_admission(tokenizer):
+    """Warm-up steps pay one-off compiles (seconds on CUDA); they are no measure of what a
+    step costs once serving. The warm-up's steps of 16 and 17 rows were the only ones
+    with many rows, so a step-cost fit that kept them priced every added row at their
+    compile time and refused nearly every stream that the machine can play."""
+    _, cold_reasons, _ = simulate("deadline", tokenizer)
+    chunks, reasons, engine = simulate("deadline", tokenizer, warm_up_step_s=0.3)
+    served = [sid for sid, r in reasons.items() if r == "length"]
+    cold_served = [sid for sid, r in cold_reasons.items() if r == "length"]
+    assert len(served) >= len(cold_served) >= 10
+    for sid in served:
+        assert client_gaps(chunks[sid])[1] == 0.0, sid
+    assert engine.blocks.num_used_blocks == 0
