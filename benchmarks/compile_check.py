@@ -33,18 +33,78 @@ from mmserve.kernels import (
 )
 
 TARGET = GPUTarget("cuda", 90, 32)
-NO_HINT = {"L", "M", "B", "att_tiles", "groups", "SPLITS", "PER", "eps", "scale_log2", "stride_sb",
-           "stride_ss"}
-STACK = dict(H=576, HQ=9, HKV=3, D=64, INTER=1536, PAGE=16, P=96, BN=16, BK=256, BKG=64,
-             CH=64, UNROLL=9, ROUND=1, TK=16, ATT_BM=16, ATT_BN=128, SPLIT=128, TIMING=False,
-             WORKERS=48, LINE=64, LQKV=256, LO=64, LGU=512, LD=256, LN=1, KV_ROWS=64,
-             KV_LINES=4, ATT_PREFETCH=1, SPREAD=True, ONE_DOT=True, QKV_ROPE=True,
-             EARLY=True, BKH=64, BKQ=64, TWICE=0, DEFER=True, G=36, GP=64, KS=5, ATT_STAGES=1,
-             V_L1=False, KT=False, ATT_HOIST=0, LATE_RSTD=False,
-             QKV_HOIST=True, PDL=True, POLL="", NO_C=0, SEGO=0, OFUSE=0, BNO=64, BKO=64, BKC=64,
-             O_REGS=False)
-ATTENTION = dict(G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1,
-                 PDL=True)
+NO_HINT = {
+    "L",
+    "M",
+    "B",
+    "att_tiles",
+    "groups",
+    "SPLITS",
+    "PER",
+    "eps",
+    "scale_log2",
+    "stride_sb",
+    "stride_ss",
+}
+STACK = dict(
+    H=576,
+    HQ=9,
+    HKV=3,
+    D=64,
+    INTER=1536,
+    PAGE=16,
+    P=96,
+    BN=16,
+    BK=256,
+    BKG=64,
+    CH=64,
+    UNROLL=9,
+    ROUND=1,
+    TK=16,
+    ATT_BM=16,
+    ATT_BN=128,
+    SPLIT=128,
+    TIMING=False,
+    WORKERS=48,
+    LINE=64,
+    LQKV=256,
+    LO=64,
+    LGU=512,
+    LD=256,
+    LN=1,
+    KV_ROWS=64,
+    KV_LINES=4,
+    ATT_PREFETCH=1,
+    SPREAD=True,
+    ONE_DOT=True,
+    QKV_ROPE=True,
+    EARLY=True,
+    BKH=64,
+    BKQ=64,
+    TWICE=0,
+    DEFER=True,
+    G=36,
+    GP=64,
+    KS=5,
+    ATT_STAGES=1,
+    V_L1=False,
+    KT=False,
+    ATT_HOIST=0,
+    LATE_RSTD=False,
+    QKV_HOIST=True,
+    PDL=True,
+    POLL="",
+    NO_C=0,
+    SEGO=0,
+    OFUSE=0,
+    BNO=64,
+    BKO=64,
+    BKC=64,
+    O_REGS=False,
+)
+ATTENTION = dict(
+    G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1, PDL=True
+)
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
 FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, SEG=0, **GEMM)
 
@@ -58,8 +118,17 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
             types[name] = "*i64"
         elif name in ("tables_ptr", "counter_ptr", "count_ptr", "co_ptr"):
             types[name] = "*i32"
-        elif name in ("part_ptr", "cos_ptr", "sin_ptr", "ks_ptr", "vs_ptr", "ps_ptr", "psi_ptr",
-                      "psm_ptr", "po_ptr"):
+        elif name in (
+            "part_ptr",
+            "cos_ptr",
+            "sin_ptr",
+            "ks_ptr",
+            "vs_ptr",
+            "ps_ptr",
+            "psi_ptr",
+            "psm_ptr",
+            "po_ptr",
+        ):
             types[name] = "*fp32"
         elif name == "q_ptr" and "s_ptr" in fn.arg_names:  # the Q8_0 head's values (the
             # attention kernels' q_ptr is bf16), its scales "s_ptr" float32
@@ -77,8 +146,11 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
 
 def _source(fn, constexprs: dict, fp8: bool) -> ASTSource:
     types = _types(fn, constexprs, fp8)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if types[n] != "constexpr" and n not in NO_HINT}
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if types[n] != "constexpr" and n not in NO_HINT
+    }
     return ASTSource(fn, signature=types, constexprs=constexprs, attrs=attrs)
 
 
@@ -99,7 +171,8 @@ def ttgir_sm90(fn, constexprs: dict, fp8: bool = False, **options) -> str:
     ir.load_dialects(context)
     backend.load_dialects(context)
     module = _source(fn, constexprs, fp8).make_ir(
-        TARGET, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), context)
+        TARGET, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), context
+    )
     metadata: dict = {}
     for stage in ("ttir", "ttgir"):
         module = stages[stage](module, metadata)
@@ -125,8 +198,9 @@ def dot_layouts(fn, constexprs: dict, fp8: bool = False, **options) -> list[tupl
             continue
         result = re.search(r"-> tensor<[^,>]+, (#\w+)>", line)
         ops = re.findall(r"dot_op<\{opIdx = (\d), parent = #\w+, kWidth = (\d+)\}>", line)
-        out.append((*mmas.get(result.group(1) if result else "", ("?", "?")),
-                    *(k for _, k in sorted(ops))))
+        out.append(
+            (*mmas.get(result.group(1) if result else "", ("?", "?")), *(k for _, k in sorted(ops)))
+        )
     return out
 
 
@@ -139,13 +213,19 @@ def report(fn, constexprs: dict, fp8: bool = False, **options) -> str:
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
             f.write(ptx)
-        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
-                             capture_output=True, text=True, check=True).stderr
+        out = subprocess.run(
+            [ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
     regs = re.search(r"Used (\d+) registers", out)
     spill = re.search(r"(\d+) bytes spill stores", out)
-    return (f"{regs.group(1) if regs else '?'} registers, "
-            f"{spill.group(1) if spill else '?'} B spilled, "
-            f"{compiled.metadata.shared // 1024} kB shared")
+    return (
+        f"{regs.group(1) if regs else '?'} registers, "
+        f"{spill.group(1) if spill else '?'} B spilled, "
+        f"{compiled.metadata.shared // 1024} kB shared"
+    )
 
 
 def forms() -> list[tuple[str, object, dict, bool, dict]]:
@@ -162,74 +242,184 @@ def forms() -> list[tuple[str, object, dict, bool, dict]]:
     for spread in (True, False):
         add(f"decode stack, spread={spread}", kernel, (STACK if spread else serial), **stack)
     for spread in (True, False):
-        add(f"decode stack, the barrier's wait as 4 relaxed loads in flight, spread={spread}",
-            kernel, {**(STACK if spread else serial), "POLL": triton_grid.poll_asm(4, 100, False)},
-            **stack)
-    add("decode stack, the K loops at the kernel's 4 stages (gemm_stages off)", kernel,
-        {**STACK, "KS": 0}, **stack)
-    add("decode stack, the norm from the rows (defer off)", kernel, {**STACK, "DEFER": False},
-        **stack)
-    add("decode stack's input kernel", triton_decode_stack._stack_input_kernel,
-        {"GP": 64, "IDS": True, "ZB": 256, "TRIGGER": True}, num_warps=4)
-    add("decode stack, serial, loads after the products (early off)", kernel,
-        {**serial, "EARLY": False}, **stack)
-    add("decode stack, serial, K steps of 256 where K = 576 (bk_exact off)", kernel,
-        {**serial, "BKH": 256, "BKQ": 256, "BKG": 256}, **stack)
-    add("decode stack, serial, gate and up as two products", kernel,
-        {**serial, "ONE_DOT": False}, **stack)
+        add(
+            f"decode stack, the barrier's wait as 4 relaxed loads in flight, spread={spread}",
+            kernel,
+            {**(STACK if spread else serial), "POLL": triton_grid.poll_asm(4, 100, False)},
+            **stack,
+        )
+    add(
+        "decode stack, the K loops at the kernel's 4 stages (gemm_stages off)",
+        kernel,
+        {**STACK, "KS": 0},
+        **stack,
+    )
+    add(
+        "decode stack, the norm from the rows (defer off)",
+        kernel,
+        {**STACK, "DEFER": False},
+        **stack,
+    )
+    add(
+        "decode stack's input kernel",
+        triton_decode_stack._stack_input_kernel,
+        {"GP": 64, "IDS": True, "ZB": 256, "TRIGGER": True},
+        num_warps=4,
+    )
+    add(
+        "decode stack, serial, loads after the products (early off)",
+        kernel,
+        {**serial, "EARLY": False},
+        **stack,
+    )
+    add(
+        "decode stack, serial, K steps of 256 where K = 576 (bk_exact off)",
+        kernel,
+        {**serial, "BKH": 256, "BKQ": 256, "BKG": 256},
+        **stack,
+    )
+    add(
+        "decode stack, serial, gate and up as two products",
+        kernel,
+        {**serial, "ONE_DOT": False},
+        **stack,
+    )
     for spread in (True, False):
-        add(f"decode stack, rope in the attention phase (qkv_rope off), spread={spread}",
-            kernel, {**(STACK if spread else serial), "QKV_ROPE": False}, **stack)
+        add(
+            f"decode stack, rope in the attention phase (qkv_rope off), spread={spread}",
+            kernel,
+            {**(STACK if spread else serial), "QKV_ROPE": False},
+            **stack,
+        )
     kernel = triton_attention._paged_attention_kernel
     for fp8, prefetch in ((False, 0), (False, 1), (False, 2), (True, 1)):
-        add(f"paged attention, fp8={fp8}, prefetch={prefetch}", kernel,
-            {**ATTENTION, "FP8": fp8, "PREFETCH": prefetch}, fp8, num_warps=4, num_stages=2)
+        add(
+            f"paged attention, fp8={fp8}, prefetch={prefetch}",
+            kernel,
+            {**ATTENTION, "FP8": fp8, "PREFETCH": prefetch},
+            fp8,
+            num_warps=4,
+            num_stages=2,
+        )
     kernel = triton_attention._paged_attention_spread_kernel
     for fp8, prefetch, d in ((False, 2, 64), (False, 2, 128), (True, 1, 128)):
-        add(f"paged attention, spread, fp8={fp8}, prefetch={prefetch}, D={d}", kernel,
+        add(
+            f"paged attention, spread, fp8={fp8}, prefetch={prefetch}, D={d}",
+            kernel,
             {**ATTENTION, "FP8": fp8, "PREFETCH": prefetch, "D": d, "G": 4 if d == 128 else 3},
-            fp8, num_warps=4, num_stages=2)
+            fp8,
+            num_warps=4,
+            num_stages=2,
+        )
     for late in (False, True):  # the PDL trigger at the start or after the K loop
-        add(f"GEMM, late={late}", triton_matmul._gemm_kernel,
-            {**GEMM, "UPCAST": False, "LATE": late}, num_warps=2, num_stages=4)
+        add(
+            f"GEMM, late={late}",
+            triton_matmul._gemm_kernel,
+            {**GEMM, "UPCAST": False, "LATE": late},
+            num_warps=2,
+            num_stages=4,
+        )
         for epilogue in ("RESIDUAL", "GATED", "NORM"):
-            add(f"fused GEMM, {epilogue.lower()}, late={late}", triton_fused._fused_gemm_kernel,
-                {**FUSED, epilogue: True, "LATE": late}, num_warps=2, num_stages=4)
+            add(
+                f"fused GEMM, {epilogue.lower()}, late={late}",
+                triton_fused._fused_gemm_kernel,
+                {**FUSED, epilogue: True, "LATE": late},
+                num_warps=2,
+                num_stages=4,
+            )
     # the residual GEMMs' deeper pipelines (triton_fused.RESIDUAL_STAGES): two programs an SM
     for stages in (6, 7):
-        add(f"fused GEMM, residual, {stages} stages", triton_fused._fused_gemm_kernel,
-            {**FUSED, "RESIDUAL": True}, num_warps=2, num_stages=stages)
+        add(
+            f"fused GEMM, residual, {stages} stages",
+            triton_fused._fused_gemm_kernel,
+            {**FUSED, "RESIDUAL": True},
+            num_warps=2,
+            num_stages=stages,
+        )
     # the normed prefill tiles (fused_config: 64 and 128 rows)
-    for bm, bn, bk, warps, gated in ((64, 64, 64, 4, False), (128, 64, 64, 8, False),
-                                     (64, 32, 32, 4, True)):
-        add(f"fused GEMM, norm, {bm}x{bn}x{bk}, {warps} warps, gated={gated}",
+    for bm, bn, bk, warps, gated in (
+        (64, 64, 64, 4, False),
+        (128, 64, 64, 8, False),
+        (64, 32, 32, 4, True),
+    ):
+        add(
+            f"fused GEMM, norm, {bm}x{bn}x{bk}, {warps} warps, gated={gated}",
             triton_fused._fused_gemm_kernel,
             {**FUSED, "NORM": True, "GATED": gated, "BM": bm, "BN": bn, "BK": bk, "UNROLL": 1},
-            num_warps=warps, num_stages=3)
+            num_warps=warps,
+            num_stages=3,
+        )
     # the thin tile of a wide model's gate_up (triton_matmul.MLP_MAX_WIDTH)
-    add("GEMM, 16x64x256, 4 warps, 3 stages", triton_matmul._gemm_kernel,
-        {**GEMM, "UPCAST": False, "BN": 64}, num_warps=4, num_stages=3)
+    add(
+        "GEMM, 16x64x256, 4 warps, 3 stages",
+        triton_matmul._gemm_kernel,
+        {**GEMM, "UPCAST": False, "BN": 64},
+        num_warps=4,
+        num_stages=3,
+    )
     # the QKV product with rope and the cache write in its epilogue: the 8B thin tile (no
     # norm) and SmolLM2-135M's (the norm prologue)
     for hq, hkv, d, norm in ((32, 8, 128, False), (9, 3, 64, True)):
-        add(f"QKV + rope, HQ={hq} HKV={hkv} D={d} norm={norm}", triton_fused._qkv_rope_kernel,
-            {"HQ": hq, "HKV": hkv, "D": d, "NORM": norm, "HAS_BIAS": False, "ROUND": 1,
-             "BM": 16, "BN": 16, "BK": 256, "GROUP_M": 8, "CH": 64, "UNROLL": 8, "PDL": True},
-            num_warps=2, num_stages=4)
+        add(
+            f"QKV + rope, HQ={hq} HKV={hkv} D={d} norm={norm}",
+            triton_fused._qkv_rope_kernel,
+            {
+                "HQ": hq,
+                "HKV": hkv,
+                "D": d,
+                "NORM": norm,
+                "HAS_BIAS": False,
+                "ROUND": 1,
+                "BM": 16,
+                "BN": 16,
+                "BK": 256,
+                "GROUP_M": 8,
+                "CH": 64,
+                "UNROLL": 8,
+                "PDL": True,
+            },
+            num_warps=2,
+            num_stages=4,
+        )
     # the LM head from Q8_0 blocks at its tiles (triton_matmul.q8_tile's two)
     for cfg in (triton_matmul.Q8_TILE_FEW, triton_matmul.Q8_TILE_MANY):
-        add(f"Q8_0 GEMM, {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps} warps, {cfg.stages} stages",
+        add(
+            f"Q8_0 GEMM, {cfg.bm}x{cfg.bn}x{cfg.bk}, {cfg.warps} warps, {cfg.stages} stages",
             triton_matmul._gemm_q8_kernel,
-            {"BM": cfg.bm, "BN": cfg.bn, "QB": cfg.bk, "GROUP_M": 8, "UPCAST": True, "PDL": True,
-             "LATE": False, "FMA": True},
-            num_warps=cfg.warps, num_stages=cfg.stages)
+            {
+                "BM": cfg.bm,
+                "BN": cfg.bn,
+                "QB": cfg.bk,
+                "GROUP_M": 8,
+                "UPCAST": True,
+                "PDL": True,
+                "LATE": False,
+                "FMA": True,
+            },
+            num_warps=cfg.warps,
+            num_stages=cfg.stages,
+        )
     # rope + cache write + attention in one launch (the stack's attention phase), both shapes
     for hq, hkv, d in ((9, 3, 64), (32, 8, 128)):
-        add(f"rope + attention, HQ={hq} HKV={hkv} D={d}",
+        add(
+            f"rope + attention, HQ={hq} HKV={hkv} D={d}",
             triton_rope_attention._rope_attention_kernel,
-            {"HQ": hq, "HKV": hkv, "D": d, "PAGE": 16, "BM": 16, "BN": 128 if d < 128 else 64,
-             "SPLIT": 128 if d < 128 else 64, "TK": 16, "ROUND": 1, "PREFETCH": 2, "PDL": True},
-            num_warps=4, num_stages=2)
+            {
+                "HQ": hq,
+                "HKV": hkv,
+                "D": d,
+                "PAGE": 16,
+                "BM": 16,
+                "BN": 128 if d < 128 else 64,
+                "SPLIT": 128 if d < 128 else 64,
+                "TK": 16,
+                "ROUND": 1,
+                "PREFETCH": 2,
+                "PDL": True,
+            },
+            num_warps=4,
+            num_stages=2,
+        )
     return out
 
 

@@ -18,12 +18,24 @@ import torch
 
 from mmserve import LLM, SamplingParams
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
-           "The best way to learn Python is", "Water boils at", "Dear Sir or Madam,",
-           "SELECT * FROM", "In 1969, the first", "Photosynthesis is the process",
-           "To be or not to be,", "A haiku about the sea:\n", "import numpy as np\n",
-           "My favourite colour is", "1, 2, 3, 4,", "Q: What is 7 times 8?\nA:",
-           "The three laws of robotics are"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "The best way to learn Python is",
+    "Water boils at",
+    "Dear Sir or Madam,",
+    "SELECT * FROM",
+    "In 1969, the first",
+    "Photosynthesis is the process",
+    "To be or not to be,",
+    "A haiku about the sea:\n",
+    "import numpy as np\n",
+    "My favourite colour is",
+    "1, 2, 3, 4,",
+    "Q: What is 7 times 8?\nA:",
+    "The three laws of robotics are",
+]
 
 
 def measure(invariant: bool, batch: int, max_tokens: int = 48) -> dict:
@@ -37,23 +49,42 @@ def measure(invariant: bool, batch: int, max_tokens: int = 48) -> dict:
         out = llm.generate(prompts, params)
         times.append(time.perf_counter() - start)
     tokens = sum(len(r.token_ids) for r in out)
-    return {"invariant": invariant, "batch": batch, "tok_s": tokens / min(times),
-            "seconds": min(times), "token_ids": [r.token_ids for r in out]}
+    return {
+        "invariant": invariant,
+        "batch": batch,
+        "tok_s": tokens / min(times),
+        "seconds": min(times),
+        "token_ids": [r.token_ids for r in out],
+    }
 
 
 def main() -> None:
     rows = []
     for batch in (1, 16):
         on, off = measure(True, batch), measure(False, batch)
-        rows.append({"batch": batch, "invariant_tok_s": on["tok_s"], "plain_tok_s": off["tok_s"],
-                     "cost": off["tok_s"] / on["tok_s"],
-                     "same_tokens": on["token_ids"] == off["token_ids"]})
-        print(f"batch {batch:2d}: invariant {on['tok_s']:6.1f} tok/s, plain F.linear "
-              f"{off['tok_s']:6.1f} tok/s -> invariance costs x{rows[-1]['cost']:.2f}; "
-              f"same tokens: {rows[-1]['same_tokens']}", flush=True)
-    report = {"machine": platform.platform(), "threads": torch.get_num_threads(),
-              "torch": torch.__version__, "model": "smollm2-135m-instruct fp32",
-              "max_tokens": 48, "rows": rows}
+        rows.append(
+            {
+                "batch": batch,
+                "invariant_tok_s": on["tok_s"],
+                "plain_tok_s": off["tok_s"],
+                "cost": off["tok_s"] / on["tok_s"],
+                "same_tokens": on["token_ids"] == off["token_ids"],
+            }
+        )
+        print(
+            f"batch {batch:2d}: invariant {on['tok_s']:6.1f} tok/s, plain F.linear "
+            f"{off['tok_s']:6.1f} tok/s -> invariance costs x{rows[-1]['cost']:.2f}; "
+            f"same tokens: {rows[-1]['same_tokens']}",
+            flush=True,
+        )
+    report = {
+        "machine": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "model": "smollm2-135m-instruct fp32",
+        "max_tokens": 48,
+        "rows": rows,
+    }
     path = Path(sys.argv[1] if len(sys.argv) > 1 else "bench_out/cpu_invariance.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))

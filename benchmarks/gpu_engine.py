@@ -21,12 +21,24 @@ from mmserve.bench.spec import run_spec_bench
 # seconds on a GPU machine, and runs take 0.1-0.5 s
 REPEATS = 11
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
-           "The best way to learn Python is", "Water boils at", "Dear Sir or Madam,",
-           "SELECT * FROM", "In 1969, the first", "Photosynthesis is the process",
-           "To be or not to be,", "A haiku about the sea:\n", "import numpy as np\n",
-           "My favourite colour is", "1, 2, 3, 4,", "Q: What is 7 times 8?\nA:",
-           "The three laws of robotics are"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "The best way to learn Python is",
+    "Water boils at",
+    "Dear Sir or Madam,",
+    "SELECT * FROM",
+    "In 1969, the first",
+    "Photosynthesis is the process",
+    "To be or not to be,",
+    "A haiku about the sea:\n",
+    "import numpy as np\n",
+    "My favourite colour is",
+    "1, 2, 3, 4,",
+    "Q: What is 7 times 8?\nA:",
+    "The three laws of robotics are",
+]
 
 
 def prefill_graphs(llm: LLM, model: str) -> dict:
@@ -36,8 +48,10 @@ def prefill_graphs(llm: LLM, model: str) -> dict:
     long = " ".join(PROMPTS) * 6  # ~900 tokens
     prompts = [*PROMPTS, long]
     params = SamplingParams(temperature=0, max_tokens=32)
-    same = [a.token_ids == b.token_ids for a, b in
-            zip(llm.generate(prompts, params), eager.generate(prompts, params), strict=True)]
+    same = [
+        a.token_ids == b.token_ids
+        for a, b in zip(llm.generate(prompts, params), eager.generate(prompts, params), strict=True)
+    ]
     one = SamplingParams(temperature=0, max_tokens=1)
     ttft = {}
     for label, engine in (("graphs", llm), ("eager", eager)):

@@ -23,40 +23,78 @@ from pathlib import Path
 import numpy as np
 
 SCHEMAS: dict[str, dict] = {
-    "flat": {"type": "object", "properties": {"name": {"type": "string"},
-                                              "age": {"type": "integer"}},
-             "required": ["name", "age"], "additionalProperties": False},
-    "enum_array": {"type": "object", "properties": {
-        "colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]}},
-        "score": {"type": "number"}}, "required": ["colors", "score"],
-        "additionalProperties": False},
-    "nested": {"type": "object", "properties": {
-        "user": {"type": "object", "properties": {
-            "id": {"type": "integer"}, "email": {"type": "string"},
-            "tags": {"type": "array", "items": {"type": "string"}}},
-            "required": ["id", "email", "tags"], "additionalProperties": False},
-        "active": {"type": "boolean"}, "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
-        "required": ["user", "active", "note"], "additionalProperties": False},
-    "defs": {"$defs": {"Item": {"type": "object", "properties": {
-        "sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
-        "required": ["sku", "qty"], "additionalProperties": False}},
-        "type": "object", "properties": {"items": {"type": "array",
-                                                   "items": {"$ref": "#/$defs/Item"}},
-                                         "total": {"type": "number"}},
-        "required": ["items", "total"], "additionalProperties": False},
-    "tool_call": {"type": "object", "properties": {
-        "name": {"const": "get_weather"},
-        "arguments": {"type": "object", "properties": {
-            "city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-            "required": ["city", "unit"], "additionalProperties": False}},
-        "required": ["name", "arguments"], "additionalProperties": False},
+    "flat": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    "enum_array": {
+        "type": "object",
+        "properties": {
+            "colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]}},
+            "score": {"type": "number"},
+        },
+        "required": ["colors", "score"],
+        "additionalProperties": False,
+    },
+    "nested": {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"},
+                    "email": {"type": "string"},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["id", "email", "tags"],
+                "additionalProperties": False,
+            },
+            "active": {"type": "boolean"},
+            "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        },
+        "required": ["user", "active", "note"],
+        "additionalProperties": False,
+    },
+    "defs": {
+        "$defs": {
+            "Item": {
+                "type": "object",
+                "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
+                "required": ["sku", "qty"],
+                "additionalProperties": False,
+            }
+        },
+        "type": "object",
+        "properties": {
+            "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+            "total": {"type": "number"},
+        },
+        "required": ["items", "total"],
+        "additionalProperties": False,
+    },
+    "tool_call": {
+        "type": "object",
+        "properties": {
+            "name": {"const": "get_weather"},
+            "arguments": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    },
     "any_json": {"type": "object"},
 }
 DOCS: dict[str, str] = {
     "flat": '{"name": "Ada Lovelace", "age": 36}',
     "enum_array": '{"colors": ["red", "blue", "green", "red"], "score": 0.875}',
     "nested": '{"user": {"id": 42, "email": "ada@example.com", "tags": ["math", "poetry", '
-              '"engines"]}, "active": true, "note": null}',
+    '"engines"]}, "active": true, "note": null}',
     "defs": '{"items": [{"sku": "A-1", "qty": 2}, {"sku": "B-22", "qty": 10}], "total": 31.5}',
     "tool_call": '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}',
     "any_json": '{"title": "A short story", "words": 120, "genres": ["fable", "myth"]}',
@@ -83,16 +121,16 @@ class XG:
 
         self.xgr = xgr
         hf = PreTrainedTokenizerFast(tokenizer_file=tokenizer_json)
-        self.info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size,
-                                                      stop_token_ids=eos)
+        self.info = xgr.TokenizerInfo.from_huggingface(
+            hf, vocab_size=vocab_size, stop_token_ids=eos
+        )
         self.vocab = vocab_size
 
     def compiler(self):
         return self.xgr.GrammarCompiler(self.info, cache_enabled=False)
 
     def compile_schema(self, c, schema: dict):
-        return c.compile_json_schema(json.dumps(schema), strict_mode=True,
-                                     any_whitespace=False)
+        return c.compile_json_schema(json.dumps(schema), strict_mode=True, any_whitespace=False)
 
     def compile_regex(self, c, regex: str):
         return c.compile_regex(regex)
@@ -150,9 +188,16 @@ class LLG:
         return grammar
 
     def compile_schema(self, c, schema: dict):
-        return self._check(self.llg.LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), defaults={"whitespace_flexible": False, "item_separator": ", ",
-                                          "key_separator": ": "}))
+        return self._check(
+            self.llg.LLMatcher.grammar_from_json_schema(
+                json.dumps(schema),
+                defaults={
+                    "whitespace_flexible": False,
+                    "item_separator": ", ",
+                    "key_separator": ": ",
+                },
+            )
+        )
 
     def compile_regex(self, c, regex: str):
         return self._check(self.llg.LLMatcher.grammar_from_regex(regex))
@@ -173,8 +218,9 @@ class LLG:
         self.lnp.fill_next_token_bitmask(m, mask, i)
 
     def fill_batch(self, ms, mask) -> None:
-        self.lnp.fill_next_token_bitmask_par(self.executor, [(m, i) for i, m in enumerate(ms)],
-                                             mask)
+        self.lnp.fill_next_token_bitmask_par(
+            self.executor, [(m, i) for i, m in enumerate(ms)], mask
+        )
 
     def accept(self, m, tok: int) -> bool:
         return m.consume_token(tok)
@@ -199,8 +245,10 @@ def compile_times(lib, reps: int = 3) -> dict[str, float]:
             lib.matcher(lib.compile_schema(c, schema))  # a first matcher: llg compiles lazily
             ts.append(time.perf_counter() - t)
         out[name] = _ms(statistics.median(ts))
-    for name, fn, arg in (("regex", lib.compile_regex, REGEX),
-                          ("choice", lib.compile_choice, CHOICES)):
+    for name, fn, arg in (
+        ("regex", lib.compile_regex, REGEX),
+        ("choice", lib.compile_choice, CHOICES),
+    ):
         c = lib.compiler()
         t = time.perf_counter()
         lib.matcher(fn(c, arg))
@@ -239,10 +287,13 @@ def mask_times(lib, encode, batch: int, parallel: bool) -> dict:
             valid &= lib.allowed(mask, i, toks[i][s])
             valid &= bool(lib.accept(ms[i], toks[i][s]))
         adv_s.append(time.perf_counter() - t)
-    return {"fill_us_per_step": _us(statistics.mean(fill_s)),
-            "fill_us_p50": _us(statistics.median(fill_s)),
-            "advance_us_per_step": _us(statistics.mean(adv_s)),
-            "steps": steps, "docs_accepted": valid}
+    return {
+        "fill_us_per_step": _us(statistics.mean(fill_s)),
+        "fill_us_p50": _us(statistics.median(fill_s)),
+        "advance_us_per_step": _us(statistics.mean(adv_s)),
+        "steps": steps,
+        "docs_accepted": valid,
+    }
 
 
 def rollback_check(lib, encode) -> dict:
@@ -254,7 +305,7 @@ def rollback_check(lib, encode) -> dict:
     ok = True
     for i, t in enumerate(toks):
         # accept up to 3 tokens ahead, roll them back, then take the true token
-        ahead = toks[i:i + 3]
+        ahead = toks[i : i + 3]
         n = 0
         for a in ahead:
             if not lib.accept(m, a):
@@ -274,19 +325,26 @@ def tool_support(lib) -> dict:
     out = {}
     try:
         if lib.name == "xgrammar":
-            tag = lib.xgr.StructuralTagItem(begin="<tool_call>\n", schema=SCHEMAS["tool_call"],
-                                            end="\n</tool_call>")
+            tag = lib.xgr.StructuralTagItem(
+                begin="<tool_call>\n", schema=SCHEMAS["tool_call"], end="\n</tool_call>"
+            )
             lib.compiler().compile_structural_tag([tag], ["<tool_call>"])
         else:
-            lark = ('start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json '
-                    + json.dumps(SCHEMAS["tool_call"]))
+            lark = 'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json ' + json.dumps(
+                SCHEMAS["tool_call"]
+            )
             lib.matcher(lib._check(lib.llg.LLMatcher.grammar_from_lark(lark)))
         out["tool_call_markup"] = True
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         out["tool_call_markup"] = f"failed: {exc}"
     try:
-        lib.compile_schema(lib.compiler(), {"type": "object", "properties": {
-            "x": {"type": "string", "pattern": "^[a-z]+$", "format": "email"}}})
+        lib.compile_schema(
+            lib.compiler(),
+            {
+                "type": "object",
+                "properties": {"x": {"type": "string", "pattern": "^[a-z]+$", "format": "email"}},
+            },
+        )
         out["unsupported_keyword"] = "accepted"
     except Exception as exc:  # noqa: BLE001
         out["unsupported_keyword"] = f"rejected: {str(exc)[:120]}"
@@ -295,8 +353,9 @@ def tool_support(lib) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model-dir", default=str(Path.home() / ".cache/mmserve/models/"
-                                                "smollm2-135m-instruct"))
+    ap.add_argument(
+        "--model-dir", default=str(Path.home() / ".cache/mmserve/models/smollm2-135m-instruct")
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from mmserve.models.tokenizer import Tokenizer

@@ -50,8 +50,9 @@ def timed(acc: dict, name: str, obj, attr: str) -> None:
 
 
 def engine_run(llm: LLM, batch: int, profile: bool = True, temperature: float = 0.0) -> dict:
-    params = SamplingParams(temperature=temperature, seed=1 if temperature else None,
-                            max_tokens=TOKENS, ignore_eos=True)
+    params = SamplingParams(
+        temperature=temperature, seed=1 if temperature else None, max_tokens=TOKENS, ignore_eos=True
+    )
     prompts = [f"Story number {i}: once upon a time" for i in range(batch)]
     eng = llm.engine
     default = eng.async_scheduling
@@ -83,17 +84,28 @@ def engine_run(llm: LLM, batch: int, profile: bool = True, temperature: float = 
 
     eng.step = counted
     llm.generate(prompts, params)
-    for o, names in ((eng, ["step"]), (eng.runner, ["run"]), (eng.scheduler, ["schedule"]),
-                     (eng.sampler, ["sample"]), (eng.appender, ["append"])):
+    for o, names in (
+        (eng, ["step"]),
+        (eng.runner, ["run"]),
+        (eng.scheduler, ["schedule"]),
+        (eng.sampler, ["sample"]),
+        (eng.appender, ["append"]),
+    ):
         for n in names:
             del o.__dict__[n]
     n = steps[0]
     per = {k: round(1e6 * v / n, 1) for k, v in acc.items()}
-    per["other"] = round(per["step"] - sum(per[k] for k in ("schedule", "run", "sample",
-                                                             "append")), 1)
+    per["other"] = round(
+        per["step"] - sum(per[k] for k in ("schedule", "run", "sample", "append")), 1
+    )
     eng.async_scheduling = default
-    out = {"tok_s_best": round(best[False], 1), "async_tok_s_best": round(best[True], 1),
-           "async_same_tokens": same, "steps": n, "us_per_step": per}
+    out = {
+        "tok_s_best": round(best[False], 1),
+        "async_tok_s_best": round(best[True], 1),
+        "async_same_tokens": same,
+        "steps": n,
+        "us_per_step": per,
+    }
     if not profile:
         return out
     pr = cProfile.Profile()
@@ -130,8 +142,11 @@ def bare_run(llm: LLM, batch: int) -> dict:
 def main() -> None:
     model, out_dir = sys.argv[1], Path(sys.argv[2])
     args = sys.argv[3:]
-    batches = [int(b) for b in args[args.index("--batches") + 1].split(",")] \
-        if "--batches" in args else [1, 4, 16]
+    batches = (
+        [int(b) for b in args[args.index("--batches") + 1].split(",")]
+        if "--batches" in args
+        else [1, 4, 16]
+    )
     profile = "--no-cprofile" not in args
     temperature = float(args[args.index("--temperature") + 1]) if "--temperature" in args else 0.0
     out_dir.mkdir(parents=True, exist_ok=True)

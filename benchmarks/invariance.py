@@ -26,19 +26,31 @@ from triton.testing import do_bench
 from mmserve.kernels.triton_matmul import TileConfig, invariant_linear
 
 SHAPES = {  # name: (N, K) of x @ W.T
-    "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096),
-    "8b.down": (4096, 14336), "8b.lm_head": (128256, 4096),
-    "135m.qkv": (960, 576), "135m.gate_up": (3072, 576), "135m.down": (576, 1536),
+    "8b.qkv": (6144, 4096),
+    "8b.o": (4096, 4096),
+    "8b.gate_up": (28672, 4096),
+    "8b.down": (4096, 14336),
+    "8b.lm_head": (128256, 4096),
+    "135m.qkv": (960, 576),
+    "135m.gate_up": (3072, 576),
+    "135m.down": (576, 1536),
     "135m.lm_head": (49152, 576),
 }
 TIME_M = (1, 32, 64, 128, 256, 2048)
 SWEEP = {
-    1: [(16, 16, 256, 4, 4), (16, 16, 128, 4, 6), (16, 16, 512, 4, 3), (16, 32, 256, 4, 4),
-        (16, 32, 128, 4, 5), (16, 64, 128, 4, 4), (16, 16, 256, 2, 4), (16, 16, 64, 4, 8)],
+    1: [
+        (16, 16, 256, 4, 4),
+        (16, 16, 128, 4, 6),
+        (16, 16, 512, 4, 3),
+        (16, 32, 256, 4, 4),
+        (16, 32, 128, 4, 5),
+        (16, 64, 128, 4, 4),
+        (16, 16, 256, 2, 4),
+        (16, 16, 64, 4, 8),
+    ],
     64: [(64, 32, 128, 4, 4), (64, 16, 256, 4, 4), (64, 64, 64, 4, 4), (64, 64, 128, 4, 3)],
     128: [(128, 64, 64, 8, 4), (64, 64, 128, 4, 4), (128, 32, 128, 8, 4), (64, 128, 64, 4, 4)],
-    2048: [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4),
-           (256, 128, 64, 8, 3)],
+    2048: [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (256, 128, 64, 8, 3)],
 }
 
 
@@ -75,8 +87,10 @@ def triton_configs_agree(n: int, k: int) -> dict:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     base = invariant_linear(x[:1], w)[0]
     cfgs = {tuple(c) for cs in SWEEP.values() for c in cs}
-    return {str(c): torch.equal(invariant_linear(x, w, config=TileConfig(*c))[0], base)
-            for c in sorted(cfgs)}
+    return {
+        str(c): torch.equal(invariant_linear(x, w, config=TileConfig(*c))[0], base)
+        for c in sorted(cfgs)
+    }
 
 
 def time_gemms() -> dict:
@@ -87,9 +101,13 @@ def time_gemms() -> dict:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             cub = graph_us(lambda i, x=x, ws=ws: F.linear(x, ws[i]), len(ws))
             tri = graph_us(lambda i, x=x, ws=ws: invariant_linear(x, ws[i]), len(ws))
-            rows[f"{name} M={m}"] = {"cublas_us": cub, "triton_us": tri, "ratio": tri / cub,
-                                     "triton_gb_s": n * k * 2 / (tri * 1e-6) / 1e9,
-                                     "cublas_gb_s": n * k * 2 / (cub * 1e-6) / 1e9}
+            rows[f"{name} M={m}"] = {
+                "cublas_us": cub,
+                "triton_us": tri,
+                "ratio": tri / cub,
+                "triton_gb_s": n * k * 2 / (tri * 1e-6) / 1e9,
+                "cublas_gb_s": n * k * 2 / (cub * 1e-6) / 1e9,
+            }
         del ws
     return rows
 
@@ -105,8 +123,10 @@ def sweep() -> dict:
             ws = weights(n, k)
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             for c in cfgs:
-                us = graph_us(lambda i, x=x, ws=ws, c=c: invariant_linear(
-                    x, ws[i], config=TileConfig(*c)), len(ws))
+                us = graph_us(
+                    lambda i, x=x, ws=ws, c=c: invariant_linear(x, ws[i], config=TileConfig(*c)),
+                    len(ws),
+                )
                 out.setdefault(f"M={m} {name}", {})[str(c)] = us
             del ws
     return out
@@ -135,27 +155,40 @@ def time_attention() -> dict:
             kc = torch.randn(b * per, page, hkv, d, device="cuda", dtype=torch.bfloat16)
             vc = torch.randn_like(kc)
             tables = torch.randperm(b * per, device="cuda").view(b, per)
-            meta = PagedMetadata(torch.zeros(b, dtype=torch.long, device="cuda"), tables,
-                                 torch.full((b,), ctx, device="cuda"),
-                                 torch.arange(b, device="cuda"),
-                                 torch.ones(b, dtype=torch.long, device="cuda"), 1)
+            meta = PagedMetadata(
+                torch.zeros(b, dtype=torch.long, device="cuda"),
+                tables,
+                torch.full((b,), ctx, device="cuda"),
+                torch.arange(b, device="cuda"),
+                torch.ones(b, dtype=torch.long, device="cuda"),
+                1,
+            )
             q = torch.randn(b, hkv * g, d, device="cuda", dtype=torch.bfloat16)
             nbytes = 2 * b * ctx * hkv * d * 2
-            us = graph_us(lambda i, q=q, kc=kc, vc=vc, meta=meta, d=d:
-                          cuda_paged_attention(q, kc, vc, meta, d**-0.5), 1)
+            us = graph_us(
+                lambda i, q=q, kc=kc, vc=vc, meta=meta, d=d: cuda_paged_attention(
+                    q, kc, vc, meta, d**-0.5
+                ),
+                1,
+            )
             out[f"Hkv={hkv} G={g} D={d} B={b} ctx={ctx}"] = {
-                "us": us, "gb_s": nbytes / (us * 1e-6) / 1e9}
+                "us": us,
+                "gb_s": nbytes / (us * 1e-6) / 1e9,
+            }
     return out
 
 
 def main() -> None:
     res: dict = {"gpu": torch.cuda.get_device_name()}
     res["cublas_row0_changes"] = {
-        name: row0_changes(lambda x, w: F.linear(x, w), n, k) for name, (n, k) in SHAPES.items()}
+        name: row0_changes(lambda x, w: F.linear(x, w), n, k) for name, (n, k) in SHAPES.items()
+    }
     res["triton_row0_changes"] = {
-        name: row0_changes(invariant_linear, n, k) for name, (n, k) in SHAPES.items()}
-    res["triton_configs_agree"] = {name: triton_configs_agree(*SHAPES[name])
-                                   for name in ("8b.o", "8b.down", "135m.down")}
+        name: row0_changes(invariant_linear, n, k) for name, (n, k) in SHAPES.items()
+    }
+    res["triton_configs_agree"] = {
+        name: triton_configs_agree(*SHAPES[name]) for name in ("8b.o", "8b.down", "135m.down")
+    }
     res["gemm_time"] = time_gemms()
     res["sweep"] = sweep()
     res["best_configs"] = best_configs(res["sweep"])
@@ -170,12 +203,16 @@ def main() -> None:
         c, t = res["cublas_row0_changes"][name], res["triton_row0_changes"][name]
         print(f"  {name:<14} cuBLAS {len(c):>3} {c[:6]}   triton {len(t):>3} {t[:6]}")
     for name, agree in res["triton_configs_agree"].items():
-        print(f"  triton configs agree with M=1 on {name}: {sum(agree.values())}/{len(agree)}"
-              f" {[k for k, v in agree.items() if not v]}")
+        print(
+            f"  triton configs agree with M=1 on {name}: {sum(agree.values())}/{len(agree)}"
+            f" {[k for k, v in agree.items() if not v]}"
+        )
     print("GEMM time (us, graph replay): cuBLAS vs triton-invariant")
     for key, r in res["gemm_time"].items():
-        print(f"  {key:<24} {r['cublas_us']:9.1f} {r['triton_us']:9.1f}  x{r['ratio']:.2f}"
-              f"  ({r['cublas_gb_s']:6.0f} / {r['triton_gb_s']:6.0f} GB/s weights)")
+        print(
+            f"  {key:<24} {r['cublas_us']:9.1f} {r['triton_us']:9.1f}  x{r['ratio']:.2f}"
+            f"  ({r['cublas_gb_s']:6.0f} / {r['triton_gb_s']:6.0f} GB/s weights)"
+        )
     print("tile sweep (us per call; best first)")
     for key, r in res["sweep"].items():
         best = sorted(r.items(), key=lambda kv: kv[1])

@@ -43,12 +43,19 @@ def main() -> None:
     llm_probe = LLM()
     tok = llm_probe.tokenizer
     rng = random.Random(0)
-    base = [tok.encode(t) for t in ("The river town woke slowly and the ferry bell rang.",
-                                    "def add(a, b):\n    return a + b\n",
-                                    "Sales rose by eight percent while costs fell.")]
+    base = [
+        tok.encode(t)
+        for t in (
+            "The river town woke slowly and the ferry bell rang.",
+            "def add(a, b):\n    return a + b\n",
+            "Sales rose by eight percent while costs fell.",
+        )
+    ]
     phrases = [[rng.randrange(49152) for _ in range(10)] for _ in range(100000)]
-    corpus = [[*rng.choice(base), *[t for _ in range(20) for t in rng.choice(phrases)]]
-              for _ in range(20000)]  # ~4M tokens of phrases that recur: a big table
+    corpus = [
+        [*rng.choice(base), *[t for _ in range(20) for t in rng.choice(phrases)]]
+        for _ in range(20000)
+    ]  # ~4M tokens of phrases that recur: a big table
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "table.bin"
         build_table(corpus, path, n=3, max_continuation=8, min_count=2)
@@ -65,20 +72,34 @@ def main() -> None:
         runs = {}
         for name, in_memory in (("disk", False), ("ram", True)):
             drop_page_cache(path)
-            llm = LLM(speculative_config={"method": "ngram_table", "table_path": str(path),
-                                          "table_in_memory": in_memory,
-                                          "num_speculative_tokens": 4})
+            llm = LLM(
+                speculative_config={
+                    "method": "ngram_table",
+                    "table_path": str(path),
+                    "table_in_memory": in_memory,
+                    "num_speculative_tokens": 4,
+                }
+            )
             start = time.perf_counter()
             res = llm.generate(prompts, params)
             secs = time.perf_counter() - start
             steps = sum(len(r.token_ids) for r in res)
-            runs[name] = {"seconds": secs, "tok_s": steps / secs,
-                          "token_ids": [r.token_ids for r in res]}
-    report = {"table_bytes": size, "lookup_hit_rate": hits / 2000,
-              "lookup_us": {"disk_cold_cache": cold * 1e6, "disk_warm_cache": warm * 1e6,
-                            "ram": ram * 1e6},
-              "engine_tok_s": {k: v["tok_s"] for k, v in runs.items()},
-              "same_tokens": runs["disk"]["token_ids"] == runs["ram"]["token_ids"]}
+            runs[name] = {
+                "seconds": secs,
+                "tok_s": steps / secs,
+                "token_ids": [r.token_ids for r in res],
+            }
+    report = {
+        "table_bytes": size,
+        "lookup_hit_rate": hits / 2000,
+        "lookup_us": {
+            "disk_cold_cache": cold * 1e6,
+            "disk_warm_cache": warm * 1e6,
+            "ram": ram * 1e6,
+        },
+        "engine_tok_s": {k: v["tok_s"] for k, v in runs.items()},
+        "same_tokens": runs["disk"]["token_ids"] == runs["ram"]["token_ids"],
+    }
     print(json.dumps(report, indent=2))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

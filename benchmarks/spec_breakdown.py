@@ -35,11 +35,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--bench-warmup", action="store_true",
-                    help="first the spec bench's warm-up (edit + chat at concurrency 4)")
+    ap.add_argument(
+        "--bench-warmup",
+        action="store_true",
+        help="first the spec bench's warm-up (edit + chat at concurrency 4)",
+    )
     args = ap.parse_args()
-    llm = LLM(args.model, device=args.device, max_num_seqs=16,
-              speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    llm = LLM(
+        args.model,
+        device=args.device,
+        max_num_seqs=16,
+        speculative_config={"method": "ngram", "num_speculative_tokens": "auto"},
+    )
     eng = llm.engine
     eng.scheduler.max_num_seqs = 1
     state: dict = {}
@@ -49,8 +56,13 @@ def main() -> None:
     eng_sample, eng_step = eng._sample, eng.step
 
     def run(seqs):
-        kind = ("prefill" if any(s.num_real != 1 for s in seqs) else
-                "verify" if any(s.draft for s in seqs) else "plain")
+        kind = (
+            "prefill"
+            if any(s.num_real != 1 for s in seqs)
+            else "verify"
+            if any(s.draft for s in seqs)
+            else "plain"
+        )
         state.setdefault("kind", kind)  # a call's first launch is its own step
         result = runner_run(seqs)
         kinds[id(result)] = kind
@@ -97,16 +109,27 @@ def main() -> None:
                 return fn(*a, **k)
             finally:
                 pieces[key] += time.perf_counter() - t
+
         setattr(obj, name, wrapper)
 
     spec = eng.speculator
     assert spec is not None
     graphs = eng.runner.graphs
-    for obj, name in ((spec, "propose"), (spec, "propose_ahead"), (spec, "verify_greedy"),
-                      (spec, "record_step"), (spec.controller, "choose"), (spec, "_draft"),
-                      (eng.scheduler, "schedule"), (eng.appender, "append"),
-                      (eng.appender, "catch_up"), (eng.runner, "run"), (graphs, "_fill"),
-                      (eng, "_commit"), (eng.blocks, "truncate")):
+    for obj, name in (
+        (spec, "propose"),
+        (spec, "propose_ahead"),
+        (spec, "verify_greedy"),
+        (spec, "record_step"),
+        (spec.controller, "choose"),
+        (spec, "_draft"),
+        (eng.scheduler, "schedule"),
+        (eng.appender, "append"),
+        (eng.appender, "catch_up"),
+        (eng.runner, "run"),
+        (graphs, "_fill"),
+        (eng, "_commit"),
+        (eng.blocks, "truncate"),
+    ):
         if hasattr(obj, name):  # (an older engine may lack one; CPU: no graphs)
             timed(obj, name, name)
     eng._sample, eng.step = sample, step
@@ -134,22 +157,47 @@ def main() -> None:
             wall = time.perf_counter() - t
             eng.blocks.reset_prefix_cache()
             key = "spec" if on else "plain"
-            res.setdefault(key, []).append({
-                "wall_ms": 1e3 * wall, "tokens": sum(len(r.token_ids) for r in out),
-                "drafted": eng.stats().spec_draft_tokens_total - drafted,
-                "kinds": {k: {"steps": v["steps"], "ms": round(1e3 * v["s"], 3),
-                              "us_per_step": round(1e6 * v["s"] / v["steps"], 1),
-                              "wait_us": round(1e6 * v["wait_s"] / v["steps"], 1),
-                              **{key[2:]: round(1e6 * x / v["steps"], 1)
-                                 for key, x in v.items() if key.startswith("p:")}}
-                          for k, v in stats.items()}})
+            res.setdefault(key, []).append(
+                {
+                    "wall_ms": 1e3 * wall,
+                    "tokens": sum(len(r.token_ids) for r in out),
+                    "drafted": eng.stats().spec_draft_tokens_total - drafted,
+                    "kinds": {
+                        k: {
+                            "steps": v["steps"],
+                            "ms": round(1e3 * v["s"], 3),
+                            "us_per_step": round(1e6 * v["s"] / v["steps"], 1),
+                            "wait_us": round(1e6 * v["wait_s"] / v["steps"], 1),
+                            **{
+                                key[2:]: round(1e6 * x / v["steps"], 1)
+                                for key, x in v.items()
+                                if key.startswith("p:")
+                            },
+                        }
+                        for k, v in stats.items()
+                    },
+                }
+            )
         report[name] = res
         for key in ("plain", "spec"):
             best = min(res[key], key=lambda r: r["wall_ms"])
-            print(name, key, round(best["wall_ms"], 2), "ms", best["tokens"], "tok",
-                  json.dumps(best["kinds"]), flush=True)
-            print("  runs ms", [round(r["wall_ms"], 1) for r in res[key]], "drafted",
-                  [r["drafted"] for r in res[key]], flush=True)
+            print(
+                name,
+                key,
+                round(best["wall_ms"], 2),
+                "ms",
+                best["tokens"],
+                "tok",
+                json.dumps(best["kinds"]),
+                flush=True,
+            )
+            print(
+                "  runs ms",
+                [round(r["wall_ms"], 1) for r in res[key]],
+                "drafted",
+                [r["drafted"] for r in res[key]],
+                flush=True,
+            )
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
 

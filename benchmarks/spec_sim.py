@@ -99,8 +99,9 @@ class SimClock:
             spec.controller.query_sizes = QSIZES
             record = spec.record_step
 
-            def record_step(num_tokens, seconds, verify, graph, emitted=0, sequences=0,
-                            quiet=False):
+            def record_step(
+                num_tokens, seconds, verify, graph, emitted=0, sequences=0, quiet=False
+            ):
                 ms, rows, graph = self._last
                 record(rows, noisy(ms) / 1e3, verify, graph, emitted, sequences, quiet)
 
@@ -109,8 +110,11 @@ class SimClock:
 
 def run(names, concurrencies, max_tokens, trace, model=None, real=False) -> list[dict]:
     plain = LLM(model, max_num_seqs=max(concurrencies))
-    spec = LLM(model, max_num_seqs=max(concurrencies),
-               speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    spec = LLM(
+        model,
+        max_num_seqs=max(concurrencies),
+        speculative_config={"method": "ngram", "num_speculative_tokens": "auto"},
+    )
     clocks = {"plain": SimClock(plain, trace, real), "spec": SimClock(spec, trace, real)}
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     spec.chat(workload("edit", 2) + workload("chat", 2), params)  # the bench's warm-up
@@ -132,22 +136,37 @@ def run(names, concurrencies, max_tokens, trace, model=None, real=False) -> list
                     drafted = after.spec_draft_tokens_total - stats.spec_draft_tokens_total
                     accepted = after.spec_accepted_tokens_total - stats.spec_accepted_tokens_total
             tokens = sum(map(len, ids["plain"]))
-            row = {"workload": name, "concurrency": conc, "tokens": tokens,
-                   "sim_speedup": round(t["plain"] / t["spec"], 3), "drafted": drafted,
-                   "accepted": accepted, "identical": ids["plain"] == ids["spec"]}
+            row = {
+                "workload": name,
+                "concurrency": conc,
+                "tokens": tokens,
+                "sim_speedup": round(t["plain"] / t["spec"], 3),
+                "drafted": drafted,
+                "accepted": accepted,
+                "identical": ids["plain"] == ids["spec"],
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
             if trace:
                 for label in ("plain", "spec"):
                     steps = clocks[label].log
-                    print(f"  {label} k:ms per step:", " ".join(
-                        f"{','.join(map(str, ks))}:{ms}" for ks, ms in steps))
+                    print(
+                        f"  {label} k:ms per step:",
+                        " ".join(f"{','.join(map(str, ks))}:{ms}" for ks, ms in steps),
+                    )
                 if spec.engine.spec is not None:
                     c = spec.engine.spec.controller
                     print("  realized-throughput pauses so far:", c.pauses)
-                    print("  cost model ms (plain/verify at rows):", {
-                        n: (round(1e3 * c.step_cost(n), 3), round(1e3 * c.step_cost(n, True), 3))
-                        for n in (conc, 2 * conc, 3 * conc, 5 * conc, 9 * conc)})
+                    print(
+                        "  cost model ms (plain/verify at rows):",
+                        {
+                            n: (
+                                round(1e3 * c.step_cost(n), 3),
+                                round(1e3 * c.step_cost(n, True), 3),
+                            )
+                            for n in (conc, 2 * conc, 3 * conc, 5 * conc, 9 * conc)
+                        },
+                    )
     return rows
 
 
@@ -158,18 +177,35 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--trace", action="store_true", help="print k per request per step")
     p.add_argument("--model", default=None, help="default: the default model")
-    p.add_argument("--real-clock", action="store_true",
-                   help="wall time, controller untouched (on a GPU: the real trace)")
-    p.add_argument("--noise", type=float, default=0.0,
-                   help="sigma of the log-normal noise on the step times the controller sees")
-    p.add_argument("--spike", type=float, default=0.0,
-                   help="probability that a measured step takes twice as long")
+    p.add_argument(
+        "--real-clock",
+        action="store_true",
+        help="wall time, controller untouched (on a GPU: the real trace)",
+    )
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        help="sigma of the log-normal noise on the step times the controller sees",
+    )
+    p.add_argument(
+        "--spike",
+        type=float,
+        default=0.0,
+        help="probability that a measured step takes twice as long",
+    )
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     NOISE.update(sigma=a.noise, spike=a.spike)
     _rng.seed(a.seed)
-    run(a.workloads.split(","), [int(c) for c in a.concurrency.split(",")], a.max_tokens,
-        a.trace, a.model, a.real_clock)
+    run(
+        a.workloads.split(","),
+        [int(c) for c in a.concurrency.split(",")],
+        a.max_tokens,
+        a.trace,
+        a.model,
+        a.real_clock,
+    )
 
 
 if __name__ == "__main__":

@@ -50,11 +50,26 @@ def stack_launcher(model, dec, ctx: int, timing: torch.Tensor | None):
     weights = stacked_weights(model.layers)
 
     def launch() -> torch.Tensor:
-        return decode_stack(x, weights, dec.kv, model.rope.cos, model.rope.sin, pos,
-                            meta.slot_mapping, meta.block_tables, meta.context_lens,
-                            meta.query_start, meta.query_lens, 1, heads=model.num_heads,
-                            kv_heads=model.num_kv_heads, eps=model.eps,
-                            scale=model.head_dim**-0.5, timing=timing)
+        return decode_stack(
+            x,
+            weights,
+            dec.kv,
+            model.rope.cos,
+            model.rope.sin,
+            pos,
+            meta.slot_mapping,
+            meta.block_tables,
+            meta.context_lens,
+            meta.query_start,
+            meta.query_lens,
+            1,
+            heads=model.num_heads,
+            kv_heads=model.num_kv_heads,
+            eps=model.eps,
+            scale=model.head_dim**-0.5,
+            timing=timing,
+        )
+
     return launch
 
 
@@ -63,10 +78,10 @@ def phase_table(t: torch.Tensor, n_layers: int) -> dict:
     work (us, medians over layers) and the programs that arrive last; the SM clock's rate
     from program 0's global-timer stamps."""
     ns = (t[0, 3 + 10 * n_layers] - t[0, 2 + 10 * n_layers]).item()
-    cyc = t[:, :2 + 10 * n_layers].double()
+    cyc = t[:, : 2 + 10 * n_layers].double()
     us_per_cycle = ns * 1e-3 / (cyc[0, 1 + 10 * n_layers] - cyc[0, 1]).item()
-    done = cyc[:, 0:10 * n_layers:2]  # (P, 5 L): phase i's work done (slot 2 i)
-    left = cyc[:, 3:2 + 10 * n_layers:2]  # (P, 5 L): the barrier after phase i left
+    done = cyc[:, 0 : 10 * n_layers : 2]  # (P, 5 L): phase i's work done (slot 2 i)
+    left = cyc[:, 3 : 2 + 10 * n_layers : 2]  # (P, 5 L): the barrier after phase i left
     offset = (left - left[:1]).median(dim=1).values  # each program's clock origin vs 0's
     done = done - offset[:, None]
     left = left - offset[:, None]
@@ -79,11 +94,16 @@ def phase_table(t: torch.Tensor, n_layers: int) -> dict:
         bar = [(left[0, j] - last.values[j]).item() * us_per_cycle for j in idx]
         own = [(done[0, j] - start[j]).item() * us_per_cycle for j in idx]
         laggards = [int(last.indices[j]) for j in idx]
-        out[name] = {"critical_us": statistics.median(crit), "barrier_us": statistics.median(bar),
-                     "program0_us": statistics.median(own),
-                     "laggards": sorted(set(laggards), key=laggards.count, reverse=True)[:6]}
-    layer = [(left[0, 5 * (k + 1) - 1] - left[0, 5 * k - 1]).item() * us_per_cycle
-             for k in range(1, n_layers)]
+        out[name] = {
+            "critical_us": statistics.median(crit),
+            "barrier_us": statistics.median(bar),
+            "program0_us": statistics.median(own),
+            "laggards": sorted(set(laggards), key=laggards.count, reverse=True)[:6],
+        }
+    layer = [
+        (left[0, 5 * (k + 1) - 1] - left[0, 5 * k - 1]).item() * us_per_cycle
+        for k in range(1, n_layers)
+    ]
     out["layer_us"] = statistics.median(layer)
     return out
 
@@ -120,13 +140,18 @@ def profile_row(model, dec, ctx: int, programs: int) -> dict:
 
 
 def show(name: str, ctx: int, row: dict) -> None:
-    print(f"[{name}] ctx {ctx}: stack graph {row['stack_graph_us']:.1f} us (stamped "
-          f"{row['stamped_us']:.1f} at {row['sm_mhz']:.0f} MHz), layer {row['layer_us']:.2f} us",
-          flush=True)
+    print(
+        f"[{name}] ctx {ctx}: stack graph {row['stack_graph_us']:.1f} us (stamped "
+        f"{row['stamped_us']:.1f} at {row['sm_mhz']:.0f} MHz), layer {row['layer_us']:.2f} us",
+        flush=True,
+    )
     for phase in PHASES:
         r = row[phase]
-        print(f"  {phase:10s} critical {r['critical_us']:5.2f}  barrier {r['barrier_us']:5.2f}"
-              f"  program 0 {r['program0_us']:5.2f}  last {r['laggards']}", flush=True)
+        print(
+            f"  {phase:10s} critical {r['critical_us']:5.2f}  barrier {r['barrier_us']:5.2f}"
+            f"  program 0 {r['program0_us']:5.2f}  last {r['laggards']}",
+            flush=True,
+        )
 
 
 @torch.inference_mode()
@@ -134,9 +159,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--ctx", type=int, nargs="+", default=[120, 250])
-    ap.add_argument("--variant", action="append", default=[],
-                    help="NAME=JSON: settings.StackTuning changes, timed against the "
-                         "default in alternated rounds, outputs compared bit for bit")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=JSON: settings.StackTuning changes, timed against the "
+        "default in alternated rounds, outputs compared bit for bit",
+    )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--launches-only", action="store_true")
     ap.add_argument("--no-engine", action="store_true")
@@ -147,16 +176,22 @@ def main() -> None:
     programs = default_programs(stacked_weights(model.layers), model.num_kv_heads, dec.device)
     if args.launches_only:
         for ctx in args.ctx:
-            serial = serial_splits() if ctx <= serial_max_keys(model.head_dim) \
+            serial = (
+                serial_splits()
+                if ctx <= serial_max_keys(model.head_dim)
                 else contextlib.nullcontext()
+            )
             with serial:
                 launch = stack_launcher(model, dec, ctx, None)
                 for _ in range(6):
                     launch()
         torch.cuda.synchronize()
         return
-    arith = {"_split": (triton_attention, "SPLIT"), "_serial": (cuda_graphs, "SERIAL_MAX_SPLITS"),
-             "_bn": (triton_attention, "BLOCK_N")}
+    arith = {
+        "_split": (triton_attention, "SPLIT"),
+        "_serial": (cuda_graphs, "SERIAL_MAX_SPLITS"),
+        "_bn": (triton_attention, "BLOCK_N"),
+    }
     arith_base = {k: getattr(mod, attr) for k, (mod, attr) in arith.items()}
     settings = {"default": {}}
     for v in args.variant:
@@ -180,23 +215,31 @@ def main() -> None:
                 report["rows"].append(row)
                 show(name, ctx, row)
                 if not row["same_bits_as_default"]:
-                    print(f"  !! {name} ctx {ctx}: output differs from the default's (max abs "
-                          f"{row['max_abs_diff']:.3g}, scale {float(ref[ctx].abs().max()):.3g})",
-                          flush=True)
+                    print(
+                        f"  !! {name} ctx {ctx}: output differs from the default's (max abs "
+                        f"{row['max_abs_diff']:.3g}, scale {float(ref[ctx].abs().max()):.3g})",
+                        flush=True,
+                    )
     for k, (mod, attr) in arith.items():
         setattr(mod, attr, arith_base[k])
     print("summary (stack graph us, median over rounds):")
     for name in settings:
         for ctx in args.ctx:
-            us = [r["stack_graph_us"] for r in report["rows"] if r["setting"] == name
-                  and r["ctx"] == ctx]
+            us = [
+                r["stack_graph_us"]
+                for r in report["rows"]
+                if r["setting"] == name and r["ctx"] == ctx
+            ]
             same = all(r["same_bits_as_default"] for r in report["rows"] if r["setting"] == name)
             print(f"  {name:14s} ctx {ctx:4d}: {statistics.median(us):7.1f}  same bits: {same}")
     if not args.no_engine:
         step_ms, _ = dec.recaptured_step_ms(first)
         report["engine_step_us_ctx128_256"] = step_ms * 1e3
-        print(f"engine batch-1 graph step (ahead, ctx 129-228): {step_ms * 1e3:.1f} us "
-              f"({1e3 / step_ms:.0f} tok/s)", flush=True)
+        print(
+            f"engine batch-1 graph step (ahead, ctx 129-228): {step_ms * 1e3:.1f} us "
+            f"({1e3 / step_ms:.0f} tok/s)",
+            flush=True,
+        )
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
 

@@ -57,8 +57,14 @@ def random_model(name: str, layers: int | None, device: str, dtype: torch.dtype)
         cfg["num_hidden_layers"] = layers
     shapes = hf_tensor_shapes(cfg)
     gen = torch.Generator(device=device).manual_seed(0)
-    sd = {k: (torch.ones(v, device=device) if len(v) == 1 else
-              torch.randn(v, generator=gen, device=device) * 0.02) for k, v in shapes.items()}
+    sd = {
+        k: (
+            torch.ones(v, device=device)
+            if len(v) == 1
+            else torch.randn(v, generator=gen, device=device) * 0.02
+        )
+        for k, v in shapes.items()
+    }
     return build_model(cfg, sd, dtype, device), cfg
 
 
@@ -75,12 +81,26 @@ def layered(model, x, positions, meta, kv) -> torch.Tensor:
 
 def stacked(model, x, positions, meta, kv, scratch=None) -> torch.Tensor:
     pm = paged_metadata(meta, PAGE)
-    return decode_stack(x, stacked_weights(model.layers), kv, model.rope.cos, model.rope.sin,
-                        positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
-                        pm.query_start, pm.query_lens, 1, heads=model.num_heads,
-                        kv_heads=model.num_kv_heads, eps=model.eps,
-                        scale=model.head_dim**-0.5, programs=None if kv.is_cuda else 1,
-                        scratch=scratch)
+    return decode_stack(
+        x,
+        stacked_weights(model.layers),
+        kv,
+        model.rope.cos,
+        model.rope.sin,
+        positions,
+        pm.slot_mapping,
+        pm.block_tables,
+        pm.context_lens,
+        pm.query_start,
+        pm.query_lens,
+        1,
+        heads=model.num_heads,
+        kv_heads=model.num_kv_heads,
+        eps=model.eps,
+        scale=model.head_dim**-0.5,
+        programs=None if kv.is_cuda else 1,
+        scratch=scratch,
+    )
 
 
 def probe(model, positions, meta, kv_pre, kv_stack, sc, serial: bool) -> list[dict]:
@@ -96,8 +116,10 @@ def probe(model, positions, meta, kv_pre, kv_stack, sc, serial: bool) -> list[di
         if "qkv" in sc:  # (with rope in the stack's QKV phase, its rotated q: below)
             res["qkv"] = torch.equal(qkv, sc["qkv"][i])
         attn = {}
-        for name, mode in (("attn_spread", contextlib.nullcontext()),
-                           ("attn_serial", serial_splits())):
+        for name, mode in (
+            ("attn_spread", contextlib.nullcontext()),
+            ("attn_serial", serial_splits()),
+        ):
             kvc = kv_pre.clone()
             with mode:
                 attn[name] = a.attend(qkv, positions, model.rope, meta, kv_layer(kvc, i))
@@ -107,25 +129,43 @@ def probe(model, positions, meta, kv_pre, kv_stack, sc, serial: bool) -> list[di
         # paged attention kernel (from the stack's input of the layer)
         kvc = kv_pre.clone()
         with serial_splits() if serial else contextlib.nullcontext():
-            q = qkv_rope(xi, layer.input_norm, model.eps, 0.0, a.qkv_weight, a.qkv_bias,
-                         a.heads, a.kv_heads, positions, model.rope, kv_layer(kvc, i),
-                         meta.slot_mapping)
+            q = qkv_rope(
+                xi,
+                layer.input_norm,
+                model.eps,
+                0.0,
+                a.qkv_weight,
+                a.qkv_bias,
+                a.heads,
+                a.kv_heads,
+                positions,
+                model.rope,
+                kv_layer(kvc, i),
+                meta.slot_mapping,
+            )
             if q is not None and "qrot" in sc:
                 res["qrot"] = torch.equal(q.reshape(sc["qrot"][i].shape), sc["qrot"][i])
             if q is not None:
-                attn["attn_qkv_rope"] = paged_attention(q, kv_layer(kvc, i), meta, a.scale,
-                                                        a.window).reshape(-1, a.q_size)
+                attn["attn_qkv_rope"] = paged_attention(
+                    q, kv_layer(kvc, i), meta, a.scale, a.window
+                ).reshape(-1, a.q_size)
                 res["attn_qkv_rope"] = torch.equal(attn["attn_qkv_rope"], sc["attn"][i])
                 res["attn_qkv_rope_kv"] = torch.equal(kvc[i], kv_stack[i])
-        res["attn_max_abs_diff"] = {k: float((v.float() - sc["attn"][i].float()).abs().max())
-                                    for k, v in attn.items()}
-        res["o_residual"] = torch.equal(linear_residual(sc["attn"][i], a.o_weight, xi),
-                                        sc["mids"][i])
+        res["attn_max_abs_diff"] = {
+            k: float((v.float() - sc["attn"][i].float()).abs().max()) for k, v in attn.items()
+        }
+        res["o_residual"] = torch.equal(
+            linear_residual(sc["attn"][i], a.o_weight, xi), sc["mids"][i]
+        )
         res["gate_up_silu"] = torch.equal(
-            norm_gate_up_silu(sc["mids"][i], layer.post_attn_norm, model.eps, 0.0,
-                              m.gate_up_weight), sc["act"][i])
+            norm_gate_up_silu(
+                sc["mids"][i], layer.post_attn_norm, model.eps, 0.0, m.gate_up_weight
+            ),
+            sc["act"][i],
+        )
         res["down_residual"] = torch.equal(
-            linear_residual(sc["act"][i], m.down_weight, sc["mids"][i]), sc["xs"][i + 1])
+            linear_residual(sc["act"][i], m.down_weight, sc["mids"][i]), sc["xs"][i + 1]
+        )
         if not all(v for k, v in res.items() if isinstance(v, bool)):
             found.append(res)
     return found
@@ -133,13 +173,17 @@ def probe(model, positions, meta, kv_pre, kv_stack, sc, serial: bool) -> list[di
 
 def compare(name: str, got, kv_got, want, kv_want, logits_want, model, row=0) -> dict:
     """Where ``got`` (its row ``row``) and its cache differ from the reference."""
-    g = got[row:row + 1]
+    g = got[row : row + 1]
     layers = [i for i in range(kv_want.shape[0]) if not torch.equal(kv_got[i], kv_want[i])]
-    return {"path": name, "hidden_equal": bool(torch.equal(g, want)),
-            "max_abs_diff": float((g.float() - want.float()).abs().max()),
-            "first_kv_layer_differing": layers[0] if layers else None,
-            "argmax_equal": bool(model.compute_logits(g).argmax(-1).item()
-                                 == logits_want.argmax(-1).item())}
+    return {
+        "path": name,
+        "hidden_equal": bool(torch.equal(g, want)),
+        "max_abs_diff": float((g.float() - want.float()).abs().max()),
+        "first_kv_layer_differing": layers[0] if layers else None,
+        "argmax_equal": bool(
+            model.compute_logits(g).argmax(-1).item() == logits_want.argmax(-1).item()
+        ),
+    }
 
 
 def interpreter_index_patch() -> None:
@@ -165,12 +209,17 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="rows of the batched step (0: none)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="stack_vs_layers.json")
-    ap.add_argument("--tuning", default="",
-                    help="StackTuning changes, e.g. qkv_rope=0,bk=128")
-    ap.add_argument("--probe", action="store_true",
-                    help="at a step the stack differs, name the layer and phase (probe())")
-    ap.add_argument("--serial-ref", action="store_true",
-                    help="also the layered one-row step with serial splits against the reference")
+    ap.add_argument("--tuning", default="", help="StackTuning changes, e.g. qkv_rope=0,bk=128")
+    ap.add_argument(
+        "--probe",
+        action="store_true",
+        help="at a step the stack differs, name the layer and phase (probe())",
+    )
+    ap.add_argument(
+        "--serial-ref",
+        action="store_true",
+        help="also the layered one-row step with serial splits against the reference",
+    )
     args = ap.parse_args()
     base = kernel_settings.current().stack
     changes = {}
@@ -181,15 +230,32 @@ def main() -> None:
     kernel_settings.install(replace(kernel_settings.current(), stack=replace(base, **changes)))
     if args.device == "cpu":
         interpreter_index_patch()
-    result = check(args.model, args.layers, args.steps, args.repeat, args.batch, args.device,
-                   probe_steps=args.probe, serial_ref=args.serial_ref)
+    result = check(
+        args.model,
+        args.layers,
+        args.steps,
+        args.repeat,
+        args.batch,
+        args.device,
+        probe_steps=args.probe,
+        serial_ref=args.serial_ref,
+    )
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 
 
 @torch.inference_mode()
-def check(name: str, layers: int | None, steps: int, repeat: int, batch: int, device: str,
-          probe_steps: bool = False, serial_ref: bool = False, log=print) -> dict:
+def check(
+    name: str,
+    layers: int | None,
+    steps: int,
+    repeat: int,
+    batch: int,
+    device: str,
+    probe_steps: bool = False,
+    serial_ref: bool = False,
+    log=print,
+) -> dict:
     """The comparison of the module docstring -> a report: ``differing_steps`` (the steps
     where any path differs from the reference) and a row a step."""
     dev = torch.device(device)
@@ -197,8 +263,16 @@ def check(name: str, layers: int | None, steps: int, repeat: int, batch: int, de
     model, cfg = random_model(name, layers, device, dtype)
     seqs = max(1, batch)
     per = -(-(PROMPT + steps) // PAGE)
-    kv = torch.zeros(model.num_layers, 2, 1 + seqs * per, PAGE, model.num_kv_heads,
-                     model.head_dim, dtype=dtype, device=dev)
+    kv = torch.zeros(
+        model.num_layers,
+        2,
+        1 + seqs * per,
+        PAGE,
+        model.num_kv_heads,
+        model.head_dim,
+        dtype=dtype,
+        device=dev,
+    )
     tables = 1 + torch.arange(seqs * per).view(seqs, per)
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, cfg["vocab_size"], (PROMPT,), generator=gen)
@@ -223,47 +297,97 @@ def check(name: str, layers: int | None, steps: int, repeat: int, batch: int, de
             sc: dict = {}
             with serial_splits() if serial else contextlib.nullcontext():
                 got = stacked(model, x1, pos1, meta1, kv_s, sc)
-            row["checks"].append(compare(f"stack#{r}", got, kv_s[:, :, :1 + per], want,
-                                         kv_ref[:, :, :1 + per], logits, model))
+            row["checks"].append(
+                compare(
+                    f"stack#{r}",
+                    got,
+                    kv_s[:, :, : 1 + per],
+                    want,
+                    kv_ref[:, :, : 1 + per],
+                    logits,
+                    model,
+                )
+            )
             c = row["checks"][-1]
-            if probe_steps and r == 0 and not (c["hidden_equal"]
-                                              and c["first_kv_layer_differing"] is None):
+            if (
+                probe_steps
+                and r == 0
+                and not (c["hidden_equal"] and c["first_kv_layer_differing"] is None)
+            ):
                 row["probe"] = probe(model, pos1, meta1, kv, kv_s, sc, serial)
                 log(f"step {s} probe: {json.dumps(row['probe'][:2])}", flush=True)
         if serial_ref:
             kv_l = kv.clone()
             with serial_splits():
                 got = layered(model, x1, pos1, meta1, kv_l)
-            row["checks"].append(compare("layers-serial", got, kv_l[:, :, :1 + per], want,
-                                         kv_ref[:, :, :1 + per], logits, model))
+            row["checks"].append(
+                compare(
+                    "layers-serial",
+                    got,
+                    kv_l[:, :, : 1 + per],
+                    want,
+                    kv_ref[:, :, : 1 + per],
+                    logits,
+                    model,
+                )
+            )
         if batch > 0:
             kv_b = kv.clone()
             posb = pos1.repeat(seqs)
-            got = layered(model, x1.repeat(seqs, 1), posb, step_meta([ctx] * seqs, tables, dev),
-                          kv_b)
-            row["checks"].append(compare(f"batch{seqs}", got, kv_b[:, :, :1 + per], want,
-                                         kv_ref[:, :, :1 + per], logits, model))
+            got = layered(
+                model, x1.repeat(seqs, 1), posb, step_meta([ctx] * seqs, tables, dev), kv_b
+            )
+            row["checks"].append(
+                compare(
+                    f"batch{seqs}",
+                    got,
+                    kv_b[:, :, : 1 + per],
+                    want,
+                    kv_ref[:, :, : 1 + per],
+                    logits,
+                    model,
+                )
+            )
         # every path goes on from the reference's bytes (the batch's other sequences, which
         # hold the same prompt and tokens, from their own step)
         if batch > 0:
-            kv_b[:, :, :1 + per] = kv_ref[:, :, :1 + per]
+            kv_b[:, :, : 1 + per] = kv_ref[:, :, : 1 + per]
             kv_ref = kv_b
         kv = kv_ref
-        bad = [c for c in row["checks"] if not (c["hidden_equal"]
-                                                and c["first_kv_layer_differing"] is None)]
+        bad = [
+            c
+            for c in row["checks"]
+            if not (c["hidden_equal"] and c["first_kv_layer_differing"] is None)
+        ]
         if bad:
             differing.append(s)
-            log(f"step {s} (ctx {ctx}): " + "; ".join(
-                f"{c['path']} hidden {'=' if c['hidden_equal'] else '!='} "
-                f"(max {c['max_abs_diff']:.3g}), first kv layer differing "
-                f"{c['first_kv_layer_differing']}, argmax "
-                f"{'same' if c['argmax_equal'] else 'DIFFERS'}" for c in bad), flush=True)
+            log(
+                f"step {s} (ctx {ctx}): "
+                + "; ".join(
+                    f"{c['path']} hidden {'=' if c['hidden_equal'] else '!='} "
+                    f"(max {c['max_abs_diff']:.3g}), first kv layer differing "
+                    f"{c['first_kv_layer_differing']}, argmax "
+                    f"{'same' if c['argmax_equal'] else 'DIFFERS'}"
+                    for c in bad
+                ),
+                flush=True,
+            )
         rows.append(row)
-    log(f"{name} ({model.num_layers} layers): {len(differing)} of {steps} steps "
-        f"differ from the layered one-row step; first {differing[:10]}", flush=True)
-    return {"model": name, "layers": model.num_layers, "steps": steps,
-            "tuning": asdict(kernel_settings.current().stack), "batch": batch,
-            "repeat": repeat, "differing_steps": differing, "rows": rows}
+    log(
+        f"{name} ({model.num_layers} layers): {len(differing)} of {steps} steps "
+        f"differ from the layered one-row step; first {differing[:10]}",
+        flush=True,
+    )
+    return {
+        "model": name,
+        "layers": model.num_layers,
+        "steps": steps,
+        "tuning": asdict(kernel_settings.current().stack),
+        "batch": batch,
+        "repeat": repeat,
+        "differing_steps": differing,
+        "rows": rows,
+    }
 
 
 if __name__ == "__main__":

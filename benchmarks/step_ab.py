@@ -48,20 +48,28 @@ def settings_from(variants: list[str]) -> dict[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--variant", action="append", default=[],
-                    help="NAME=JSON: StackTuning (and q8_head, q8_tile, spread) changes")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=JSON: StackTuning (and q8_head, q8_tile, spread) changes",
+    )
     ap.add_argument("--starts", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="step_ab.json")
-    ap.add_argument("--q8-head", action="store_true",
-                    help="the LM head's weight as Q8_0 blocks (a setting's q8_head switches it)")
+    ap.add_argument(
+        "--q8-head",
+        action="store_true",
+        help="the LM head's weight as Q8_0 blocks (a setting's q8_head switches it)",
+    )
     args = ap.parse_args()
     settings = settings_from(args.variant)
     if not args.q8_head and any(Q8_KEYS & set(over) for over in settings.values()):
         raise SystemExit("q8_head / q8_tile settings need --q8-head (the head's blocks)")
-    dec, first, _ = prompted_decoder(args.model, max(args.starts) + args.steps + 16,
-                                     q8_head=args.q8_head)
+    dec, first, _ = prompted_decoder(
+        args.model, max(args.starts) + args.steps + 16, q8_head=args.q8_head
+    )
     rows = []
     for rnd in range(args.rounds):
         order = list(settings.items())
@@ -76,16 +84,32 @@ def main() -> None:
                     row[f"step_us_{start}"] = r.seconds / r.steps * 1e6
                     row[f"tokens_{start}"] = r.row0
             rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if not k.startswith("tokens")}),
-                  flush=True)
-    same = {name: all(r[f"tokens_{s}"] == rows[0][f"tokens_{s}"] for s in args.starts
-                      for r in rows if r["setting"] == name) for name in settings}
-    report = {"model": args.model, "q8_head": args.q8_head, "starts": args.starts,
-              "steps": args.steps, "settings": settings, "rows": rows,
-              "same_tokens_as_default": same}
-    print(f"summary: the engine's batch-1 step (us), median of {args.rounds} rounds [each "
-          "round's], per start; d: the median of the per-round differences from the default "
-          "(the rounds' settings run back to back, so a slow spell of the machine cancels)")
+            print(
+                json.dumps({k: v for k, v in row.items() if not k.startswith("tokens")}), flush=True
+            )
+    same = {
+        name: all(
+            r[f"tokens_{s}"] == rows[0][f"tokens_{s}"]
+            for s in args.starts
+            for r in rows
+            if r["setting"] == name
+        )
+        for name in settings
+    }
+    report = {
+        "model": args.model,
+        "q8_head": args.q8_head,
+        "starts": args.starts,
+        "steps": args.steps,
+        "settings": settings,
+        "rows": rows,
+        "same_tokens_as_default": same,
+    }
+    print(
+        f"summary: the engine's batch-1 step (us), median of {args.rounds} rounds [each "
+        "round's], per start; d: the median of the per-round differences from the default "
+        "(the rounds' settings run back to back, so a slow spell of the machine cancels)"
+    )
     for name in settings:
         rr = [r for r in rows if r["setting"] == name]
         base = [r for r in rows if r["setting"] == "default"]

@@ -24,27 +24,42 @@ def parse() -> argparse.Namespace:
     p.add_argument("--decode-steps", type=int, default=d.decode_steps)
     p.add_argument("--prefill-len", type=int, default=d.prefill_len)
     p.add_argument("--eager-steps", type=int, default=d.eager_steps)
-    p.add_argument("--sync", dest="ahead", action="store_false",
-                   help="the host reads each step's tokens before launching the next (the "
-                   "default launches it first, as the engine's async scheduling does)")
-    p.add_argument("--variants", nargs="+", default=list(d.variants),
-                   help="invariant (fused, the engine path) | layered (no one-launch "
-                   "decode stack) | nopdl (PDL off) | unfused | cublas | "
-                   "fp8kv "
-                   "(invariant over an fp8 e4m3 KV cache, as --kv-cache-dtype fp8_e4m3) | "
-                   "bf16head (invariant, the LM head from its bf16 weight: with --q8-head)")
-    p.add_argument("--q8-head", action="store_true",
-                   help="the LM head's random weight rounded to Q8_0 blocks, as the shipped "
-                   "GGUFs store theirs (the engine's head then reads the blocks)")
+    p.add_argument(
+        "--sync",
+        dest="ahead",
+        action="store_false",
+        help="the host reads each step's tokens before launching the next (the "
+        "default launches it first, as the engine's async scheduling does)",
+    )
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(d.variants),
+        help="invariant (fused, the engine path) | layered (no one-launch "
+        "decode stack) | nopdl (PDL off) | unfused | cublas | "
+        "fp8kv "
+        "(invariant over an fp8 e4m3 KV cache, as --kv-cache-dtype fp8_e4m3) | "
+        "bf16head (invariant, the LM head from its bf16 weight: with --q8-head)",
+    )
+    p.add_argument(
+        "--q8-head",
+        action="store_true",
+        help="the LM head's random weight rounded to Q8_0 blocks, as the shipped "
+        "GGUFs store theirs (the engine's head then reads the blocks)",
+    )
     p.add_argument("--no-hf", dest="hf", action="store_false")
     p.add_argument("--hf-batch-sizes", nargs="+", type=int, default=list(d.hf_batch_sizes))
     p.add_argument("--hf-new-tokens", type=int, default=d.hf_new_tokens)
     p.add_argument("--hf-compile", action="store_true")
     p.add_argument("--out-dir", default=d.out_dir)
-    p.add_argument("--gemm-configs", default=None,
-                   help="tile shapes JSON (benchmarks/invariance.py)")
-    p.add_argument("--tuning", default=None,
-                   help="JSON over the decode stack's StackTuning, e.g. '{\"bk\": 128}'")
+    p.add_argument(
+        "--gemm-configs", default=None, help="tile shapes JSON (benchmarks/invariance.py)"
+    )
+    p.add_argument(
+        "--tuning",
+        default=None,
+        help="JSON over the decode stack's StackTuning, e.g. '{\"bk\": 128}'",
+    )
     return p.parse_args()
 
 

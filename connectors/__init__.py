@@ -10,6 +10,16 @@ from connectors.base import Connector, ImageProcessor, ImageTokens, PreparedImag
 from connectors.image_source import ImageError, ImageErrorKind, ImageLimits, load_image
 from connectors.prompt import IMAGE_MARKER, ImagePrompt, splice_images
 
-__all__ = ["Connector", "ImageProcessor", "ImageTokens", "PreparedImage", "ImageError",
-           "ImageErrorKind", "ImageLimits", "load_image", "IMAGE_MARKER", "ImagePrompt",
-           "splice_images"]
+__all__ = [
+    "Connector",
+    "ImageProcessor",
+    "ImageTokens",
+    "PreparedImage",
+    "ImageError",
+    "ImageErrorKind",
+    "ImageLimits",
+    "load_image",
+    "IMAGE_MARKER",
+    "ImagePrompt",
+    "splice_images",
+]

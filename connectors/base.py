@@ -50,8 +50,9 @@ class ImageTokens:
             raise ValueError("ImageTokens needs one flag per id and at least one embedded id")
 
     @classmethod
-    def run(cls, placeholder_id: int, n: int, before: Sequence[int] = (),
-            after: Sequence[int] = ()) -> ImageTokens:
+    def run(
+        cls, placeholder_id: int, n: int, before: Sequence[int] = (), after: Sequence[int] = ()
+    ) -> ImageTokens:
         """``before`` + ``n`` placeholders (all embedded) + ``after``."""
         ids = (*before, *([placeholder_id] * n), *after)
         flags = (False,) * len(before) + (True,) * n + (False,) * len(after)
@@ -96,10 +97,18 @@ class PreparedImage:
         per run of embedded positions, each taking its rows of the one encoding."""
         spans, row = [], 0
         for offset, length in self.tokens.runs():
-            key = hashlib.blake2b(self.digest + row.to_bytes(4, "little"),
-                                  digest_size=16).digest()
-            spans.append(EmbeddingSpan(start + offset, None, key, payload=self.pixels,
-                                       source=self.digest, length=length, offset=row))
+            key = hashlib.blake2b(self.digest + row.to_bytes(4, "little"), digest_size=16).digest()
+            spans.append(
+                EmbeddingSpan(
+                    start + offset,
+                    None,
+                    key,
+                    payload=self.pixels,
+                    source=self.digest,
+                    length=length,
+                    offset=row,
+                )
+            )
             row += length
         return spans
 
@@ -127,8 +136,9 @@ class ImageProcessor(ABC):
         """A validated RGB image (``connectors.image_source.load_image``) -> its tensor(s)
         and prompt tokens."""
 
-    def splice(self, text: str, images: Sequence[PreparedImage],
-               encode: Callable[[str], list[int]]) -> ImagePrompt:
+    def splice(
+        self, text: str, images: Sequence[PreparedImage], encode: Callable[[str], list[int]]
+    ) -> ImagePrompt:
         """A rendered prompt (``image_text``, or ``IMAGE_MARKER``, once per image) and its
         prepared images -> ids and pending spans. The default is
         ``connectors.prompt.splice_images``: the text between images tokenized piece by

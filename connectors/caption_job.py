@@ -87,9 +87,16 @@ class LineWriter:
         os.close(self.fd)
 
 
-async def caption_all(engine: Any, items: Iterable[tuple[str, Path]], out: Path,
-                      concurrency: int, instruction: str, params: Any,
-                      limits: ImageLimits | None = None, progress: bool = True) -> JobResult:
+async def caption_all(
+    engine: Any,
+    items: Iterable[tuple[str, Path]],
+    out: Path,
+    concurrency: int,
+    instruction: str,
+    params: Any,
+    limits: ImageLimits | None = None,
+    progress: bool = True,
+) -> JobResult:
     """Caption every image of ``items`` not yet in ``out`` with ``engine`` (an AsyncEngine
     serving a connector), ``concurrency`` at a time."""
     processor = engine.image_processor

@@ -43,15 +43,25 @@ def create_encoder_model(spec: EncoderSpec) -> nn.Module:
         # A local file is a plain state dict: never a model's own custom loader (some timm
         # versions route a ViT's weights to its JAX .npz reader whatever the file is).
         overlay.update(file=spec.file, custom_load=False)
-    return timm.create_model(spec.name, pretrained=spec.file is not None, num_classes=0,
-                             pretrained_cfg_overlay=overlay, **spec.kwargs)
+    return timm.create_model(
+        spec.name,
+        pretrained=spec.file is not None,
+        num_classes=0,
+        pretrained_cfg_overlay=overlay,
+        **spec.kwargs,
+    )
 
 
 def data_config(model: nn.Module, spec: EncoderSpec) -> dict[str, Any]:
     """timm's data config for ``model`` with the spec's overrides."""
     cfg = resolve_data_config({}, model=model)
-    cfg.update({k: v for k, v in spec.data.items() if k in (
-        "input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")})
+    cfg.update(
+        {
+            k: v
+            for k, v in spec.data.items()
+            if k in ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+        }
+    )
     return cfg
 
 
@@ -95,7 +105,7 @@ class TimmEncoder(nn.Module):
         feats = self.model.forward_features(pixels)
         if feats.dim() == 4:  # CNN: (B, C, H, W)
             return feats.permute(0, 2, 3, 1)
-        tokens = feats[:, self.prefix:]  # (B, N, C)
+        tokens = feats[:, self.prefix :]  # (B, N, C)
         side = math.isqrt(tokens.shape[1])
         grid = getattr(getattr(self.model, "patch_embed", None), "grid_size", (side, side))
         return tokens.reshape(tokens.shape[0], grid[0], grid[1], tokens.shape[2])

@@ -27,11 +27,20 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-MIME_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG",
-                "image/webp": "WEBP", "image/gif": "GIF", "image/bmp": "BMP",
-                "image/tiff": "TIFF"}
-_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)"
-                       r"(?P<b64>;base64)?,", re.ASCII)
+MIME_FORMATS = {
+    "image/png": "PNG",
+    "image/jpeg": "JPEG",
+    "image/jpg": "JPEG",
+    "image/webp": "WEBP",
+    "image/gif": "GIF",
+    "image/bmp": "BMP",
+    "image/tiff": "TIFF",
+}
+_DATA_URL = re.compile(
+    r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)"
+    r"(?P<b64>;base64)?,",
+    re.ASCII,
+)
 
 
 class ImageErrorKind(enum.Enum):
@@ -66,8 +75,10 @@ class ImageLimits:
 
     def check_count(self, n: int) -> None:
         if n > self.max_images:
-            raise ImageError(ImageErrorKind.TOO_MANY,
-                             f"{n} images in one request; at most {self.max_images} are allowed")
+            raise ImageError(
+                ImageErrorKind.TOO_MANY,
+                f"{n} images in one request; at most {self.max_images} are allowed",
+            )
 
     def allowed(self) -> str:
         return ", ".join(self.formats)
@@ -77,14 +88,17 @@ def data_url_bytes(url: str, limits: ImageLimits) -> bytes:
     """The bytes of a ``data:image/...;base64,`` URL, its size checked before decoding."""
     m = _DATA_URL.match(url)
     if m is None:
-        raise ImageError(ImageErrorKind.CORRUPT,
-                         "a data URL must look like 'data:image/png;base64,<data>'")
+        raise ImageError(
+            ImageErrorKind.CORRUPT, "a data URL must look like 'data:image/png;base64,<data>'"
+        )
     mime = (m.group("mime") or "").lower()
     if mime not in MIME_FORMATS or MIME_FORMATS[mime] not in limits.formats:
         allowed = ", ".join(k for k, v in MIME_FORMATS.items() if v in limits.formats)
-        raise ImageError(ImageErrorKind.UNSUPPORTED,
-                         f"image type {mime or 'missing'!r} is not supported; allowed: {allowed}")
-    body = url[m.end():]
+        raise ImageError(
+            ImageErrorKind.UNSUPPORTED,
+            f"image type {mime or 'missing'!r} is not supported; allowed: {allowed}",
+        )
+    body = url[m.end() :]
     if not m.group("b64"):
         raise ImageError(ImageErrorKind.CORRUPT, "image data URLs must be base64 (';base64,')")
     if len(body) * 3 // 4 > limits.max_bytes + 3:
@@ -92,8 +106,9 @@ def data_url_bytes(url: str, limits: ImageLimits) -> bytes:
     try:
         return base64.b64decode(body, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ImageError(ImageErrorKind.CORRUPT,
-                         f"the data URL is not valid base64: {exc}") from exc
+        raise ImageError(
+            ImageErrorKind.CORRUPT, f"the data URL is not valid base64: {exc}"
+        ) from exc
 
 
 def file_bytes(path: str | Path, limits: ImageLimits) -> bytes:
@@ -102,8 +117,9 @@ def file_bytes(path: str | Path, limits: ImageLimits) -> bytes:
     try:
         size = p.stat().st_size
     except OSError as exc:
-        raise ImageError(ImageErrorKind.CORRUPT, f"cannot read image file {str(p)!r}: "
-                         f"{exc.strerror or exc}") from exc
+        raise ImageError(
+            ImageErrorKind.CORRUPT, f"cannot read image file {str(p)!r}: {exc.strerror or exc}"
+        ) from exc
     if size > limits.max_bytes:
         raise _too_many_bytes(size, limits)
     return p.read_bytes()
@@ -123,22 +139,36 @@ def _open_header(data: bytes, limits: ImageLimits) -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=None)  # parses the header only
-    except (UnidentifiedImageError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning, OSError, SyntaxError, ValueError) as exc:
+    except (
+        UnidentifiedImageError,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+        OSError,
+        SyntaxError,
+        ValueError,
+    ) as exc:
         if isinstance(exc, Image.DecompressionBombError | Image.DecompressionBombWarning):
-            raise ImageError(ImageErrorKind.TOO_LARGE, f"the image has too many pixels; at "
-                             f"most {limits.max_pixels:,} are allowed") from exc
-        raise ImageError(ImageErrorKind.CORRUPT, f"the data is not a readable image; send one "
-                         f"of {limits.allowed()}") from exc
+            raise ImageError(
+                ImageErrorKind.TOO_LARGE,
+                f"the image has too many pixels; at most {limits.max_pixels:,} are allowed",
+            ) from exc
+        raise ImageError(
+            ImageErrorKind.CORRUPT,
+            f"the data is not a readable image; send one of {limits.allowed()}",
+        ) from exc
     if img.format not in limits.formats:
-        raise ImageError(ImageErrorKind.UNSUPPORTED, f"image format {img.format} is not "
-                         f"supported; allowed: {limits.allowed()}")
+        raise ImageError(
+            ImageErrorKind.UNSUPPORTED,
+            f"image format {img.format} is not supported; allowed: {limits.allowed()}",
+        )
     w, h = img.size
     if w < 1 or h < 1:
         raise ImageError(ImageErrorKind.CORRUPT, f"the image claims a size of {w}x{h}")
     if w * h > limits.max_pixels:
-        raise ImageError(ImageErrorKind.TOO_LARGE, f"the image is {w}x{h} = {w * h:,} pixels; "
-                         f"at most {limits.max_pixels:,} are allowed")
+        raise ImageError(
+            ImageErrorKind.TOO_LARGE,
+            f"the image is {w}x{h} = {w * h:,} pixels; at most {limits.max_pixels:,} are allowed",
+        )
     return img
 
 
@@ -150,10 +180,16 @@ def _decode(img: Image.Image) -> None:
             img.load()
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         text = str(exc)
-        kind = ImageErrorKind.TRUNCATED if "truncated" in text or isinstance(
-            exc, EOFError) else ImageErrorKind.CORRUPT
-        what = "ends before its pixels do (truncated)" if kind is ImageErrorKind.TRUNCATED \
+        kind = (
+            ImageErrorKind.TRUNCATED
+            if "truncated" in text or isinstance(exc, EOFError)
+            else ImageErrorKind.CORRUPT
+        )
+        what = (
+            "ends before its pixels do (truncated)"
+            if kind is ImageErrorKind.TRUNCATED
             else f"does not decode ({text})"
+        )
         raise ImageError(kind, f"the {img.format} image {what}; send a complete image") from exc
 
 
@@ -174,5 +210,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def _too_many_bytes(n: int, limits: ImageLimits) -> ImageError:
-    return ImageError(ImageErrorKind.TOO_LARGE, f"the image is {n:,} bytes; at most "
-                      f"{limits.max_bytes:,} are allowed")
+    return ImageError(
+        ImageErrorKind.TOO_LARGE,
+        f"the image is {n:,} bytes; at most {limits.max_bytes:,} are allowed",
+    )

@@ -39,16 +39,20 @@ def _timm_loader() -> Loader:
 def _checkpoint_loader() -> Loader:
     from connectors import checkpoints as c
 
-    return Loader("vlm-checkpoint", c.is_vlm_dir,
-                  lambda path, tok, device, dtype: c.load_connector(path, device, dtype, tok),
-                  lambda path, tok: c.load_processor(path, tok))
+    return Loader(
+        "vlm-checkpoint",
+        c.is_vlm_dir,
+        lambda path, tok, device, dtype: c.load_connector(path, device, dtype, tok),
+        lambda path, tok: c.load_processor(path, tok),
+    )
 
 
 LOADERS: list[Callable[[], Loader]] = [_timm_loader, _checkpoint_loader]
 
 
-def resolve_connector(connector: str | None, model_name: str,
-                      model_path: Path | None = None) -> Path | None:
+def resolve_connector(
+    connector: str | None, model_name: str, model_path: Path | None = None
+) -> Path | None:
     """The connector directory to serve with LM ``model_name`` (loaded from ``model_path``),
     or None (text only). ``auto``: a VLM checkpoint's own vision side, else the shipped
     default when the LM is the one it was trained for."""
@@ -68,8 +72,10 @@ def resolve_connector(connector: str | None, model_name: str,
         return DEFAULT_DIR if trained_for == model_name else None
     path = Path(connector).expanduser()
     if not path.is_dir():
-        raise ValueError(f"connector {connector!r} is not a directory; give a connector "
-                         f"directory, 'auto' or 'none'")
+        raise ValueError(
+            f"connector {connector!r} is not a directory; give a connector "
+            f"directory, 'auto' or 'none'"
+        )
     return path
 
 
@@ -78,12 +84,15 @@ def _loader(path: Path) -> Loader:
         loader = make()
         if loader.claims(path):
             return loader
-    raise ValueError(f"{path} is not a connector directory any loader knows "
-                     f"({', '.join(m().name for m in LOADERS)})")
+    raise ValueError(
+        f"{path} is not a connector directory any loader knows "
+        f"({', '.join(m().name for m in LOADERS)})"
+    )
 
 
-def load_connector(path: Path, tokenizer: Any, device: torch.device,
-                   dtype: torch.dtype) -> Connector:
+def load_connector(
+    path: Path, tokenizer: Any, device: torch.device, dtype: torch.dtype
+) -> Connector:
     return _loader(path).connector(path, tokenizer, device, dtype)
 
 

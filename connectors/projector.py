@@ -29,8 +29,7 @@ class ProjectorSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"projector kind must be one of {', '.join(KINDS)}, "
-                             f"got {self.kind!r}")
+            raise ValueError(f"projector kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.kind == "mlp2x_gelu" and self.scale != 1:
             raise ValueError("mlp2x_gelu does not shuffle: scale must be 1")
         if self.scale < 1:

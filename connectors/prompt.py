@@ -27,8 +27,12 @@ class ImagePrompt(NamedTuple):
     num_image_tokens: int  # prompt tokens the images occupy (wrappers included)
 
 
-def splice_images(text: str, images: Sequence[PreparedImage], encode: Callable[[str], list[int]],
-                  marker: str = IMAGE_MARKER) -> ImagePrompt:
+def splice_images(
+    text: str,
+    images: Sequence[PreparedImage],
+    encode: Callable[[str], list[int]],
+    marker: str = IMAGE_MARKER,
+) -> ImagePrompt:
     """Cut ``text`` at each ``marker`` and put the images' tokens there, in order.
 
     ``encode`` tokenizes text without adding special tokens. The marker count must
@@ -36,9 +40,11 @@ def splice_images(text: str, images: Sequence[PreparedImage], encode: Callable[[
     """
     pieces = text.split(marker)
     if len(pieces) != len(images) + 1:
-        raise ImageError(ImageErrorKind.CORRUPT,
-                         f"the prompt shows {len(pieces) - 1} image positions for "
-                         f"{len(images)} images; message text must not contain {marker!r}")
+        raise ImageError(
+            ImageErrorKind.CORRUPT,
+            f"the prompt shows {len(pieces) - 1} image positions for "
+            f"{len(images)} images; message text must not contain {marker!r}",
+        )
     ids: list[int] = []
     spans: list[EmbeddingSpan] = []
     n_image = 0
@@ -53,8 +59,9 @@ def splice_images(text: str, images: Sequence[PreparedImage], encode: Callable[[
     return ImagePrompt(ids, spans, n_image)
 
 
-def image_chat_prompt(tokenizer: Any, processor: ImageProcessor, images: Sequence[Image.Image],
-                      text: str) -> ImagePrompt:
+def image_chat_prompt(
+    tokenizer: Any, processor: ImageProcessor, images: Sequence[Image.Image], text: str
+) -> ImagePrompt:
     """One user turn: the images (in order), then ``text``, through the chat template
     with the generation prompt: what the server builds for the same chat request."""
     prepared = [processor.prepare(img) for img in images]
@@ -64,8 +71,10 @@ def image_chat_prompt(tokenizer: Any, processor: ImageProcessor, images: Sequenc
     else:
         content = [{"type": "image"}] * len(images) + [{"type": "text", "text": text}]
         marker = processor.image_text
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": content}],
-                                             add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True
+    )
     assert marker in rendered or not images, "the chat template dropped the images"
-    return processor.splice(rendered, prepared,
-                            lambda s: tokenizer.encode(s, add_special_tokens=False))
+    return processor.splice(
+        rendered, prepared, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    )

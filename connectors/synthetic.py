@@ -17,8 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-COLOURS = {"red": (220, 40, 40), "green": (40, 165, 60), "blue": (45, 85, 225),
-           "yellow": (235, 200, 30), "purple": (140, 60, 190), "orange": (245, 130, 20)}
+COLOURS = {
+    "red": (220, 40, 40),
+    "green": (40, 165, 60),
+    "blue": (45, 85, 225),
+    "yellow": (235, 200, 30),
+    "purple": (140, 60, 190),
+    "orange": (245, 130, 20),
+}
 SHAPES = ("circle", "square", "triangle", "star")
 COUNTS = ("one", "two", "three", "four")
 POSITIONS = ("top left", "top right", "bottom left", "bottom right", "center")
@@ -26,8 +32,13 @@ WORDS = ("cat", "dog", "sun", "car", "tree", "fish", "book", "moon", "cup", "hat
 ATTRIBUTES = ("colour", "shape", "count", "position")
 # split name -> seed offset: held-out images never share a generator state with training
 SPLITS = {"train": 0, "val": 1_000_003, "test": 2_000_029}
-_REGION = {"top left": (0, 0), "top right": (1, 0), "bottom left": (0, 1),
-           "bottom right": (1, 1), "center": (0.5, 0.5)}
+_REGION = {
+    "top left": (0, 0),
+    "top right": (1, 0),
+    "bottom left": (0, 1),
+    "bottom right": (1, 1),
+    "center": (0.5, 0.5),
+}
 
 
 @dataclass(frozen=True)
@@ -45,22 +56,34 @@ class Scene:
 
     def labels(self) -> dict[str, int]:
         """Class indices for encoder pretraining (word: 0 = none)."""
-        return {"colour": list(COLOURS).index(self.colour), "shape": SHAPES.index(self.shape),
-                "count": self.count - 1, "position": POSITIONS.index(self.position),
-                "word": 0 if self.word is None else WORDS.index(self.word) + 1}
+        return {
+            "colour": list(COLOURS).index(self.colour),
+            "shape": SHAPES.index(self.shape),
+            "count": self.count - 1,
+            "position": POSITIONS.index(self.position),
+            "word": 0 if self.word is None else WORDS.index(self.word) + 1,
+        }
 
 
-HEADS = {"colour": len(COLOURS), "shape": len(SHAPES), "count": len(COUNTS),
-         "position": len(POSITIONS), "word": len(WORDS) + 1}
+HEADS = {
+    "colour": len(COLOURS),
+    "shape": len(SHAPES),
+    "count": len(COUNTS),
+    "position": len(POSITIONS),
+    "word": len(WORDS) + 1,
+}
 
 
-def scene_of(split: str, index: int, word_p: float = 0.3
-             ) -> tuple[Scene, np.random.Generator]:
+def scene_of(split: str, index: int, word_p: float = 0.3) -> tuple[Scene, np.random.Generator]:
     """What image ``index`` of ``split`` shows, and the generator that then draws it."""
     rng = np.random.default_rng(SPLITS[split] + index)
-    scene = Scene(str(rng.choice(list(COLOURS))), str(rng.choice(SHAPES)),
-                  int(rng.integers(1, 5)), str(rng.choice(POSITIONS)),
-                  str(rng.choice(WORDS)) if rng.random() < word_p else None)
+    scene = Scene(
+        str(rng.choice(list(COLOURS))),
+        str(rng.choice(SHAPES)),
+        int(rng.integers(1, 5)),
+        str(rng.choice(POSITIONS)),
+        str(rng.choice(WORDS)) if rng.random() < word_p else None,
+    )
     return scene, rng
 
 
@@ -84,8 +107,9 @@ def render(scene: Scene, rng: np.random.Generator, size: int = 64) -> Image.Imag
     # with at least a pixel between neighbours
     gx = (16 + 32 * rx + rng.uniform(-1.5, 1.5)) * k
     gy = (16 + 32 * ry + rng.uniform(-1.5, 1.5)) * k
-    colour = tuple(int(c) for c in np.clip(np.array(COLOURS[scene.colour]) +
-                                            rng.integers(-18, 19, 3), 0, 255))
+    colour = tuple(
+        int(c) for c in np.clip(np.array(COLOURS[scene.colour]) + rng.integers(-18, 19, 3), 0, 255)
+    )
     slots = [(-1, -1), (1, -1), (-1, 1), (1, 1)]
     single = scene.count == 1
     for slot in rng.permutation(4)[: scene.count]:
@@ -99,8 +123,9 @@ def render(scene: Scene, rng: np.random.Generator, size: int = 64) -> Image.Imag
     return img
 
 
-def _shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float,
-           fill: tuple[int, ...]) -> None:
+def _shape(
+    draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill: tuple[int, ...]
+) -> None:
     if shape == "circle":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
     elif shape == "square":
@@ -109,9 +134,13 @@ def _shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float
     elif shape == "triangle":
         draw.polygon([(cx, cy - r), (cx + r, cy + r * 0.8), (cx - r, cy + r * 0.8)], fill=fill)
     else:  # star: five points, inner radius 0.45
-        pts = [(cx + (r if k % 2 == 0 else 0.45 * r) * math.sin(k * math.pi / 5),
-                cy - (r if k % 2 == 0 else 0.45 * r) * math.cos(k * math.pi / 5))
-               for k in range(10)]
+        pts = [
+            (
+                cx + (r if k % 2 == 0 else 0.45 * r) * math.sin(k * math.pi / 5),
+                cy - (r if k % 2 == 0 else 0.45 * r) * math.cos(k * math.pi / 5),
+            )
+            for k in range(10)
+        ]
         draw.polygon(pts, fill=fill)
 
 
@@ -131,8 +160,9 @@ def _render_range(args: tuple[str, int, int, int]) -> tuple[np.ndarray, list[Sce
     return np.stack([np.asarray(img) for img, _ in pairs]), [s for _, s in pairs]
 
 
-def generate(split: str, start: int, n: int, size: int = 64, workers: int = 1
-             ) -> tuple[np.ndarray, list[Scene]]:
+def generate(
+    split: str, start: int, n: int, size: int = 64, workers: int = 1
+) -> tuple[np.ndarray, list[Scene]]:
     """Images ``start .. start + n`` of ``split`` as one (n, size, size, 3) uint8 array and
     their scenes; the same arrays whatever ``workers`` is (each image has its own seed)."""
     chunk = max(1, -(-n // (workers * 4)))
@@ -167,6 +197,10 @@ def parse_caption(text: str) -> dict[str, str | None]:
 def score_caption(text: str, scene: Scene) -> dict[str, bool]:
     """Per attribute: does the caption state the scene's value (and only it)?"""
     got = parse_caption(text)
-    want = {"colour": scene.colour, "shape": scene.shape, "count": COUNTS[scene.count - 1],
-            "position": scene.position}
+    want = {
+        "colour": scene.colour,
+        "shape": scene.shape,
+        "count": COUNTS[scene.count - 1],
+        "position": scene.position,
+    }
     return {a: got[a] == want[a] for a in ATTRIBUTES}

@@ -83,8 +83,7 @@ def is_timm_connector(path: str | Path) -> bool:
 class TimmProcessor(ImageProcessor):
     """Image -> tiles (timm's eval preprocessing each) + their image tokens."""
 
-    def __init__(self, config: ConnectorConfig, preprocess: Preprocess,
-                 token_id: Any) -> None:
+    def __init__(self, config: ConnectorConfig, preprocess: Preprocess, token_id: Any) -> None:
         self.config, self.preprocess = config, preprocess
         self.placeholder_id: int = token_id(config.placeholder)
         self.separator_ids: tuple[int, ...] = tuple(token_id.encode(config.tile_separator))
@@ -96,11 +95,17 @@ class TimmProcessor(ImageProcessor):
         th, tw = self.preprocess.size
         w, h = image.size
         need_r, need_c = math.ceil(h / th), math.ceil(w / tw)
-        grids = [(r, c) for r in range(1, need_r + 1) for c in range(1, need_c + 1)
-                 if r * c <= self.config.max_tiles]
+        grids = [
+            (r, c)
+            for r in range(1, need_r + 1)
+            for c in range(1, need_c + 1)
+            if r * c <= self.config.max_tiles
+        ]
         target = math.log(w / h)
-        return min(grids, key=lambda g: (round(abs(math.log(g[1] * tw / (g[0] * th)) - target),
-                                               9), -g[0] * g[1]))
+        return min(
+            grids,
+            key=lambda g: (round(abs(math.log(g[1] * tw / (g[0] * th)) - target), 9), -g[0] * g[1]),
+        )
 
     def prepare(self, image: Image.Image) -> PreparedImage:
         rows, cols = self.tile_grid(image)
@@ -108,8 +113,11 @@ class TimmProcessor(ImageProcessor):
         if rows * cols > 1:
             th, tw = self.preprocess.size
             big = image.resize((cols * tw, rows * th), Image.Resampling.BICUBIC)
-            views = [big.crop((c * tw, r * th, (c + 1) * tw, (r + 1) * th))
-                     for r in range(rows) for c in range(cols)]
+            views = [
+                big.crop((c * tw, r * th, (c + 1) * tw, (r + 1) * th))
+                for r in range(rows)
+                for c in range(cols)
+            ]
         views.append(image)  # the global view, always last
         pixels = torch.stack([self.preprocess(v) for v in views])  # (T, C, H, W)
         return PreparedImage(pixels, self.tokens(len(views)))
@@ -152,9 +160,16 @@ class TimmConnector(Connector):
     the same captions at any concurrency, and a cached encoding equals a fresh one).
     """
 
-    def __init__(self, config: ConnectorConfig, encoder: TimmEncoder, projector: Projector,
-                 processor: TimmProcessor | None, device: torch.device,
-                 dtype: torch.dtype, chunk: int = 16) -> None:
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        encoder: TimmEncoder,
+        projector: Projector,
+        processor: TimmProcessor | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        chunk: int = 16,
+    ) -> None:
         self.config, self.processor = config, processor  # type: ignore[assignment]
         self.encoder = encoder.to(device=device, dtype=dtype).eval()
         self.projector = projector.to(device=device, dtype=dtype).eval().requires_grad_(False)
@@ -168,21 +183,25 @@ class TimmConnector(Connector):
         pad = -n % self.chunk
         if pad:
             tiles = torch.cat([tiles, tiles.new_zeros(pad, *tiles.shape[1:])])
-        outs = [self.projector(self.encoder(tiles[i: i + self.chunk]))
-                for i in range(0, tiles.shape[0], self.chunk)]
+        outs = [
+            self.projector(self.encoder(tiles[i : i + self.chunk]))
+            for i in range(0, tiles.shape[0], self.chunk)
+        ]
         flat = (torch.cat(outs) if len(outs) > 1 else outs[0])[:n]  # (sum T, n, D)
         sizes = [p.shape[0] for p in payloads]
         return [t.reshape(-1, flat.shape[-1]) for t in flat.split(sizes)]
 
 
-def build_modules(config: ConnectorConfig, directory: Path | None = None
-                  ) -> tuple[TimmEncoder, Projector, Preprocess]:
+def build_modules(
+    config: ConnectorConfig, directory: Path | None = None
+) -> tuple[TimmEncoder, Projector, Preprocess]:
     """Encoder (weights from ``directory`` or ``config.encoder.file``), projector (weights
     from ``directory`` when present), preprocessing."""
     spec = config.encoder
     if directory is not None and (directory / "encoder.safetensors").is_file():
-        spec = EncoderSpec(spec.name, spec.kwargs, str(directory / "encoder.safetensors"),
-                           spec.data)
+        spec = EncoderSpec(
+            spec.name, spec.kwargs, str(directory / "encoder.safetensors"), spec.data
+        )
     model = create_encoder_model(spec)
     encoder = TimmEncoder(model)
     projector = Projector(config.projector)
@@ -194,14 +213,17 @@ def build_modules(config: ConnectorConfig, directory: Path | None = None
 def load_processor(path: str | Path, tokenizer: Any) -> TimmProcessor:
     """The CPU half alone (an API-server process needs no weights)."""
     config = ConnectorConfig.load(Path(path))
-    model = create_encoder_model(EncoderSpec(config.encoder.name, config.encoder.kwargs,
-                                             None, config.encoder.data))
-    return TimmProcessor(config, Preprocess(data_config(model, config.encoder)),
-                         _TokenIds(tokenizer))
+    model = create_encoder_model(
+        EncoderSpec(config.encoder.name, config.encoder.kwargs, None, config.encoder.data)
+    )
+    return TimmProcessor(
+        config, Preprocess(data_config(model, config.encoder)), _TokenIds(tokenizer)
+    )
 
 
-def load_connector(path: str | Path, tokenizer: Any, device: torch.device,
-                   dtype: torch.dtype) -> TimmConnector:
+def load_connector(
+    path: str | Path, tokenizer: Any, device: torch.device, dtype: torch.dtype
+) -> TimmConnector:
     path = Path(path)
     config = ConnectorConfig.load(path)
     encoder, projector, preprocess = build_modules(config, path)
@@ -209,19 +231,32 @@ def load_connector(path: str | Path, tokenizer: Any, device: torch.device,
     return TimmConnector(config, encoder, projector, processor, device, dtype)
 
 
-def save_connector(path: str | Path, config: ConnectorConfig, encoder: TimmEncoder,
-                   projector: Projector, dtype: torch.dtype = torch.bfloat16) -> None:
+def save_connector(
+    path: str | Path,
+    config: ConnectorConfig,
+    encoder: TimmEncoder,
+    projector: Projector,
+    dtype: torch.dtype = torch.bfloat16,
+) -> None:
     """Write the directory; floating weights stored in ``dtype`` (bf16: half the bytes; the
     served model is the stored one, so evaluate what was saved)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
     def cast(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous().cpu()
-                for k, v in sd.items()}
+        return {
+            k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous().cpu()
+            for k, v in sd.items()
+        }
 
     save_file(cast(encoder.model.state_dict()), str(path / "encoder.safetensors"))
     save_file(cast(projector.state_dict()), str(path / "projector.safetensors"))
-    stored = ConnectorConfig(**{**asdict(config), "encoder": EncoderSpec(
-        config.encoder.name, config.encoder.kwargs, None, config.encoder.data)})
+    stored = ConnectorConfig(
+        **{
+            **asdict(config),
+            "encoder": EncoderSpec(
+                config.encoder.name, config.encoder.kwargs, None, config.encoder.data
+            ),
+        }
+    )
     stored.save(path)

@@ -111,7 +111,7 @@ def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
         g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
         perm = torch.randperm(n, generator=g)
         take = min(batch - len(out), n - i)
-        out += perm[i: i + take].tolist()
+        out += perm[i : i + take].tolist()
         pos += take
     return out
 
@@ -119,9 +119,17 @@ def batch_indices(step: int, batch: int, n: int, seed: int) -> list[int]:
 class Trainer:
     """One training run; built by ``train_connector`` (the CLI) or by tests."""
 
-    def __init__(self, config: TrainConfig, connector: ConnectorConfig, encoder: TimmEncoder,
-                 projector: Projector, lm: Any, tokenizer: Any, device: torch.device,
-                 progress: bool = True) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        connector: ConnectorConfig,
+        encoder: TimmEncoder,
+        projector: Projector,
+        lm: Any,
+        tokenizer: Any,
+        device: torch.device,
+        progress: bool = True,
+    ) -> None:
         self.cfg, self.connector, self.device = config, connector, device
         self.encoder = freeze(encoder)
         self.lm: Any = freeze(lm)
@@ -135,23 +143,39 @@ class Trainer:
         for d in (self.out, self.work):
             d.mkdir(parents=True, exist_ok=True)
         self.pairs = read_pairs(config.data)
-        self.targets = [tokenizer.encode(p.caption, add_special_tokens=False) + [self.end_id]
-                        for p in self.pairs]
+        self.targets = [
+            tokenizer.encode(p.caption, add_special_tokens=False) + [self.end_id]
+            for p in self.pairs
+        ]
         self.val: tuple[torch.Tensor, list[list[int]]] | None = None  # set by ``features``
 
     def features(self, preprocess, workers: int = 1) -> torch.Tensor:
         """The training features (encoded once, cached); with generated data, also the
         held-out examples each checkpoint is scored on (``train_log.jsonl``)."""
         if self.cfg.data.startswith("synthetic:") and self.cfg.val_examples:
-            pairs = [Pair(i, synthetic.scene_of("val", i)[0].caption(), "val")
-                     for i in range(self.cfg.val_examples)]
-            feats = encode_features(pairs, self.encoder, preprocess, self.device, None,
-                                    progress=False)
-            self.val = (feats, [self.tokenizer.encode(p.caption, add_special_tokens=False)
-                                + [self.end_id] for p in pairs])
-        return encode_features(self.pairs, self.encoder, preprocess, self.device,
-                               self.work / "features.safetensors", progress=self.progress,
-                               workers=workers)
+            pairs = [
+                Pair(i, synthetic.scene_of("val", i)[0].caption(), "val")
+                for i in range(self.cfg.val_examples)
+            ]
+            feats = encode_features(
+                pairs, self.encoder, preprocess, self.device, None, progress=False
+            )
+            self.val = (
+                feats,
+                [
+                    self.tokenizer.encode(p.caption, add_special_tokens=False) + [self.end_id]
+                    for p in pairs
+                ],
+            )
+        return encode_features(
+            self.pairs,
+            self.encoder,
+            preprocess,
+            self.device,
+            self.work / "features.safetensors",
+            progress=self.progress,
+            workers=workers,
+        )
 
     def _log(self, record: dict[str, Any]) -> None:
         with open(self.out / "train_log.jsonl", "a") as fh:
@@ -169,8 +193,14 @@ class Trainer:
         embed = self.lm.get_input_embeddings()
         val = self.val
         end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
-        bar = tqdm(range(start, end), desc="train connector", unit="step",
-                   initial=start, total=cfg.steps, disable=not self.progress)
+        bar = tqdm(
+            range(start, end),
+            desc="train connector",
+            unit="step",
+            initial=start,
+            total=cfg.steps,
+            disable=not self.progress,
+        )
         t0, loss_v = time.perf_counter(), float("nan")
         for step in bar:
             idx = batch_indices(step, cfg.batch_size, len(self.pairs), cfg.seed)
@@ -184,28 +214,47 @@ class Trainer:
             bar.set_postfix(loss=f"{loss_v:.3f}")
             if (step + 1) % cfg.save_every == 0 or step + 1 == end:
                 self._checkpoint(opt, sched, step + 1, loss_v)
-                self._log({"step": step + 1, "loss": loss_v, "seconds": time.perf_counter() - t0,
-                           **({f"val_{k}": v for k, v in self.heldout(*val, prefix, embed)
-                               .items()} if val else {})})
+                self._log(
+                    {
+                        "step": step + 1,
+                        "loss": loss_v,
+                        "seconds": time.perf_counter() - t0,
+                        **(
+                            {f"val_{k}": v for k, v in self.heldout(*val, prefix, embed).items()}
+                            if val
+                            else {}
+                        ),
+                    }
+                )
         return TrainResult(end, loss_v, time.perf_counter() - t0, start)
 
-    def loss(self, feats: torch.Tensor, idx: list[int], step: int, prefix: PrefixKV,
-             embed: Any) -> torch.Tensor:
+    def loss(
+        self, feats: torch.Tensor, idx: list[int], step: int, prefix: PrefixKV, embed: Any
+    ) -> torch.Tensor:
         """Mean cross-entropy over the caption tokens of examples ``idx``."""
         logits, labels = self._logits(feats[idx], *self._sequences(idx, step), prefix, embed)
         return nn.functional.cross_entropy(logits, labels)
 
     @torch.no_grad()
-    def heldout(self, feats: torch.Tensor, targets: list[list[int]], prefix: PrefixKV,
-                embed: Any) -> dict[str, float]:
+    def heldout(
+        self, feats: torch.Tensor, targets: list[list[int]], prefix: PrefixKV, embed: Any
+    ) -> dict[str, float]:
         """Teacher-forced loss and token accuracy on held-out examples (first layout)."""
         seqs = [self.layouts[0].suffix + t for t in targets]
         logits, labels = self._logits(feats, seqs, targets, prefix, embed)
-        return {"loss": float(nn.functional.cross_entropy(logits, labels)),
-                "token_accuracy": float((logits.argmax(-1) == labels).float().mean())}
+        return {
+            "loss": float(nn.functional.cross_entropy(logits, labels)),
+            "token_accuracy": float((logits.argmax(-1) == labels).float().mean()),
+        }
 
-    def _logits(self, grids: torch.Tensor, seqs: list[list[int]], targets: list[list[int]],
-                prefix: PrefixKV, embed: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logits(
+        self,
+        grids: torch.Tensor,
+        seqs: list[list[int]],
+        targets: list[list[int]],
+        prefix: PrefixKV,
+        embed: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The LM's logits at every target position and the targets, (M, V) and (M,)."""
         grids = grids.to(self.device, torch.float32)  # (B, H, W, C)
         with torch.autocast(self.device.type, torch.bfloat16, enabled=self.amp):
@@ -216,8 +265,9 @@ class Trainer:
                 ids[b, : len(s)] = torch.tensor(s)
             text = embed(ids.to(self.device))  # (B, width, D); pads never reach a loss row
             x = torch.cat([image.to(text.dtype), text], dim=1)  # image first, then text
-            hidden = self.lm.model(inputs_embeds=x, past_key_values=prefix.cache(len(seqs)),
-                                   use_cache=True).last_hidden_state
+            hidden = self.lm.model(
+                inputs_embeds=x, past_key_values=prefix.cache(len(seqs)), use_cache=True
+            ).last_hidden_state
             n = image.shape[1]
             rows, labels = [], []
             for b, (s, t) in enumerate(zip(seqs, targets, strict=True)):
@@ -242,8 +292,7 @@ class Trainer:
         return warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / self.cfg.steps)))
 
     def _fingerprint(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self.cfg).items() if k not in ("extra", "out",
-                                                                         "work_dir")}
+        return {k: v for k, v in asdict(self.cfg).items() if k not in ("extra", "out", "work_dir")}
 
     def _resume(self, opt, sched) -> int:
         path = self.work / CHECKPOINT
@@ -251,8 +300,9 @@ class Trainer:
             return 0
         state = torch.load(path, map_location=self.device, weights_only=False)
         if state["fingerprint"] != self._fingerprint():
-            raise ValueError(f"{path} was written by a run with other settings; use another "
-                             f"--out or delete it")
+            raise ValueError(
+                f"{path} was written by a run with other settings; use another --out or delete it"
+            )
         self.projector.load_state_dict(state["projector"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -261,14 +311,28 @@ class Trainer:
     def _checkpoint(self, opt, sched, step: int, loss: float) -> None:
         path = self.work / CHECKPOINT
         tmp = path.with_suffix(".tmp")
-        torch.save({"projector": self.projector.state_dict(), "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(), "step": step, "loss": loss,
-                    "fingerprint": self._fingerprint()}, tmp)
+        torch.save(
+            {
+                "projector": self.projector.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "step": step,
+                "loss": loss,
+                "fingerprint": self._fingerprint(),
+            },
+            tmp,
+        )
         os.replace(tmp, path)  # a kill mid-save leaves the last checkpoint whole
 
     def save(self, result: TrainResult) -> None:
-        extra = {**self.connector.extra, "train": {**self._fingerprint(), "steps": result.steps,
-                                                   "final_loss": result.final_loss}}
+        extra = {
+            **self.connector.extra,
+            "train": {
+                **self._fingerprint(),
+                "steps": result.steps,
+                "final_loss": result.final_loss,
+            },
+        }
         cfg = ConnectorConfig(**{**asdict(self.connector), "extra": extra})
         save_connector(self.out, cfg, self.encoder, self.projector)
         (self.out / "train.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
@@ -276,13 +340,15 @@ class Trainer:
 
 def end_of_turn_id(tokenizer: Any) -> int:
     """The id the chat template closes an assistant turn with (generation stops there)."""
-    head = tokenizer.apply_chat_template([{"role": "user", "content": "x"}],
-                                         add_generation_prompt=True)
-    full = tokenizer.apply_chat_template([{"role": "user", "content": "x"},
-                                          {"role": "assistant", "content": "y"}],
-                                         add_generation_prompt=False)
+    head = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], add_generation_prompt=True
+    )
+    full = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+        add_generation_prompt=False,
+    )
     assert full.startswith(head), "the template's generation prompt starts the reply"
-    return int(tokenizer.encode(full[len(head) + 1:], add_special_tokens=False)[0])
+    return int(tokenizer.encode(full[len(head) + 1 :], add_special_tokens=False)[0])
 
 
 def load_hf_lm(lm: str | None, device: torch.device) -> tuple[Any, Any, str]:
@@ -291,8 +357,9 @@ def load_hf_lm(lm: str | None, device: torch.device) -> tuple[Any, Any, str]:
     try:
         from transformers import AutoModelForCausalLM
     except ImportError as exc:  # pragma: no cover - the test extra installs it
-        raise RuntimeError("connector training needs transformers: pip install "
-                           "'mmserve[test]'") from exc
+        raise RuntimeError(
+            "connector training needs transformers: pip install 'mmserve[test]'"
+        ) from exc
     from mmserve.config import EngineConfig
     from mmserve.engine.factory import model_name
     from mmserve.models.hub import resolve_model

@@ -25,10 +25,22 @@ def probe_grid(encoder: TimmEncoder, preprocess: Preprocess) -> tuple[int, int]:
     return int(grid.shape[1]), int(grid.shape[2])
 
 
-def train_connector(out: str, name: str, file: str | None, kwargs: dict[str, Any], kind: str,
-                    scale: int, data: str, lm: str | None, device: str, steps: int,
-                    batch_size: int, lr: float, save_every: int,
-                    work_dir: str | None = None) -> dict:
+def train_connector(
+    out: str,
+    name: str,
+    file: str | None,
+    kwargs: dict[str, Any],
+    kind: str,
+    scale: int,
+    data: str,
+    lm: str | None,
+    device: str,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    save_every: int,
+    work_dir: str | None = None,
+) -> dict:
     from mmserve.engine.factory import resolve_device
 
     dev = resolve_device(device)
@@ -37,13 +49,27 @@ def train_connector(out: str, name: str, file: str | None, kwargs: dict[str, Any
     encoder, preprocess = TimmEncoder(model), Preprocess(data_config(model, spec))
     hf_lm, tokenizer, lm_name = load_hf_lm(lm, dev)
     grid = probe_grid(encoder, preprocess)
-    cfg = ConnectorConfig(EncoderSpec(name, kwargs, None, preprocess.cfg),
-                          ProjectorSpec(kind, encoder.dim, hf_lm.config.hidden_size, scale),
-                          grid, lm=lm_name)
-    trainer = Trainer(TrainConfig(out, data, steps, batch_size, lr, save_every=save_every,
-                                  work_dir=work_dir), cfg,
-                      encoder, Projector(cfg.projector), hf_lm, tokenizer, dev)
+    cfg = ConnectorConfig(
+        EncoderSpec(name, kwargs, None, preprocess.cfg),
+        ProjectorSpec(kind, encoder.dim, hf_lm.config.hidden_size, scale),
+        grid,
+        lm=lm_name,
+    )
+    trainer = Trainer(
+        TrainConfig(out, data, steps, batch_size, lr, save_every=save_every, work_dir=work_dir),
+        cfg,
+        encoder,
+        Projector(cfg.projector),
+        hf_lm,
+        tokenizer,
+        dev,
+    )
     result = trainer.run(trainer.features(preprocess))
     trainer.save(result)
-    return {"out": out, "steps": result.steps, "final_loss": result.final_loss,
-            "resumed_from": result.resumed_from, "image_tokens": cfg.tokens_per_tile}
+    return {
+        "out": out,
+        "steps": result.steps,
+        "final_loss": result.final_loss,
+        "resumed_from": result.resumed_from,
+        "image_tokens": cfg.tokens_per_tile,
+    }

@@ -29,8 +29,13 @@ from connectors.encoder import Preprocess, TimmEncoder
 from connectors.image_source import ImageLimits, file_bytes, load_image
 from connectors.prompt import IMAGE_MARKER
 
-INSTRUCTIONS = ("Describe the image.", "What is in this image?", "Caption this image.",
-                "What do you see?", "Describe this picture briefly.")
+INSTRUCTIONS = (
+    "Describe the image.",
+    "What is in this image?",
+    "Caption this image.",
+    "What do you see?",
+    "Describe this picture briefly.",
+)
 
 
 @dataclass
@@ -60,9 +65,16 @@ def read_pairs(data: str) -> list[Pair]:
 
 
 @torch.no_grad()
-def encode_features(pairs: Sequence[Pair], encoder: TimmEncoder, preprocess: Preprocess,
-                    device: torch.device, cache: Path | None, batch_size: int = 256,
-                    progress: bool = True, workers: int = 1) -> torch.Tensor:
+def encode_features(
+    pairs: Sequence[Pair],
+    encoder: TimmEncoder,
+    preprocess: Preprocess,
+    device: torch.device,
+    cache: Path | None,
+    batch_size: int = 256,
+    progress: bool = True,
+    workers: int = 1,
+) -> torch.Tensor:
     """(N, H, W, C) bf16 patch grids of every pair's image, from ``cache`` when it holds
     them for these pairs."""
     key = f"{len(pairs)}:{pairs[0].split}:{pairs[0].image}:{pairs[-1].image}" if pairs else "0"
@@ -73,12 +85,13 @@ def encode_features(pairs: Sequence[Pair], encoder: TimmEncoder, preprocess: Pre
     chunks = []
     enc = encoder.to(device)
     generated = _generated(pairs, preprocess, workers)
-    for i in tqdm(range(0, len(pairs), batch_size), desc="encode images", unit="batch",
-                  disable=not progress):
+    for i in tqdm(
+        range(0, len(pairs), batch_size), desc="encode images", unit="batch", disable=not progress
+    ):
         if generated is not None:
-            pixels = preprocess.normalize_uint8(generated[i: i + batch_size])
+            pixels = preprocess.normalize_uint8(generated[i : i + batch_size])
         else:
-            pixels = torch.stack([preprocess(p.load()) for p in pairs[i: i + batch_size]])
+            pixels = torch.stack([preprocess(p.load()) for p in pairs[i : i + batch_size]])
         chunks.append(enc(pixels.to(device)).to("cpu", torch.bfloat16))
     feats = torch.cat(chunks)
     if cache is not None:
@@ -87,8 +100,7 @@ def encode_features(pairs: Sequence[Pair], encoder: TimmEncoder, preprocess: Pre
     return feats
 
 
-def _generated(pairs: Sequence[Pair], preprocess: Preprocess, workers: int
-               ) -> torch.Tensor | None:
+def _generated(pairs: Sequence[Pair], preprocess: Preprocess, workers: int) -> torch.Tensor | None:
     """All of ``pairs`` drawn at once by the generator's pool, when they are generated
     images 0..N-1 at the encoder's input size (else None: load them one by one)."""
     if not pairs or [p.image for p in pairs] != list(range(len(pairs))):
@@ -114,10 +126,15 @@ def layouts(tokenizer, instructions: Sequence[str]) -> list[Layout]:
     out = []
     for text in instructions:
         rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": IMAGE_MARKER + text}], add_generation_prompt=True)
+            [{"role": "user", "content": IMAGE_MARKER + text}], add_generation_prompt=True
+        )
         before, after = rendered.split(IMAGE_MARKER)
-        out.append(Layout(tokenizer.encode(before, add_special_tokens=False),
-                          tokenizer.encode(after, add_special_tokens=False)))
+        out.append(
+            Layout(
+                tokenizer.encode(before, add_special_tokens=False),
+                tokenizer.encode(after, add_special_tokens=False),
+            )
+        )
     assert all(lay.prefix == out[0].prefix for lay in out), "instructions change the prefix"
     return out
 

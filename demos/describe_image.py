@@ -51,16 +51,30 @@ def main() -> int:
     client = OpenAI(base_url=args.base_url, api_key=args.api_key)
     model = client.models.list().data[0].id
     reply = client.chat.completions.create(
-        model=model, temperature=0, max_tokens=args.max_tokens,
-        messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": data_url(args.image, args.generated)}},
-            {"type": "text", "text": args.question}]}])
+        model=model,
+        temperature=0,
+        max_tokens=args.max_tokens,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": data_url(args.image, args.generated)},
+                    },
+                    {"type": "text", "text": args.question},
+                ],
+            }
+        ],
+    )
     print(reply.choices[0].message.content)
     usage = reply.usage
     if usage is not None and usage.prompt_tokens_details is not None:
-        print(f"({usage.prompt_tokens} prompt tokens, of which "
-              f"{getattr(usage.prompt_tokens_details, 'image_tokens', '?')} image)",
-              file=sys.stderr)
+        print(
+            f"({usage.prompt_tokens} prompt tokens, of which "
+            f"{getattr(usage.prompt_tokens_details, 'image_tokens', '?')} image)",
+            file=sys.stderr,
+        )
     return 0
 
 

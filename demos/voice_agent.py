@@ -25,22 +25,39 @@ from openai import AsyncOpenAI
 RATE = 24000
 
 
-async def speak(base_url: str, api_key: str, model: str | None, question: str, out: str,
-                voice: str, max_output_tokens: int) -> float:
+async def speak(
+    base_url: str,
+    api_key: str,
+    model: str | None,
+    question: str,
+    out: str,
+    voice: str,
+    max_output_tokens: int,
+) -> float:
     """Ask ``question``; save the spoken answer to ``out`` -> seconds of audio saved."""
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key,
-                         websocket_base_url=base_url.replace("http", "ws", 1))
+    client = AsyncOpenAI(
+        base_url=base_url, api_key=api_key, websocket_base_url=base_url.replace("http", "ws", 1)
+    )
     model = model or (await client.models.list()).data[0].id
     pcm = bytearray()
     async with client.realtime.connect(model=model) as conn:
-        await conn.session.update(session={
-            "type": "realtime", "output_modalities": ["audio"],
-            "instructions": "You are a helpful voice assistant. Answer in two sentences.",
-            "audio": {"output": {"voice": voice,
-                                 "format": {"type": "audio/pcm", "rate": RATE}}}})
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": question}]})
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["audio"],
+                "instructions": "You are a helpful voice assistant. Answer in two sentences.",
+                "audio": {
+                    "output": {"voice": voice, "format": {"type": "audio/pcm", "rate": RATE}}
+                },
+            }
+        )
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": question}],
+            }
+        )
         start = time.monotonic()
         await conn.response.create(response={"max_output_tokens": max_output_tokens})
         first: float | None = None
@@ -54,8 +71,11 @@ async def speak(base_url: str, api_key: str, model: str | None, question: str, o
                 print(f"\n[error] {event.error.message}", file=sys.stderr)
             elif event.type == "response.done":
                 print(flush=True)
-                print(f"[{event.response.status}; first audio after "
-                      f"{'-' if first is None else f'{first * 1000:.0f} ms'}]", file=sys.stderr)
+                print(
+                    f"[{event.response.status}; first audio after "
+                    f"{'-' if first is None else f'{first * 1000:.0f} ms'}]",
+                    file=sys.stderr,
+                )
                 break
     with wave.open(out, "wb") as wav:
         wav.setnchannels(1)
@@ -68,8 +88,9 @@ async def speak(base_url: str, api_key: str, model: str | None, question: str, o
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("question", nargs="?", default="What is the capital of France?")
     parser.add_argument("--out", default="answer.wav", help="the WAV to write")
     parser.add_argument("--voice", default="alloy")
@@ -78,8 +99,17 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="default: the first model the server lists")
     parser.add_argument("--max-output-tokens", type=int, default=96)
     args = parser.parse_args()
-    seconds = asyncio.run(speak(args.base_url, args.api_key, args.model, args.question,
-                                args.out, args.voice, args.max_output_tokens))
+    seconds = asyncio.run(
+        speak(
+            args.base_url,
+            args.api_key,
+            args.model,
+            args.question,
+            args.out,
+            args.voice,
+            args.max_output_tokens,
+        )
+    )
     return 0 if seconds > 0 else 1
 
 

@@ -42,8 +42,7 @@ HELP = {
     "memory the KV cache takes (default: 0.5)",
     "kv_cache_dtype": "auto (the model's dtype) | fp8_e4m3 (alias fp8): e4m3 keys/values with "
     "per-token, per-head scales, about twice the blocks of bf16 for the same memory",
-    "max_num_seqs": "most sequences decoded together (default: CPU 32; CUDA 256, 128 "
-    "below 16 GiB)",
+    "max_num_seqs": "most sequences decoded together (default: CPU 32; CUDA 256, 128 below 16 GiB)",
     "max_num_batched_tokens": "token budget of one engine step (decodes first, then prefill "
     "chunks; default: CPU 512; CUDA 8192 from 40 GiB, 4096 from 16 GiB, else 2048)",
     "prefill_chunk_tokens": "most tokens of one prompt's prefill chunk in a step while other "
@@ -190,8 +189,9 @@ def serve(args: argparse.Namespace) -> int:
     server_config = config_from(ServerConfig, args)
     if server_config.api_key is None:
         server_config.api_key = envs.MMSERVE_API_KEY
-    return run_server(config_from(EngineConfig, args), server_config,
-                      config_from(SpeechConfig, args))
+    return run_server(
+        config_from(EngineConfig, args), server_config, config_from(SpeechConfig, args)
+    )
 
 
 def _pull_flags(parser: argparse.ArgumentParser) -> None:
@@ -305,86 +305,148 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def _bench_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("which", choices=("spec", "throughput", "stress", "vision", "speech",
-                                          "structured", "voice", "serve"),
-                        help="spec: speculative vs plain decode on the real model (CPU or GPU); "
-                        "throughput: engine vs HF transformers on random weights (CUDA); "
-                        "stress: fuzzing, abort storms, overload, soak of a live server "
-                        "(docs/reliability.md); "
-                        "vision: captioning images/s vs HF transformers (CPU or GPU); "
-                        "speech: time to first audio and real-time factor (CPU or GPU); "
-                        "structured: constrained vs free decode (docs/structured-output.md); "
-                        "voice: concurrent voice streams, deadline vs FIFO scheduling; "
-                        "serve: a live server (openai SDK streams, Realtime WebSocket) against "
-                        "the engine in-process")
+    parser.add_argument(
+        "which",
+        choices=(
+            "spec",
+            "throughput",
+            "stress",
+            "vision",
+            "speech",
+            "structured",
+            "voice",
+            "serve",
+        ),
+        help="spec: speculative vs plain decode on the real model (CPU or GPU); "
+        "throughput: engine vs HF transformers on random weights (CUDA); "
+        "stress: fuzzing, abort storms, overload, soak of a live server "
+        "(docs/reliability.md); "
+        "vision: captioning images/s vs HF transformers (CPU or GPU); "
+        "speech: time to first audio and real-time factor (CPU or GPU); "
+        "structured: constrained vs free decode (docs/structured-output.md); "
+        "voice: concurrent voice streams, deadline vs FIFO scheduling; "
+        "serve: a live server (openai SDK streams, Realtime WebSocket) against "
+        "the engine in-process",
+    )
     parser.add_argument("--model", default=None, help=HELP["model"])
     parser.add_argument("--device", default="auto", help=HELP["device"])
-    parser.add_argument("--speculative-config", default=None,
-                        help='JSON, default {"method": "ngram", "num_speculative_tokens": "auto"}')
-    parser.add_argument("--workloads", default="edit,code,chat,long",
-                        help="comma-separated: edit, code, chat, long")
-    parser.add_argument("--concurrency", default=None,
-                        help="comma-separated; default 1,4,16 (spec), 1,8,32 (vision), "
-                        "1,16,64,256 (serve)")
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help="new tokens a request; default 96 (spec), 24 (vision), 256 (serve)")
+    parser.add_argument(
+        "--speculative-config",
+        default=None,
+        help='JSON, default {"method": "ngram", "num_speculative_tokens": "auto"}',
+    )
+    parser.add_argument(
+        "--workloads", default="edit,code,chat,long", help="comma-separated: edit, code, chat, long"
+    )
+    parser.add_argument(
+        "--concurrency",
+        default=None,
+        help="comma-separated; default 1,4,16 (spec), 1,8,32 (vision), 1,16,64,256 (serve)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="new tokens a request; default 96 (spec), 24 (vision), 256 (serve)",
+    )
     parser.add_argument("--connector", default="auto", help="vision: " + HELP["connector"])
-    parser.add_argument("--images", type=int, default=64,
-                        help="vision: images a concurrency level")
+    parser.add_argument("--images", type=int, default=64, help="vision: images a concurrency level")
     parser.add_argument("--no-hf", action="store_true", help="vision: skip the HF baseline")
     parser.add_argument("--dtype", default="auto", help="vision: " + HELP["dtype"])
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="spec: interleaved plain/spec pairs a row (a row's floor verdict "
-                        "needs 5 or more: the interval for its median covers 90 %% then)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="spec: interleaved plain/spec pairs a row (a row's floor verdict "
+        "needs 5 or more: the interval for its median covers 90 %% then)",
+    )
     parser.add_argument("--out-dir", default="bench/out", help="where JSON and PNG go")
     stress = parser.add_argument_group("stress options")
-    stress.add_argument("--only", default=None,
-                        help="comma-separated phases (default all): fuzz-http, fuzz-ws, "
-                        "abort-storm, overload, slow-clients, long-prefill, eviction, soak")
+    stress.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated phases (default all): fuzz-http, fuzz-ws, "
+        "abort-storm, overload, slow-clients, long-prefill, eviction, soak",
+    )
     stress.add_argument("--fuzz-inputs", type=int, default=10_000)
-    stress.add_argument("--fuzz-give-up-s", type=float, default=5.0,
-                        help="a fuzzing client gives up on an answer after this (the server "
-                        "must then abort the request); long fuzzed generations cost this each")
+    stress.add_argument(
+        "--fuzz-give-up-s",
+        type=float,
+        default=5.0,
+        help="a fuzzing client gives up on an answer after this (the server "
+        "must then abort the request); long fuzzed generations cost this each",
+    )
     stress.add_argument("--aborts", type=int, default=1000)
     stress.add_argument("--soak-clients", type=int, default=64)
     stress.add_argument("--soak-s", type=float, default=1800.0)
     stress.add_argument("--max-num-seqs", type=int, default=8)
     stress.add_argument("--max-waiting", type=int, default=16)
     serve = parser.add_argument_group("serve options")
-    serve.add_argument("--serve-args", default="",
-                       help="extra flags for the served `mmserve serve` (and the in-process "
-                       "engine's config), one string, e.g. \"--max-num-seqs 256\"")
-    serve.add_argument("--protocols", default="sse,ws", help="sse (openai SDK) and/or ws "
-                       "(Realtime WebSocket)")
-    serve.add_argument("--requests-per-client", type=int, default=2,
-                       help="a load sends max(clients x this, --min-requests) requests")
+    serve.add_argument(
+        "--serve-args",
+        default="",
+        help="extra flags for the served `mmserve serve` (and the in-process "
+        'engine\'s config), one string, e.g. "--max-num-seqs 256"',
+    )
+    serve.add_argument(
+        "--protocols", default="sse,ws", help="sse (openai SDK) and/or ws (Realtime WebSocket)"
+    )
+    serve.add_argument(
+        "--requests-per-client",
+        type=int,
+        default=2,
+        help="a load sends max(clients x this, --min-requests) requests",
+    )
     serve.add_argument("--min-requests", type=int, default=8)
-    serve.add_argument("--burst", type=int, default=32,
-                       help="requests at once right after start and again when warm (0: skip)")
-    serve.add_argument("--client-procs", type=int, default=0,
-                       help="client processes (default: a quarter of the cores, 1 to 4)")
-    serve.add_argument("--no-engine", action="store_true",
-                       help="skip the in-process engine baseline")
+    serve.add_argument(
+        "--burst",
+        type=int,
+        default=32,
+        help="requests at once right after start and again when warm (0: skip)",
+    )
+    serve.add_argument(
+        "--client-procs",
+        type=int,
+        default=0,
+        help="client processes (default: a quarter of the cores, 1 to 4)",
+    )
+    serve.add_argument(
+        "--no-engine", action="store_true", help="skip the in-process engine baseline"
+    )
     speech = parser.add_argument_group("speech and voice options")
-    speech.add_argument("--streams", default=None,
-                        help="concurrent streams, comma-separated; default 1,8,32 (speech), "
-                        "1,8,32,64,128,256 (voice)")
-    speech.add_argument("--voices", default=None,
-                        help="speech: default (the shipped voice), orpheus-3b (Llama-3B shape "
-                        "+ SNAC 24 kHz, random weights), or voice directories (default both "
-                        "named); voice: gepard-0.5b (random 0.5B backbone at Gepard's 80 ms "
-                        "frames) and/or default (default both)")
-    speech.add_argument("--seconds", type=float, default=4.0,
-                        help="audio each stream generates")
-    speech.add_argument("--buffer-ms", type=float, default=200.0,
-                        help="voice: the client's buffer")
+    speech.add_argument(
+        "--streams",
+        default=None,
+        help="concurrent streams, comma-separated; default 1,8,32 (speech), "
+        "1,8,32,64,128,256 (voice)",
+    )
+    speech.add_argument(
+        "--voices",
+        default=None,
+        help="speech: default (the shipped voice), orpheus-3b (Llama-3B shape "
+        "+ SNAC 24 kHz, random weights), or voice directories (default both "
+        "named); voice: gepard-0.5b (random 0.5B backbone at Gepard's 80 ms "
+        "frames) and/or default (default both)",
+    )
+    speech.add_argument("--seconds", type=float, default=4.0, help="audio each stream generates")
+    speech.add_argument("--buffer-ms", type=float, default=200.0, help="voice: the client's buffer")
     speech.add_argument("--ramp-s", type=float, default=1.0, help="voice: streams arrive over this")
-    speech.add_argument("--text-clients", type=int, default=16,
-                        help="voice: text clients beside the voice streams in the mixed load")
-    speech.add_argument("--mixed-streams", default=None,
-                        help="voice: stream counts of the mixed load (default: half the largest)")
-    speech.add_argument("--tiny", action="store_true",
-                        help="voice: a 2-layer backbone instead of 0.5B (to run it on a CPU)")
+    speech.add_argument(
+        "--text-clients",
+        type=int,
+        default=16,
+        help="voice: text clients beside the voice streams in the mixed load",
+    )
+    speech.add_argument(
+        "--mixed-streams",
+        default=None,
+        help="voice: stream counts of the mixed load (default: half the largest)",
+    )
+    speech.add_argument(
+        "--tiny",
+        action="store_true",
+        help="voice: a 2-layer backbone instead of 0.5B (to run it on a CPU)",
+    )
 
 
 @subcommand("bench", "measure speed against a baseline in the same run", _bench_flags)
@@ -396,25 +458,40 @@ def bench(args: argparse.Namespace) -> int:
 
         only = tuple(p for p in (args.only or ",".join(PHASES)).split(",") if p)
         device = "cpu" if args.device == "auto" else args.device
-        results = run_stress(StressConfig(
-            only=only, device=device, model=args.model, fuzz_inputs=args.fuzz_inputs,
-            fuzz_give_up_s=args.fuzz_give_up_s,
-            aborts=args.aborts, max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
-            soak_clients=args.soak_clients, soak_s=args.soak_s, out_dir=args.out_dir))
+        results = run_stress(
+            StressConfig(
+                only=only,
+                device=device,
+                model=args.model,
+                fuzz_inputs=args.fuzz_inputs,
+                fuzz_give_up_s=args.fuzz_give_up_s,
+                aborts=args.aborts,
+                max_num_seqs=args.max_num_seqs,
+                max_waiting=args.max_waiting,
+                soak_clients=args.soak_clients,
+                soak_s=args.soak_s,
+                out_dir=args.out_dir,
+            )
+        )
         return int(any(r.crashes or r.status_5xx or r.leaked_blocks for r in results))
     if args.which == "speech":
         from mmserve.bench.speech import run_speech_bench
 
-        run_speech_bench((args.voices or "default,orpheus-3b").split(","),
-                         [int(s) for s in (args.streams or "1,8,32").split(",")],
-                         args.seconds, args.device, args.out_dir)
+        run_speech_bench(
+            (args.voices or "default,orpheus-3b").split(","),
+            [int(s) for s in (args.streams or "1,8,32").split(",")],
+            args.seconds,
+            args.device,
+            args.out_dir,
+        )
         return 0
     if args.which == "structured":
         from mmserve.bench.structured import run_structured_bench
 
         batches = tuple(int(c) for c in (args.concurrency or "1,32").split(",") if c)
-        run_structured_bench(args.model, args.device, batches, args.max_tokens or 128,
-                             args.repeats, args.out_dir)
+        run_structured_bench(
+            args.model, args.device, batches, args.max_tokens or 128, args.repeats, args.out_dir
+        )
         return 0
     if args.which == "voice":
         from mmserve.bench.voice import run_voice_bench
@@ -423,25 +500,40 @@ def bench(args: argparse.Namespace) -> int:
         run_voice_bench(
             [v for v in (args.voices or "gepard-0.5b,default").split(",") if v],
             [int(s) for s in (args.streams or "1,8,32,64,128,256").split(",")],
-            args.seconds, args.device, args.out_dir, buffer_ms=args.buffer_ms,
-            ramp_s=args.ramp_s, text_clients=args.text_clients, tiny=args.tiny,
-            mixed_streams=[int(s) for s in mixed.split(",")] if mixed else None)
+            args.seconds,
+            args.device,
+            args.out_dir,
+            buffer_ms=args.buffer_ms,
+            ramp_s=args.ramp_s,
+            text_clients=args.text_clients,
+            tiny=args.tiny,
+            mixed_streams=[int(s) for s in mixed.split(",")] if mixed else None,
+        )
         return 0
     if args.which == "serve":
         import shlex
 
         from mmserve.bench.serve import ServeBenchConfig, run_serve_bench
 
-        run_serve_bench(ServeBenchConfig(
-            model=args.model, device=args.device,
-            concurrency=tuple(int(c) for c in (args.concurrency or "1,16,64,256").split(",")
-                              if c),
-            max_tokens=args.max_tokens or 256, requests_per_client=args.requests_per_client,
-            min_requests=args.min_requests,
-            burst=args.burst, protocols=tuple(p for p in args.protocols.split(",") if p),
-            engine=not args.no_engine, client_procs=args.client_procs,
-            serve_args=tuple(shlex.split(args.serve_args)), out_dir=args.out_dir),
-            lambda flags: config_from(EngineConfig, build_parser().parse_args(["serve", *flags])))
+        run_serve_bench(
+            ServeBenchConfig(
+                model=args.model,
+                device=args.device,
+                concurrency=tuple(
+                    int(c) for c in (args.concurrency or "1,16,64,256").split(",") if c
+                ),
+                max_tokens=args.max_tokens or 256,
+                requests_per_client=args.requests_per_client,
+                min_requests=args.min_requests,
+                burst=args.burst,
+                protocols=tuple(p for p in args.protocols.split(",") if p),
+                engine=not args.no_engine,
+                client_procs=args.client_procs,
+                serve_args=tuple(shlex.split(args.serve_args)),
+                out_dir=args.out_dir,
+            ),
+            lambda flags: config_from(EngineConfig, build_parser().parse_args(["serve", *flags])),
+        )
         return 0
     if args.which == "throughput":
         from mmserve.bench.throughput import run_throughput
@@ -454,48 +546,79 @@ def bench(args: argparse.Namespace) -> int:
     if args.which == "vision":
         from mmserve.bench.vision import run_vision_bench
 
-        run_vision_bench(args.connector, args.model, args.device, args.images, conc, new_tokens,
-                         args.out_dir, hf=not args.no_hf, dtype=args.dtype)
+        run_vision_bench(
+            args.connector,
+            args.model,
+            args.device,
+            args.images,
+            conc,
+            new_tokens,
+            args.out_dir,
+            hf=not args.no_hf,
+            dtype=args.dtype,
+        )
         return 0
     from mmserve.bench.spec import run_spec_bench
 
     run_spec_bench(
         args.model,
         json.loads(args.speculative_config) if args.speculative_config else None,
-        tuple(w for w in args.workloads.split(",") if w), conc,
-        new_tokens, repeats=args.repeats, device=args.device, out_dir=args.out_dir)
+        tuple(w for w in args.workloads.split(",") if w),
+        conc,
+        new_tokens,
+        repeats=args.repeats,
+        device=args.device,
+        out_dir=args.out_dir,
+    )
     return 0
 
 
 def _connector_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("recipe", "train", "eval"),
-                        help="recipe: build the offline default from nothing (pretrain a ViT on "
-                        "generated images, train its projector, evaluate); train: train a "
-                        "projector for a timm encoder on --data; eval: held-out caption accuracy")
-    parser.add_argument("--out", help="connector directory to write (recipe, train) or read "
-                        "(eval)")
+    parser.add_argument(
+        "action",
+        choices=("recipe", "train", "eval"),
+        help="recipe: build the offline default from nothing (pretrain a ViT on "
+        "generated images, train its projector, evaluate); train: train a "
+        "projector for a timm encoder on --data; eval: held-out caption accuracy",
+    )
+    parser.add_argument("--out", help="connector directory to write (recipe, train) or read (eval)")
     parser.add_argument("--lm", default=None, help="the frozen LM; default " + DEFAULT_MODEL)
     parser.add_argument("--device", default="auto", help=HELP["device"])
-    parser.add_argument("--preset", default="cpu", choices=("cpu", "gpu", "tiny"),
-                        help="recipe: cpu (a small machine, hours) or gpu (one H100, minutes)")
-    parser.add_argument("--encoder-weights", default=None,
-                        help="recipe: use this pretrained encoder file, skip pretraining")
-    parser.add_argument("--encoder", default=None,
-                        help="train: timm model name (weights from --encoder-file)")
+    parser.add_argument(
+        "--preset",
+        default="cpu",
+        choices=("cpu", "gpu", "tiny"),
+        help="recipe: cpu (a small machine, hours) or gpu (one H100, minutes)",
+    )
+    parser.add_argument(
+        "--encoder-weights",
+        default=None,
+        help="recipe: use this pretrained encoder file, skip pretraining",
+    )
+    parser.add_argument(
+        "--encoder", default=None, help="train: timm model name (weights from --encoder-file)"
+    )
     parser.add_argument("--encoder-file", default=None, help="train: local encoder weights")
     parser.add_argument("--encoder-kwargs", default="{}", help="train: JSON for create_model")
-    parser.add_argument("--projector", default="mlp2x_gelu",
-                        help="train: mlp2x_gelu | shuffle_linear | shuffle_mlp")
+    parser.add_argument(
+        "--projector", default="mlp2x_gelu", help="train: mlp2x_gelu | shuffle_linear | shuffle_mlp"
+    )
     parser.add_argument("--scale", type=int, default=1, help="train: pixel-shuffle factor")
-    parser.add_argument("--data", default="synthetic:8000",
-                        help="train: synthetic:N or a JSONL manifest of {image, caption}")
+    parser.add_argument(
+        "--data",
+        default="synthetic:8000",
+        help="train: synthetic:N or a JSONL manifest of {image, caption}",
+    )
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--images", type=int, default=200, help="eval: held-out images")
-    parser.add_argument("--work-dir", default=None,
-                        help="recipe, train: checkpoint and feature cache (default: --out)")
+    parser.add_argument(
+        "--work-dir",
+        default=None,
+        help="recipe, train: checkpoint and feature cache (default: --out)",
+    )
 
 
 @subcommand("connector", "build, train or evaluate a vision connector", _connector_flags)
@@ -508,8 +631,15 @@ def connector(args: argparse.Namespace) -> int:
     if args.action == "recipe":
         from connectors.recipe import run_recipe
 
-        report = run_recipe(args.out, args.preset, args.lm, args.device, args.encoder_weights,
-                            args.images, work_dir=args.work_dir)
+        report = run_recipe(
+            args.out,
+            args.preset,
+            args.lm,
+            args.device,
+            args.encoder_weights,
+            args.images,
+            work_dir=args.work_dir,
+        )
     elif args.action == "eval":
         from connectors.evaluate import evaluate_connector
 
@@ -520,10 +650,22 @@ def connector(args: argparse.Namespace) -> int:
         if not args.encoder:
             print("mmserve: error: train needs --encoder NAME", file=sys.stderr)
             return 2
-        report = train_connector(args.out, args.encoder, args.encoder_file,
-                                 json.loads(args.encoder_kwargs), args.projector, args.scale,
-                                 args.data, args.lm, args.device, args.steps, args.batch_size,
-                                 args.lr, args.save_every, args.work_dir)
+        report = train_connector(
+            args.out,
+            args.encoder,
+            args.encoder_file,
+            json.loads(args.encoder_kwargs),
+            args.projector,
+            args.scale,
+            args.data,
+            args.lm,
+            args.device,
+            args.steps,
+            args.batch_size,
+            args.lr,
+            args.save_every,
+            args.work_dir,
+        )
     print(json.dumps(report, indent=2))
     return 0
 
@@ -532,13 +674,18 @@ def _caption_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="a directory of images or a JSONL manifest of {image}")
     parser.add_argument("--out", required=True, help="captions JSONL (appended; resumable)")
     parser.add_argument("--concurrency", type=int, default=32, help="images in flight")
-    parser.add_argument("--prompt", default=None,
-                        help="the instruction; default: the connector's own")
+    parser.add_argument(
+        "--prompt", default=None, help="the instruction; default: the connector's own"
+    )
     parser.add_argument("--max-tokens", type=int, default=48)
 
 
-@subcommand("caption", "caption a folder or manifest of images into a JSONL file",
-            engine_flags, _caption_flags)
+@subcommand(
+    "caption",
+    "caption a folder or manifest of images into a JSONL file",
+    engine_flags,
+    _caption_flags,
+)
 def caption(args: argparse.Namespace) -> int:
     from connectors.caption_job import caption_all, list_images
     from mmserve.engine.async_engine import AsyncEngine
@@ -546,18 +693,26 @@ def caption(args: argparse.Namespace) -> int:
     engine = AsyncEngine.from_config(config_from(EngineConfig, args))
     try:
         if engine.image_processor is None:
-            print("mmserve: error: no vision connector is served; pass --connector DIR",
-                  file=sys.stderr)
+            print(
+                "mmserve: error: no vision connector is served; pass --connector DIR",
+                file=sys.stderr,
+            )
             return 2
-        text = args.prompt or getattr(engine.engine.connector.config, "prompt",
-                                      "Describe the image.")
+        text = args.prompt or getattr(
+            engine.engine.connector.config, "prompt", "Describe the image."
+        )
         params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
         from pathlib import Path
 
-        result = asyncio.run(caption_all(engine, list_images(args.source), Path(args.out),
-                                         args.concurrency, text, params))
-        print(f"mmserve: captioned {result.done} images ({result.failed} failed, "
-              f"{result.skipped} already done) in {result.seconds:.1f}s -> {args.out}")
+        result = asyncio.run(
+            caption_all(
+                engine, list_images(args.source), Path(args.out), args.concurrency, text, params
+            )
+        )
+        print(
+            f"mmserve: captioned {result.done} images ({result.failed} failed, "
+            f"{result.skipped} already done) in {result.seconds:.1f}s -> {args.out}"
+        )
     finally:
         engine.shutdown_sync()
     return 0
@@ -565,7 +720,7 @@ def caption(args: argparse.Namespace) -> int:
 
 def _ngram_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("build",), help="build a table from a corpus")
-    parser.add_argument("corpus", help="JSONL file, one {\"text\": ...} object per line")
+    parser.add_argument("corpus", help='JSONL file, one {"text": ...} object per line')
     parser.add_argument("table", help="output table file (memory-mapped at serve time)")
     parser.add_argument("--model", default=None, help="model whose tokenizer to use")
     parser.add_argument("--n", type=int, default=3, help="context length of the n-grams")
@@ -580,9 +735,14 @@ def ngram(args: argparse.Namespace) -> int:
     from mmserve.speculative.ngram_build import build_table_from_jsonl
 
     tok = Tokenizer(resolve_model(args.model))
-    stats = build_table_from_jsonl(args.corpus, tok.encode, args.table, n=args.n,
-                                   max_continuation=args.max_continuation,
-                                   min_count=args.min_count)
+    stats = build_table_from_jsonl(
+        args.corpus,
+        tok.encode,
+        args.table,
+        n=args.n,
+        max_continuation=args.max_continuation,
+        min_count=args.min_count,
+    )
     print(f"wrote {args.table}: {stats}")
     return 0
 

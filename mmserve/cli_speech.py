@@ -13,19 +13,28 @@ from mmserve.cli import config_from, dataclass_flags, subcommand
 
 
 def _voice_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--voice", default="default",
-                        help="'default' (shipped) or a voice directory (an Orpheus checkpoint "
-                        "with its SNAC decoder in <dir>/snac, or a trained voice)")
+    parser.add_argument(
+        "--voice",
+        default="default",
+        help="'default' (shipped) or a voice directory (an Orpheus checkpoint "
+        "with its SNAC decoder in <dir>/snac, or a trained voice)",
+    )
     parser.add_argument("--snac", default=None, help="an Orpheus voice's SNAC decoder dir")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
 
 
 def _say_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", help="what to say ('-' reads standard input)")
-    parser.add_argument("--out", default="speech.wav",
-                        help="output file; its suffix picks the format (.wav, .flac, .ogg)")
-    parser.add_argument("--speaker", default=None,
-                        help="a speaker of a multi-speaker voice (Orpheus: tara, leo, ...)")
+    parser.add_argument(
+        "--out",
+        default="speech.wav",
+        help="output file; its suffix picks the format (.wav, .flac, .ogg)",
+    )
+    parser.add_argument(
+        "--speaker",
+        default=None,
+        help="a speaker of a multi-speaker voice (Orpheus: tara, leo, ...)",
+    )
     _voice_flags(parser)
 
 
@@ -43,8 +52,7 @@ def say(args: argparse.Namespace) -> int:
     return 0
 
 
-@subcommand("voices", "list the voice names a server with this voice answers to",
-            _voice_flags)
+@subcommand("voices", "list the voice names a server with this voice answers to", _voice_flags)
 def voices(args: argparse.Namespace) -> int:
     from tts.registry import VoiceRegistry, load
 
@@ -58,16 +66,24 @@ def voices(args: argparse.Namespace) -> int:
 def _voice_cmd_flags(parser: argparse.ArgumentParser) -> None:
     from tts.train.recipe import VoiceTrainConfig
 
-    parser.add_argument("action", choices=("train", "eval"),
-                        help="train: the default voice, from espeak-ng teacher data, in "
-                        "resumable stages; eval: its quality report on held-out sentences")
+    parser.add_argument(
+        "action",
+        choices=("train", "eval"),
+        help="train: the default voice, from espeak-ng teacher data, in "
+        "resumable stages; eval: its quality report on held-out sentences",
+    )
     dataclass_flags(VoiceTrainConfig)(parser)
-    parser.add_argument("--voice", default=None,
-                        help="eval: the voice directory to score (default: the shipped one)")
-    parser.add_argument("--report", default="bench/out/voice",
-                        help="eval: where the JSON and spectrogram PNGs go")
-    parser.add_argument("--eval-sentences", type=int, default=32,
-                        help="eval: held-out sentences to score")
+    parser.add_argument(
+        "--voice",
+        default=None,
+        help="eval: the voice directory to score (default: the shipped one)",
+    )
+    parser.add_argument(
+        "--report", default="bench/out/voice", help="eval: where the JSON and spectrogram PNGs go"
+    )
+    parser.add_argument(
+        "--eval-sentences", type=int, default=32, help="eval: held-out sentences to score"
+    )
 
 
 @subcommand("voice", "train or evaluate the default voice", _voice_cmd_flags)

@@ -72,14 +72,22 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             allowed = ", ".join(KV_CACHE_DTYPES)
             raise ValueError(
-                f"kv_cache_dtype must be one of {allowed}, got {self.kv_cache_dtype!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_mb",
-                     "encoder_cache_mb"):
+                f"kv_cache_dtype must be one of {allowed}, got {self.kv_cache_dtype!r}"
+            )
+        for name in (
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "kv_cache_memory_mb",
+            "encoder_cache_mb",
+        ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.kv_cache_memory_fraction <= 0.95:
-            raise ValueError(f"kv_cache_memory_fraction must be in (0, 0.95], got "
-                             f"{self.kv_cache_memory_fraction}")
+            raise ValueError(
+                f"kv_cache_memory_fraction must be in (0, 0.95], got "
+                f"{self.kv_cache_memory_fraction}"
+            )
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.max_waiting < 0:
@@ -88,12 +96,15 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
         if self.audio_scheduling not in ("deadline", "fifo"):
             raise ValueError(
-                f"audio_scheduling must be deadline or fifo, got {self.audio_scheduling!r}")
+                f"audio_scheduling must be deadline or fifo, got {self.audio_scheduling!r}"
+            )
         if self.audio_window is not None and self.audio_window < 1:
             raise ValueError(f"audio_window must be >= 1, got {self.audio_window}")
         if self.audio_lead_s <= 0 or self.audio_queue_s < 0:
-            raise ValueError("audio_lead_s must be > 0 and audio_queue_s >= 0, got "
-                             f"{self.audio_lead_s} and {self.audio_queue_s}")
+            raise ValueError(
+                "audio_lead_s must be > 0 and audio_queue_s >= 0, got "
+                f"{self.audio_lead_s} and {self.audio_queue_s}"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         self.spec_config()  # validate early, with SpecConfig's messages
@@ -156,15 +167,29 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
-        for name in ("max_prompt_bytes", "max_stop_strings", "max_stop_str_chars",
-                     "max_json_depth", "realtime_max_items", "realtime_max_bytes",
-                     "realtime_audio_buffer_ms",
-                     "retry_after_s", "max_connections", "keep_alive_timeout_s"):
+        for name in (
+            "max_prompt_bytes",
+            "max_stop_strings",
+            "max_stop_str_chars",
+            "max_json_depth",
+            "realtime_max_items",
+            "realtime_max_bytes",
+            "realtime_audio_buffer_ms",
+            "retry_after_s",
+            "max_connections",
+            "keep_alive_timeout_s",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("header_timeout_s", "body_timeout_s", "ws_ping_interval_s",
-                     "ws_ping_timeout_s", "log_repeat_window_s", "engine_stall_timeout_s",
-                     "shutdown_grace_s"):
+        for name in (
+            "header_timeout_s",
+            "body_timeout_s",
+            "ws_ping_interval_s",
+            "ws_ping_timeout_s",
+            "log_repeat_window_s",
+            "engine_stall_timeout_s",
+            "shutdown_grace_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.api_server_count < 1:
@@ -177,11 +202,14 @@ class ServerConfig:
         formats = {f.strip().upper() for f in self.image_formats.split(",") if f.strip()}
         known = {"PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"}
         if not formats or not formats <= known:
-            raise ValueError(f"image_formats must be a comma-separated subset of "
-                             f"{', '.join(sorted(known))}, got {self.image_formats!r}")
+            raise ValueError(
+                f"image_formats must be a comma-separated subset of "
+                f"{', '.join(sorted(known))}, got {self.image_formats!r}"
+            )
         if self.remote_image_timeout_s <= 0:
-            raise ValueError(f"remote_image_timeout_s must be > 0, got "
-                             f"{self.remote_image_timeout_s}")
+            raise ValueError(
+                f"remote_image_timeout_s must be > 0, got {self.remote_image_timeout_s}"
+            )
         levels = ("critical", "error", "warning", "info", "debug", "trace")
         if self.log_level not in levels:
             allowed = ", ".join(levels)

@@ -1,9 +1,9 @@
 """The offline Python API, shaped like vLLM's::
 
-    from mmserve import LLM, SamplingParams
-    llm = LLM()                                  # the default model
-    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
-    print(outs[0].text, outs[0].token_ids, outs[0].finish_reason)
+from mmserve import LLM, SamplingParams
+llm = LLM()                                  # the default model
+outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+print(outs[0].text, outs[0].token_ids, outs[0].finish_reason)
 """
 
 from __future__ import annotations
@@ -66,30 +66,51 @@ class LLM:
         self.engine: LLMEngine = create_engine(EngineConfig(model=model, **engine_options))
         self.tokenizer = self.engine.tokenizer
 
-    def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
-                 params: SamplingParams | None = None,
-                 spans: list[list[EmbeddingSpan]] | None = None) -> list[GenerationResult]:
+    def generate(
+        self,
+        prompts: str | list[int] | Sequence[str | list[int]],
+        params: SamplingParams | None = None,
+        spans: list[list[EmbeddingSpan]] | None = None,
+    ) -> list[GenerationResult]:
         """One result per prompt (a string or a list of token ids), in input order."""
         batch = [prompts] if isinstance(prompts, str) or _is_ids(prompts) else list(prompts)
-        ids = [p if _is_ids(p) else self.tokenizer.encode(p, add_special_tokens=True)
-               for p in batch]
+        ids = [
+            p if _is_ids(p) else self.tokenizer.encode(p, add_special_tokens=True) for p in batch
+        ]
         texts = [p if isinstance(p, str) else None for p in batch]
         return self._run(texts, ids, params or SamplingParams(), spans)  # type: ignore[arg-type]
 
-    def chat(self, conversations: list[Message] | Sequence[list[Message]],
-             params: SamplingParams | None = None, tools: list[dict] | None = None,
-             add_generation_prompt: bool = True) -> list[GenerationResult]:
+    def chat(
+        self,
+        conversations: list[Message] | Sequence[list[Message]],
+        params: SamplingParams | None = None,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[GenerationResult]:
         """One result per conversation (a list of ``{"role", "content"}`` messages)."""
-        convs = [conversations] if conversations and isinstance(conversations[0], dict) \
+        convs = (
+            [conversations]
+            if conversations and isinstance(conversations[0], dict)
             else list(conversations)
-        texts = [self.tokenizer.apply_chat_template(c, tools=tools,  # type: ignore[arg-type]
-                                                    add_generation_prompt=add_generation_prompt)
-                 for c in convs]
+        )
+        texts = [
+            self.tokenizer.apply_chat_template(
+                c,
+                tools=tools,  # type: ignore[arg-type]
+                add_generation_prompt=add_generation_prompt,
+            )
+            for c in convs
+        ]
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         return self._run(texts, ids, params or SamplingParams(), None)  # type: ignore[arg-type]
 
-    def _run(self, texts: list[str | None], ids: list[list[int]], params: SamplingParams,
-             spans: list[list[EmbeddingSpan]] | None) -> list[GenerationResult]:
+    def _run(
+        self,
+        texts: list[str | None],
+        ids: list[list[int]],
+        params: SamplingParams,
+        spans: list[list[EmbeddingSpan]] | None,
+    ) -> list[GenerationResult]:
         if spans is not None and len(spans) != len(ids):
             raise ValueError(f"spans has {len(spans)} entries for {len(ids)} prompts")
         order: dict[str, tuple[int, int]] = {}
@@ -107,8 +128,10 @@ class LLM:
         finally:
             for rid in set(order) - set(finals):
                 self.engine.abort(rid)
-        results = [GenerationResult(texts[i], ids[i], [None] * params.n)  # type: ignore[list-item]
-                   for i in range(len(ids))]
+        results = [
+            GenerationResult(texts[i], ids[i], [None] * params.n)  # type: ignore[list-item]
+            for i in range(len(ids))
+        ]
         for rid, (i, j) in order.items():
             o = finals[rid]
             results[i].outputs[j] = CompletionOutput(j, o.text, o.token_ids, o.finish_reason)

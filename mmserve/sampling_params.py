@@ -65,18 +65,24 @@ class SamplingParams:
         )
         _check(all(s for s in self.stop), "stop strings must be non-empty")
         _check(self.detokenize or not self.stop, "stop strings need detokenize=True")
-        _check(self.structured is None or isinstance(self.structured, StructuredOutput),
-               "structured must be a StructuredOutput")
+        _check(
+            self.structured is None or isinstance(self.structured, StructuredOutput),
+            "structured must be a StructuredOutput",
+        )
         if self.structured is not None:
             # a grammar decides where the output may end: EOS is its end
             _check(not self.ignore_eos, "ignore_eos cannot be combined with structured output")
-            _check(self.min_tokens == 0,
-                   "min_tokens cannot be combined with structured output (the grammar "
-                   "decides where the output ends)")
+            _check(
+                self.min_tokens == 0,
+                "min_tokens cannot be combined with structured output (the grammar "
+                "decides where the output ends)",
+            )
         if self.logit_bias is not None:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
-            _check(all(-100.0 <= v <= 100.0 for v in self.logit_bias.values()),
-                   "logit_bias values must be in [-100, 100]")
+            _check(
+                all(-100.0 <= v <= 100.0 for v in self.logit_bias.values()),
+                "logit_bias values must be in [-100, 100]",
+            )
             _check(all(k >= 0 for k in self.logit_bias), "logit_bias keys must be token ids")
             self.logit_bias = self.logit_bias or None
 

@@ -60,4 +60,3 @@ class IdGenerator:
         if self._rng is None:
             return "call_" + secrets.token_hex(12)
         return f"call_{self._rng.getrandbits(96):024x}"
-

@@ -76,26 +76,38 @@ def tiny_llama():
 
     def build(device: str = "cuda"):
         h, inter, vocab = 256, 512, 1000
-        cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, intermediate_size=inter,
-                   vocab_size=vocab, head_dim=64, tie_word_embeddings=False,
-                   max_position_embeddings=4096)
+        cfg = dict(
+            model_type="llama",
+            hidden_size=h,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=inter,
+            vocab_size=vocab,
+            head_dim=64,
+            tie_word_embeddings=False,
+            max_position_embeddings=4096,
+        )
         torch.manual_seed(0)
-        names = {"model.embed_tokens.weight": (vocab, h), "lm_head.weight": (vocab, h),
-                 "model.norm.weight": (h,)}
+        names = {
+            "model.embed_tokens.weight": (vocab, h),
+            "lm_head.weight": (vocab, h),
+            "model.norm.weight": (h,),
+        }
         for i in range(2):
             p = f"model.layers.{i}"
-            names |= {f"{p}.self_attn.q_proj.weight": (h, h),
-                      f"{p}.self_attn.k_proj.weight": (128, h),
-                      f"{p}.self_attn.v_proj.weight": (128, h),
-                      f"{p}.self_attn.o_proj.weight": (h, h),
-                      f"{p}.mlp.gate_proj.weight": (inter, h),
-                      f"{p}.mlp.up_proj.weight": (inter, h),
-                      f"{p}.mlp.down_proj.weight": (h, inter),
-                      f"{p}.input_layernorm.weight": (h,),
-                      f"{p}.post_attention_layernorm.weight": (h,)}
-        sd = {k: torch.randn(s) * (1.0 if len(s) == 1 else s[-1] ** -0.5)
-              for k, s in names.items()}
+            names |= {
+                f"{p}.self_attn.q_proj.weight": (h, h),
+                f"{p}.self_attn.k_proj.weight": (128, h),
+                f"{p}.self_attn.v_proj.weight": (128, h),
+                f"{p}.self_attn.o_proj.weight": (h, h),
+                f"{p}.mlp.gate_proj.weight": (inter, h),
+                f"{p}.mlp.up_proj.weight": (inter, h),
+                f"{p}.mlp.down_proj.weight": (h, inter),
+                f"{p}.input_layernorm.weight": (h,),
+                f"{p}.post_attention_layernorm.weight": (h,),
+            }
+        sd = {k: torch.randn(s) * (1.0 if len(s) == 1 else s[-1] ** -0.5) for k, s in names.items()}
         return build_model(cfg, sd, torch.bfloat16, device)
 
     return build

@@ -10,8 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_ruff_passes():
@@ -40,9 +41,13 @@ def _import_graph() -> dict[str, set[str]]:
             parts = path.relative_to(ROOT).with_suffix("").parts
             src = _unit(".".join(p for p in parts if p != "__init__")) or pkg
             for node in ast.walk(ast.parse(path.read_text())):
-                names = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0
-                         and node.module else
-                         [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                names = (
+                    [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    else [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else []
+                )
                 for name in names:
                     dst = _unit(name)
                     if dst is not None and dst != src:
@@ -66,7 +71,10 @@ def test_packages_import_in_one_direction():
                 return True
         return False
 
-    graph = {u: {v for v in vs if v.startswith("mmserve.")}
-             for u, vs in graph.items() if u.startswith("mmserve.")}
+    graph = {
+        u: {v for v in vs if v.startswith("mmserve.")}
+        for u, vs in graph.items()
+        if u.startswith("mmserve.")
+    }
     cycles = sorted(u for u in graph if reaches(u, u, set()))
     assert not cycles, f"packages on an import cycle: {cycles}"

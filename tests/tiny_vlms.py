@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-IDEFICS3_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>",
-                   "<global-img>"] + [f"<row_{i}_col_{j}>" for i in range(1, 7)
-                                      for j in range(1, 7)]
+IDEFICS3_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
+    f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)
+]
 # the chat templates the real checkpoints ship (SmolVLM's; LLaVA-1.5's; a ChatML one as the
 # Qwen2-based LLaVAs use)
 SMOLVLM_TEMPLATE = (
@@ -23,7 +23,8 @@ SMOLVLM_TEMPLATE = (
     "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
     "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
     "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}"
-    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
 LLAVA_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] != 'system' %}"
     "{{ message['role'].upper() + ': '}}{% endif %}"
@@ -31,14 +32,16 @@ LLAVA_TEMPLATE = (
     "{{ '<image>\n' }}{% endfor %}"
     "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
     "{{ content['text'] + ' '}}{% endfor %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for content in message['content'] %}{% if content['type'] == 'image' %}"
     "{{ '<image>\n' }}{% else %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
     "{{ '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 def _tokenizer(src: Path, extra: list[str], bos: bool = False):
@@ -52,14 +55,25 @@ def _tokenizer(src: Path, extra: list[str], bos: bool = False):
     if bos:
         first = tok.convert_ids_to_tokens(0)
         tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{first} $A", pair=f"{first} $A {first} $B", special_tokens=[(first, 0)])
+            single=f"{first} $A", pair=f"{first} $A {first} $B", special_tokens=[(first, 0)]
+        )
     return tok
 
 
 def _text(vocab: int, **over) -> dict:
-    return dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
-                max_position_embeddings=1024) | over
+    return (
+        dict(
+            model_type="llama",
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=vocab,
+            max_position_embeddings=1024,
+        )
+        | over
+    )
 
 
 def _spread(model) -> None:
@@ -99,14 +113,25 @@ def build_idefics3(tokenizer_src: Path, out: Path) -> Path:
     tok = _tokenizer(tokenizer_src, IDEFICS3_TOKENS)
     torch.manual_seed(1)
     cfg = Idefics3Config(
-        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                           num_attention_heads=4, image_size=32, patch_size=4),
-        text_config=_text(len(tok)), scale_factor=2,
-        image_token_id=tok.convert_tokens_to_ids("<image>"))
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=32,
+            patch_size=4,
+        ),
+        text_config=_text(len(tok)),
+        scale_factor=2,
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+    )
     images = Idefics3ImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
-    processor = Idefics3Processor(images, tok, image_seq_len=16,
-                                  chat_template=SMOLVLM_TEMPLATE.replace("| capitalize",
-                                                                         ".capitalize()"))
+    processor = Idefics3Processor(
+        images,
+        tok,
+        image_seq_len=16,
+        chat_template=SMOLVLM_TEMPLATE.replace("| capitalize", ".capitalize()"),
+    )
     return _save(Idefics3ForConditionalGeneration(cfg), processor, out)
 
 
@@ -123,15 +148,29 @@ def build_smolvlm(tokenizer_src: Path, out: Path) -> Path:
     tok = _tokenizer(tokenizer_src, IDEFICS3_TOKENS)
     torch.manual_seed(2)
     cfg = SmolVLMConfig(
-        vision_config=dict(hidden_size=32, intermediate_size=40, num_hidden_layers=2,
-                           num_attention_heads=2, image_size=32, patch_size=2),
-        text_config=_text(len(tok), num_key_value_heads=4, rms_norm_eps=1e-5,
-                          rope_theta=100000.0, tie_word_embeddings=True),
-        scale_factor=4, image_token_id=tok.convert_tokens_to_ids("<image>"),
-        tie_word_embeddings=True)
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=40,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=2,
+        ),
+        text_config=_text(
+            len(tok),
+            num_key_value_heads=4,
+            rms_norm_eps=1e-5,
+            rope_theta=100000.0,
+            tie_word_embeddings=True,
+        ),
+        scale_factor=4,
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        tie_word_embeddings=True,
+    )
     images = SmolVLMImageProcessor(size={"longest_edge": 96}, max_image_size={"longest_edge": 32})
-    processor = SmolVLMProcessor(images, tok, SmolVLMVideoProcessor(), image_seq_len=16,
-                                 chat_template=SMOLVLM_TEMPLATE)
+    processor = SmolVLMProcessor(
+        images, tok, SmolVLMVideoProcessor(), image_seq_len=16, chat_template=SMOLVLM_TEMPLATE
+    )
     return _save(SmolVLMForConditionalGeneration(cfg), processor, out)
 
 
@@ -148,16 +187,31 @@ def build_llava_clip(tokenizer_src: Path, out: Path, lm: str = "llama") -> Path:
     tok = _tokenizer(tokenizer_src, ["<image>"], bos=True)
     torch.manual_seed(3)
     cfg = LlavaConfig(
-        vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
-                           num_hidden_layers=3, num_attention_heads=4, image_size=28,
-                           patch_size=4, projection_dim=32),
+        vision_config=dict(
+            model_type="clip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            image_size=28,
+            patch_size=4,
+            projection_dim=32,
+        ),
         text_config=_text(len(tok), model_type=lm, **_LM_EXTRA.get(lm, {})),
         image_token_index=tok.convert_tokens_to_ids("<image>"),
-        vision_feature_layer=-2, vision_feature_select_strategy="default",
-        image_seq_length=49)
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_seq_length=49,
+    )
     images = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
-    processor = LlavaProcessor(images, tok, patch_size=4, vision_feature_select_strategy="default",
-                               num_additional_image_tokens=1, chat_template=LLAVA_TEMPLATE)
+    processor = LlavaProcessor(
+        images,
+        tok,
+        patch_size=4,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=LLAVA_TEMPLATE,
+    )
     return _save(LlavaForConditionalGeneration(cfg), processor, out)
 
 
@@ -174,16 +228,32 @@ def build_llava_siglip_qwen2(tokenizer_src: Path, out: Path) -> Path:
     tok = _tokenizer(tokenizer_src, ["<image>"])
     torch.manual_seed(4)
     cfg = LlavaConfig(
-        vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
-                           intermediate_size=56, num_hidden_layers=2, num_attention_heads=4,
-                           image_size=32, patch_size=4),
-        text_config=_text(len(tok), model_type="qwen2", tie_word_embeddings=True,
-                          rope_theta=1000000.0),
-        image_token_index=tok.convert_tokens_to_ids("<image>"), vision_feature_layer=-1,
-        vision_feature_select_strategy="full", image_seq_length=64)
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=56,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=32,
+            patch_size=4,
+        ),
+        text_config=_text(
+            len(tok), model_type="qwen2", tie_word_embeddings=True, rope_theta=1000000.0
+        ),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        image_seq_length=64,
+    )
     images = SiglipImageProcessor(size={"height": 32, "width": 32})
-    processor = LlavaProcessor(images, tok, patch_size=4, vision_feature_select_strategy="full",
-                               num_additional_image_tokens=0, chat_template=CHATML_TEMPLATE)
+    processor = LlavaProcessor(
+        images,
+        tok,
+        patch_size=4,
+        vision_feature_select_strategy="full",
+        num_additional_image_tokens=0,
+        chat_template=CHATML_TEMPLATE,
+    )
     return _save(LlavaForConditionalGeneration(cfg), processor, out)
 
 
@@ -195,6 +265,10 @@ def build_llava_clip_mistral(tokenizer_src: Path, out: Path) -> Path:
     return build_llava_clip(tokenizer_src, out, lm="mistral")
 
 
-BUILDERS = {"idefics3": build_idefics3, "smolvlm": build_smolvlm,
-            "llava_clip": build_llava_clip, "llava_clip_mistral": build_llava_clip_mistral,
-            "llava_siglip_qwen2": build_llava_siglip_qwen2}
+BUILDERS = {
+    "idefics3": build_idefics3,
+    "smolvlm": build_smolvlm,
+    "llava_clip": build_llava_clip,
+    "llava_clip_mistral": build_llava_clip_mistral,
+    "llava_siglip_qwen2": build_llava_siglip_qwen2,
+}

@@ -26,15 +26,21 @@ def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
     """A mono 16-bit PCM WAV header; ``data_bytes=None``: length unknown (streaming)."""
     data = _UNKNOWN if data_bytes is None else data_bytes
     riff = _UNKNOWN if data_bytes is None else 36 + data_bytes
-    return (b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt "
-            + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", data))
+    return (
+        b"RIFF"
+        + struct.pack("<I", riff)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", data)
+    )
 
 
 def flac(samples: np.ndarray, sample_rate: int) -> bytes:
     import soundfile
 
     buf = io.BytesIO()
-    soundfile.write(buf, np.asarray(samples, np.float32), sample_rate, format="FLAC",
-                    subtype="PCM_16")
+    soundfile.write(
+        buf, np.asarray(samples, np.float32), sample_rate, format="FLAC", subtype="PCM_16"
+    )
     return buf.getvalue()

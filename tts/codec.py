@@ -49,9 +49,12 @@ class CodecState:
     def select(self, rows: list[int]) -> CodecState:
         """A new state holding copies of ``rows`` (in that order)."""
         idx = torch.tensor(rows, dtype=torch.long, device=self._device())
-        return CodecState([b.index_select(0, idx) for b in self.buffers],
-                          self.frames[rows].copy(), self.end[rows].copy(),
-                          self.seeds[rows].copy())
+        return CodecState(
+            [b.index_select(0, idx) for b in self.buffers],
+            self.frames[rows].copy(),
+            self.end[rows].copy(),
+            self.seeds[rows].copy(),
+        )
 
     def put(self, rows: list[int], sub: CodecState) -> None:
         """Write ``sub``'s rows back into ``rows`` of this state."""
@@ -129,8 +132,7 @@ class StreamingCodec(nn.Module, ABC):
         """End every row's utterance -> its remaining samples; the state is spent."""
 
     @contextlib.contextmanager
-    def streaming(self, batch: int = 1, seeds: list[int] | None = None
-                  ) -> Iterator[CodecState]:
+    def streaming(self, batch: int = 1, seeds: list[int] | None = None) -> Iterator[CodecState]:
         """``with codec.streaming(batch) as state:`` one group of streams; refuses nesting
         (a second group needs its own ``init_state``)."""
         if getattr(self, "_streaming", False):
@@ -147,12 +149,14 @@ class StreamingCodec(nn.Module, ABC):
         return p.device if p is not None else torch.device("cpu")
 
     def check_codes(self, codes: torch.Tensor) -> None:
-        assert codes.dim() == 3 and codes.shape[-1] == self.codes_per_frame, \
+        assert codes.dim() == 3 and codes.shape[-1] == self.codes_per_frame, (
             f"codes must be (B, n, {self.codes_per_frame}), got {tuple(codes.shape)}"
+        )
 
 
-def valid_range(frames_before: np.ndarray, n_frames: int, frame_samples: int, delay: int,
-                end: np.ndarray) -> tuple[list[int], list[int]]:
+def valid_range(
+    frames_before: np.ndarray, n_frames: int, frame_samples: int, delay: int, end: np.ndarray
+) -> tuple[list[int], list[int]]:
     """For a block of ``n_frames * frame_samples`` samples emitted after each row had been
     fed ``frames_before`` frames, with output lagging input by ``delay`` samples: the
     columns [lo, hi) of each row that are real samples (time >= 0, before its end)."""

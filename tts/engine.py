@@ -25,14 +25,19 @@ def engine_config(voice: Voice, device: str = "auto", **options: Any) -> EngineC
     # fixed sizes, not the device defaults: a voice shares the GPU with the LLM, and its
     # steps are short so audio deadlines hold; a voice never decodes under a grammar, so
     # no grammar compiler is built beside it
-    opts: dict[str, Any] = {"kv_cache_memory_mb": DEFAULT_KV_MB, "max_num_seqs": 32,
-                            "max_num_batched_tokens": 512, "preload_grammar": False}
+    opts: dict[str, Any] = {
+        "kv_cache_memory_mb": DEFAULT_KV_MB,
+        "max_num_seqs": 32,
+        "max_num_batched_tokens": 512,
+        "preload_grammar": False,
+    }
     opts.update(options)
     return EngineConfig(model=str(voice.model_dir), device=device, **opts)
 
 
-def voice_engine(voice: Voice, device: str = "auto", **options: Any
-                 ) -> tuple[LLMEngine, AudioStage]:
+def voice_engine(
+    voice: Voice, device: str = "auto", **options: Any
+) -> tuple[LLMEngine, AudioStage]:
     """The backbone's engine and the audio stage decoding its frames (slots for every
     sequence the engine can run at once)."""
     from mmserve.engine.factory import create_engine

@@ -26,14 +26,21 @@ _POS_CHARACTER, _CHARS_UTF8 = 1, 1
 
 
 class _Event(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint),
-                ("text_position", ctypes.c_int), ("length", ctypes.c_int),
-                ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
-                ("user_data", ctypes.c_void_p), ("id", ctypes.c_char * 8)]
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("unique_identifier", ctypes.c_uint),
+        ("text_position", ctypes.c_int),
+        ("length", ctypes.c_int),
+        ("audio_position", ctypes.c_int),
+        ("sample", ctypes.c_int),
+        ("user_data", ctypes.c_void_p),
+        ("id", ctypes.c_char * 8),
+    ]
 
 
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
-                             ctypes.POINTER(_Event))
+_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event)
+)
 
 
 @dataclass(frozen=True)
@@ -62,9 +69,9 @@ class Espeak:
         except ImportError as exc:  # pragma: no cover - a declared dependency
             raise EspeakError("the espeakng-loader package is not installed") from exc
         self.lib = ctypes.CDLL(espeakng_loader.get_library_path())
-        rate = self.lib.espeak_Initialize(_SYNCHRONOUS, 0,
-                                          espeakng_loader.get_data_path().encode(),
-                                          _PHONEME_EVENTS | _DONT_EXIT)
+        rate = self.lib.espeak_Initialize(
+            _SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(), _PHONEME_EVENTS | _DONT_EXIT
+        )
         if rate != SAMPLE_RATE:
             raise EspeakError(f"espeak-ng initialised at {rate} Hz, expected {SAMPLE_RATE}")
         if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
@@ -88,13 +95,13 @@ class Espeak:
         data = text.encode("utf-8")
         with self._lock:
             self._chunks, self._events, self._word = [], [], False
-            err = self.lib.espeak_Synth(ctypes.c_char_p(data), len(data) + 1, 0,
-                                        _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
+            err = self.lib.espeak_Synth(
+                ctypes.c_char_p(data), len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
+            )
             if err != 0:
                 raise EspeakError(f"espeak_Synth failed with code {err}")
             self.lib.espeak_Synchronize()
-            audio = (np.concatenate(self._chunks) if self._chunks
-                     else np.zeros(0, np.int16))
+            audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
             return audio, list(self._events)
 
     def _on_audio(self, wav, n: int, events) -> int:

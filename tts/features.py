@@ -24,14 +24,20 @@ def mel_to_hz(m: torch.Tensor) -> torch.Tensor:
     return torch.where(m >= 15.0, log, lin)
 
 
-def mel_filters(sample_rate: int, n_fft: int, n_mels: int, fmin: float = 0.0,
-                fmax: float | None = None) -> torch.Tensor:
+def mel_filters(
+    sample_rate: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax: float | None = None
+) -> torch.Tensor:
     """(n_mels, n_fft // 2 + 1) Slaney-normalised triangular filters."""
     fmax = fmax or sample_rate / 2
     freqs = torch.linspace(0, sample_rate / 2, n_fft // 2 + 1, dtype=torch.float64)
-    edges = mel_to_hz(torch.linspace(hz_to_mel(torch.tensor(fmin, dtype=torch.float64)).item(),
-                                     hz_to_mel(torch.tensor(fmax, dtype=torch.float64)).item(),
-                                     n_mels + 2, dtype=torch.float64))
+    edges = mel_to_hz(
+        torch.linspace(
+            hz_to_mel(torch.tensor(fmin, dtype=torch.float64)).item(),
+            hz_to_mel(torch.tensor(fmax, dtype=torch.float64)).item(),
+            n_mels + 2,
+            dtype=torch.float64,
+        )
+    )
     lower = (freqs[None, :] - edges[:-2, None]) / (edges[1:-1] - edges[:-2])[:, None]
     upper = (edges[2:, None] - freqs[None, :]) / (edges[2:] - edges[1:-1])[:, None]
     fb = torch.clamp(torch.minimum(lower, upper), min=0.0)
@@ -48,9 +54,17 @@ def frames(x: torch.Tensor, win: int, hop: int, n: int | None = None) -> torch.T
     return x[..., :need].unfold(-1, win, hop)
 
 
-def log_mel(x: torch.Tensor, sample_rate: int, win: int, hop: int, n_mels: int,
-            n: int | None = None, n_fft: int | None = None, fmax: float | None = None,
-            floor: float = 1e-5) -> torch.Tensor:
+def log_mel(
+    x: torch.Tensor,
+    sample_rate: int,
+    win: int,
+    hop: int,
+    n_mels: int,
+    n: int | None = None,
+    n_fft: int | None = None,
+    fmax: float | None = None,
+    floor: float = 1e-5,
+) -> torch.Tensor:
     """(B, S) -> (B, T, n_mels) natural-log mel power (floored at ``floor``)."""
     n_fft = n_fft or win
     fr = frames(x, win, hop, n) * torch.hann_window(win, periodic=True, device=x.device)

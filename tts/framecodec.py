@@ -47,8 +47,11 @@ class FrameCodecConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> FrameCodecConfig:
-        known: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
-                                 for k, v in d.items() if k in cls.__dataclass_fields__}
+        known: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in d.items()
+            if k in cls.__dataclass_fields__
+        }
         return cls(**known)
 
 
@@ -67,8 +70,7 @@ class FSQ(nn.Module):
 
     def __init__(self, levels: tuple[int, ...]) -> None:
         super().__init__()
-        self.register_buffer("mid", torch.tensor([(n - 1) / 2 for n in levels]),
-                             persistent=False)
+        self.register_buffer("mid", torch.tensor([(n - 1) / 2 for n in levels]), persistent=False)
         basis = np.cumprod([1, *levels[:-1]])
         self.register_buffer("basis", torch.tensor(basis, dtype=torch.long), persistent=False)
         self.size = int(np.prod(levels))
@@ -102,7 +104,7 @@ class CausalBlock(nn.Module):
             h = F.pad(h, (self.span, 0))
         else:
             h = torch.cat([ctx.buffer(h, self.span), h], dim=-1)
-            ctx.store(h[..., -self.span:])
+            ctx.store(h[..., -self.span :])
         return x + self.out(F.gelu(self.conv(h)))
 
 
@@ -124,19 +126,22 @@ class FrameCodec(StreamingCodec):
         enc += [nn.GELU(), nn.Conv1d(cfg.enc_dim, d, 1)]
         self.encoder = nn.Sequential(*enc)
         self.dec_in = nn.Conv1d(d, cfg.dec_dim, 1)
-        self.blocks = nn.ModuleList(CausalBlock(cfg.dec_dim, cfg.kernel, dl)
-                                    for dl in cfg.dilations)
+        self.blocks = nn.ModuleList(
+            CausalBlock(cfg.dec_dim, cfg.kernel, dl) for dl in cfg.dilations
+        )
         self.dec_norm = nn.LayerNorm(cfg.dec_dim)
         self.head = nn.Linear(cfg.dec_dim, 2 * (cfg.hop + 1))
-        self.register_buffer("window", torch.hann_window(2 * cfg.hop, periodic=True),
-                             persistent=False)
+        self.register_buffer(
+            "window", torch.hann_window(2 * cfg.hop, periodic=True), persistent=False
+        )
 
     # -- encoder -------------------------------------------------------------------
     def encode(self, audio: torch.Tensor) -> Encoded:
         """(B, S) audio -> codes for ceil(S / hop) frames."""
         n = -(-audio.shape[-1] // self.cfg.hop)
-        mel = log_mel(audio, self.sample_rate, 2 * self.cfg.hop, self.cfg.hop,
-                      self.cfg.n_mels, n=n)  # (B, T, M)
+        mel = log_mel(
+            audio, self.sample_rate, 2 * self.cfg.hop, self.cfg.hop, self.cfg.n_mels, n=n
+        )  # (B, T, M)
         z = self.encoder(mel.transpose(1, 2)).transpose(1, 2)  # (B, T, D)
         codes, values = self.fsq.quantize(z)
         return Encoded(codes, values)
@@ -168,11 +173,13 @@ class FrameCodec(StreamingCodec):
     def init_state(self, batch: int, seeds: list[int] | None = None) -> CodecState:
         p = self.head.weight
         spans = [(self.cfg.kernel - 1) * d for d in self.cfg.dilations]
-        bufs = [torch.zeros(batch, self.cfg.dec_dim, s, dtype=p.dtype, device=p.device)
-                for s in spans]
+        bufs = [
+            torch.zeros(batch, self.cfg.dec_dim, s, dtype=p.dtype, device=p.device) for s in spans
+        ]
         bufs.append(torch.zeros(batch, self.cfg.hop, dtype=torch.float32, device=p.device))
-        return CodecState(bufs, np.zeros(batch, np.int64), np.full(batch, -1, np.int64),
-                          np.zeros(batch, np.int64))
+        return CodecState(
+            bufs, np.zeros(batch, np.int64), np.full(batch, -1, np.int64), np.zeros(batch, np.int64)
+        )
 
     @torch.inference_mode()
     def step(self, codes: torch.Tensor, state: CodecState) -> PCMBlock:
@@ -199,8 +206,11 @@ class FrameCodec(StreamingCodec):
 
         path.mkdir(parents=True, exist_ok=True)
         (path / "codec.json").write_text(json.dumps({"type": "frame", **asdict(self.cfg)}))
-        dec = {k: v.detach().to(torch.float16).contiguous() for k, v in self.state_dict().items()
-               if not k.startswith("encoder.")}
+        dec = {
+            k: v.detach().to(torch.float16).contiguous()
+            for k, v in self.state_dict().items()
+            if not k.startswith("encoder.")
+        }
         save_file(dec, str(path / "codec.safetensors"))
 
     @classmethod

@@ -93,8 +93,7 @@ class PhonemeFrameLayout(FrameLayout):
     def parser(self) -> FrameParser:
         return _PhonemeFrameParser(self)
 
-    def frame_tokens(self, frames: list[list[int]], phonemes: list[int] | None = None
-                     ) -> list[int]:
+    def frame_tokens(self, frames: list[list[int]], phonemes: list[int] | None = None) -> list[int]:
         """``phonemes``: each frame's phoneme index (``Q_k``); default 0."""
         ks = phonemes if phonemes is not None else [0] * len(frames)
         out: list[int] = []
@@ -112,5 +111,8 @@ class _PhonemeFrameParser(FrameParser):
 
     def feed(self, token_ids: list[int]) -> list[list[int]]:
         lay = self.layout
-        return [[t - lay.code_base] for t in token_ids
-                if lay.code_base <= t < lay.code_base + lay.codebook]
+        return [
+            [t - lay.code_base]
+            for t in token_ids
+            if lay.code_base <= t < lay.code_base + lay.codebook
+        ]

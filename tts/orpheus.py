@@ -50,8 +50,10 @@ class OrpheusVoice(Voice):
         from tts.snac import SNAC
 
         if not (self.snac_dir / "config.json").is_file():
-            raise FileNotFoundError(f"no SNAC decoder at {self.snac_dir} (config.json + "
-                                    "pytorch_model.bin or model.safetensors)")
+            raise FileNotFoundError(
+                f"no SNAC decoder at {self.snac_dir} (config.json + "
+                "pytorch_model.bin or model.safetensors)"
+            )
         return SNAC.from_dir(self.snac_dir).to(device)
 
     def prompts(self, text: str, speaker: str | None = None) -> list[list[int]]:
@@ -64,6 +66,11 @@ class OrpheusVoice(Voice):
         return [START_OF_HUMAN, *ids, EOT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH]
 
     def sampling(self, prompt: list[int], seed: int | None = None) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                              max_tokens=self.max_tokens, stop_token_ids=[END_OF_SPEECH],
-                              seed=seed, detokenize=False)
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens,
+            stop_token_ids=[END_OF_SPEECH],
+            seed=seed,
+            detokenize=False,
+        )

@@ -53,22 +53,45 @@ class PhonemeVocab:
         return [*ids, SPEECH]
 
     def names(self) -> list[str]:
-        return ([*SPECIALS, *self.symbols] + [f"<Q{k}>" for k in range(self.num_q)]
-                + [f"<C{c}>" for c in range(self.codebook)])
+        return (
+            [*SPECIALS, *self.symbols]
+            + [f"<Q{k}>" for k in range(self.num_q)]
+            + [f"<C{c}>" for c in range(self.codebook)]
+        )
 
     def tokenizer_json(self) -> str:
         """A ``tokenizers`` JSON for the engine (WordLevel; every token special, so the
         engine's text output of audio is empty)."""
         names = self.names()
-        added = [{"id": i, "content": n, "single_word": False, "lstrip": False,
-                  "rstrip": False, "normalized": False, "special": True}
-                 for i, n in enumerate(names)]
-        return json.dumps({
-            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
-            "post_processor": None, "decoder": None,
-            "model": {"type": "WordLevel", "vocab": {n: i for i, n in enumerate(names)},
-                      "unk_token": UNK}})
+        added = [
+            {
+                "id": i,
+                "content": n,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for i, n in enumerate(names)
+        ]
+        return json.dumps(
+            {
+                "version": "1.0",
+                "truncation": None,
+                "padding": None,
+                "added_tokens": added,
+                "normalizer": None,
+                "pre_tokenizer": {"type": "WhitespaceSplit"},
+                "post_processor": None,
+                "decoder": None,
+                "model": {
+                    "type": "WordLevel",
+                    "vocab": {n: i for i, n in enumerate(names)},
+                    "unk_token": UNK,
+                },
+            }
+        )
 
 
 class PhonemeVoice(Voice):
@@ -112,6 +135,10 @@ class PhonemeVoice(Voice):
     def sampling(self, prompt: list[int], seed: int | None = None) -> SamplingParams:
         phonemes = len([t for t in prompt if self.layout.is_q(t)])
         frames = self.frames_per_phoneme * phonemes + self.frame_slack
-        return SamplingParams(temperature=self.temperature, max_tokens=2 * frames + 1,
-                              stop_token_ids=[EOS], seed=seed,
-                              detokenize=False)
+        return SamplingParams(
+            temperature=self.temperature,
+            max_tokens=2 * frames + 1,
+            stop_token_ids=[EOS],
+            seed=seed,
+            detokenize=False,
+        )

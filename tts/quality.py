@@ -35,8 +35,7 @@ def mel_db(wav: np.ndarray, n_mels: int = 80) -> np.ndarray:
 
 def _log_amp(wav: np.ndarray) -> np.ndarray:
     x = torch.from_numpy(np.asarray(wav, np.float32))[None]
-    return 0.5 * log_mel(x, RATE, WIN, HOP, N_MELS, n_fft=1024, fmax=FMAX,
-                         floor=FLOOR)[0].numpy()
+    return 0.5 * log_mel(x, RATE, WIN, HOP, N_MELS, n_fft=1024, fmax=FMAX, floor=FLOOR)[0].numpy()
 
 
 def cepstra(wav: np.ndarray) -> np.ndarray:
@@ -75,8 +74,11 @@ def dtw_path(cost: np.ndarray) -> list[tuple[int, int]]:
     path, i, j = [], n, m
     while i > 0 and j > 0:
         path.append((i - 1, j - 1))
-        steps = ((acc[i - 1, j - 1], i - 1, j - 1), (acc[i - 1, j], i - 1, j),
-                 (acc[i, j - 1], i, j - 1))
+        steps = (
+            (acc[i - 1, j - 1], i - 1, j - 1),
+            (acc[i - 1, j], i - 1, j),
+            (acc[i, j - 1], i, j - 1),
+        )
         _, i, j = min(steps)
     return path[::-1]
 
@@ -91,8 +93,7 @@ def mcd(ref: np.ndarray, test: np.ndarray) -> float:
     return float(k * np.mean([dist[i, j] for i, j in path]))
 
 
-def spectrogram_png(rows: list[tuple[str, np.ndarray]], path: Path, seconds: float = 0.0
-                    ) -> Path:
+def spectrogram_png(rows: list[tuple[str, np.ndarray]], path: Path, seconds: float = 0.0) -> Path:
     """One log-mel image per (label, wav) stacked top to bottom, same time scale."""
     from PIL import Image, ImageDraw
 

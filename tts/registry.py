@@ -14,8 +14,21 @@ from pathlib import Path
 from mmserve.errors import InvalidRequestError
 from tts.voice import Voice, load_voice
 
-OPENAI_VOICES = ("alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova",
-                 "onyx", "sage", "shimmer", "verse")
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "cedar",
+    "coral",
+    "echo",
+    "fable",
+    "marin",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+)
 DEFAULT_VOICE_DIR = Path(__file__).parent / "voices" / "default"
 
 
@@ -23,8 +36,10 @@ def voice_dir(name_or_path: str | None) -> Path:
     """``None``/``"default"``: the voice shipped in the package; else a directory."""
     if name_or_path in (None, "", "default"):
         if not (DEFAULT_VOICE_DIR / "voice.json").is_file():
-            raise FileNotFoundError(f"the default voice is missing from {DEFAULT_VOICE_DIR}; "
-                                    "rebuild it with `mmserve voice train`")
+            raise FileNotFoundError(
+                f"the default voice is missing from {DEFAULT_VOICE_DIR}; "
+                "rebuild it with `mmserve voice train`"
+            )
         return DEFAULT_VOICE_DIR
     path = Path(name_or_path).expanduser()
     if not path.is_dir():

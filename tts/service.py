@@ -46,9 +46,14 @@ class SpeechService:
         self.frame_duration: float = engine.stage.frame_duration  # seconds of one codec frame
 
     @classmethod
-    def start(cls, voice: str | Voice | None = None, device: str = "auto",
-              snac: str | None = None, share_loop_with: AsyncEngine | None = None,
-              **engine_options: Any) -> SpeechService:
+    def start(
+        cls,
+        voice: str | Voice | None = None,
+        device: str = "auto",
+        snac: str | None = None,
+        share_loop_with: AsyncEngine | None = None,
+        **engine_options: Any,
+    ) -> SpeechService:
         """``share_loop_with``: the LLM's engine, whose loop then steps the voice too (one
         thread, one GPU; ``AsyncEngine``); None: the voice gets a loop of its own."""
         from tts.engine import voice_engine
@@ -70,8 +75,9 @@ class SpeechService:
         speaker = self.registry.resolve(voice_name)
         return await asyncio.to_thread(self.voice.prompts, text, speaker), speaker
 
-    async def stream(self, prompts: list[list[int]], seed: int = 0,
-                     usage: Usage | None = None) -> AsyncIterator[np.ndarray]:
+    async def stream(
+        self, prompts: list[list[int]], seed: int = 0, usage: Usage | None = None
+    ) -> AsyncIterator[np.ndarray]:
         """PCM chunks (float32) of every piece, in order."""
         usage = usage if usage is not None else Usage()
         tasks: list[tuple[asyncio.Task, asyncio.Queue]] = []
@@ -95,15 +101,19 @@ class SpeechService:
                 with contextlib.suppress(BaseException):
                     await task
 
-    def _piece(self, prompt: list[int], seed: int, usage: Usage
-               ) -> tuple[asyncio.Task, asyncio.Queue]:
+    def _piece(
+        self, prompt: list[int], seed: int, usage: Usage
+    ) -> tuple[asyncio.Task, asyncio.Queue]:
         queue: asyncio.Queue = asyncio.Queue()
         usage.input_tokens += len(prompt)
 
         async def run() -> None:
-            gen = self.engine.generate(prompt, self.voice.sampling(prompt, seed),
-                                       f"speech-{uuid.uuid4().hex}",
-                                       stage_request=AudioRequest(seed))
+            gen = self.engine.generate(
+                prompt,
+                self.voice.sampling(prompt, seed),
+                f"speech-{uuid.uuid4().hex}",
+                stage_request=AudioRequest(seed),
+            )
             try:
                 async for out in gen:
                     usage.output_tokens += len(out.new_token_ids)

@@ -53,15 +53,20 @@ class SNACConfig:
 
     def __post_init__(self) -> None:
         if self.attn_window_size is not None:
-            raise ValueError("SNAC configurations with local attention (attn_window_size) are "
-                             "not supported; SNAC 24 kHz (attn_window_size null) is")
+            raise ValueError(
+                "SNAC configurations with local attention (attn_window_size) are "
+                "not supported; SNAC 24 kHz (attn_window_size null) is"
+            )
         if any(s % 2 for s in self.decoder_rates):
             raise ValueError(f"decoder_rates must be even, got {self.decoder_rates}")
 
     @classmethod
     def from_dict(cls, d: dict) -> SNACConfig:
-        known: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
-                                 for k, v in d.items() if k in cls.__dataclass_fields__}
+        known: dict[str, Any] = {
+            k: (tuple(v) if isinstance(v, list) else v)
+            for k, v in d.items()
+            if k in cls.__dataclass_fields__
+        }
         return cls(**known)
 
     @property
@@ -79,8 +84,15 @@ class SNACConfig:
 class Conv(nn.Module):
     """A folded weight-normed Conv1d ("same" padding, stride 1)."""
 
-    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1,
-                 bias: bool = True) -> None:
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        kernel: int,
+        dilation: int = 1,
+        groups: int = 1,
+        bias: bool = True,
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(cout, cin // groups, kernel))
         self.bias = nn.Parameter(torch.empty(cout)) if bias else None
@@ -113,8 +125,9 @@ class Snake(nn.Module):
 class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int, groups: int) -> None:
         super().__init__()
-        self.block = nn.ModuleList([Snake(dim), Conv(dim, dim, 7, dilation, groups), Snake(dim),
-                                    Conv(dim, dim, 1)])
+        self.block = nn.ModuleList(
+            [Snake(dim), Conv(dim, dim, 7, dilation, groups), Snake(dim), Conv(dim, dim, 1)]
+        )
         self.lag = 3 * dilation  # the kernel-7 conv's padding: how far the branch lags
 
     def forward(self, x: torch.Tensor, ctx: StreamCtx | None = None) -> torch.Tensor:
@@ -131,17 +144,18 @@ class NoiseBlock(nn.Module):
         self.linear = Conv(dim, dim, 1, bias=False)
         self.index = index  # which noise block: part of the noise's key
 
-    def forward(self, x: torch.Tensor, ctx: StreamCtx | None, seeds: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: StreamCtx | None, seeds: torch.Tensor) -> torch.Tensor:
         n = x.shape[-1]
-        times = (torch.arange(n, device=x.device).expand(x.shape[0], n) if ctx is None
-                 else ctx.times(n))
+        times = (
+            torch.arange(n, device=x.device).expand(x.shape[0], n) if ctx is None else ctx.times(n)
+        )
         return x + gaussian_noise(seeds, self.index, times, x.dtype) * self.linear(x)
 
 
 class DecoderBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int, noise: bool, groups: int,
-                 index: int) -> None:
+    def __init__(
+        self, cin: int, cout: int, stride: int, noise: bool, groups: int, index: int
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = [Snake(cin), ConvT(cin, cout, stride)]
         if noise:
@@ -149,8 +163,7 @@ class DecoderBlock(nn.Module):
         layers += [ResidualUnit(cout, d, groups) for d in (1, 3, 9)]
         self.block = nn.ModuleList(layers)
 
-    def forward(self, x: torch.Tensor, ctx: StreamCtx | None, seeds: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: StreamCtx | None, seeds: torch.Tensor) -> torch.Tensor:
         for layer in self.block:
             x = layer(x, ctx, seeds) if isinstance(layer, NoiseBlock) else layer(x, ctx)
         return x
@@ -161,18 +174,20 @@ class Decoder(nn.Module):
         super().__init__()
         cin, ch = cfg.latent, cfg.decoder_dim
         layers: list[nn.Module] = (
-            [Conv(cin, cin, 7, groups=cin), Conv(cin, ch, 1)] if cfg.depthwise
-            else [Conv(cin, ch, 7)])
+            [Conv(cin, cin, 7, groups=cin), Conv(cin, ch, 1)]
+            if cfg.depthwise
+            else [Conv(cin, ch, 7)]
+        )
         out = ch
         for i, stride in enumerate(cfg.decoder_rates):
             out = ch // 2 ** (i + 1)
-            layers.append(DecoderBlock(ch // 2**i, out, stride, cfg.noise,
-                                       out if cfg.depthwise else 1, i))
+            layers.append(
+                DecoderBlock(ch // 2**i, out, stride, cfg.noise, out if cfg.depthwise else 1, i)
+            )
         layers += [Snake(out), Conv(out, 1, 7)]
         self.model = nn.ModuleList(layers)
 
-    def forward(self, x: torch.Tensor, ctx: StreamCtx | None, seeds: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: StreamCtx | None, seeds: torch.Tensor) -> torch.Tensor:
         for layer in self.model:
             x = layer(x, ctx, seeds) if isinstance(layer, DecoderBlock) else layer(x, ctx)
         return torch.tanh(x)
@@ -222,8 +237,7 @@ class SNAC(StreamingCodec):
 
     # -- loading -------------------------------------------------------------------
     @classmethod
-    def from_state_dict(cls, sd: dict[str, torch.Tensor], cfg: SNACConfig | None = None
-                        ) -> SNAC:
+    def from_state_dict(cls, sd: dict[str, torch.Tensor], cfg: SNACConfig | None = None) -> SNAC:
         model = cls(cfg)
         folded = fold_weight_norm(sd)  # the encoder's and in_proj's tensors go unused
         missing = [k for k, _ in model.named_parameters() if k not in folded]
@@ -252,7 +266,7 @@ class SNAC(StreamingCodec):
         self.check_codes(codes)
         out, at = [], 0
         for k in self.per_level:
-            out.append(codes[:, :, at:at + k].reshape(codes.shape[0], -1))
+            out.append(codes[:, :, at : at + k].reshape(codes.shape[0], -1))
             at += k
         return out
 
@@ -280,8 +294,13 @@ class SNAC(StreamingCodec):
         shapes: list[tuple[int, int]] = []
         state = CodecState([], np.zeros(1, np.int64), np.full(1, -1), np.zeros(1, np.int64))
         dev = self.device
-        ctx = StreamCtx(state, torch.zeros(1, dtype=torch.long, device=dev),
-                        torch.full((1,), _OPEN, device=dev), self.steps_per_frame, shapes)
+        ctx = StreamCtx(
+            state,
+            torch.zeros(1, dtype=torch.long, device=dev),
+            torch.full((1,), _OPEN, device=dev),
+            self.steps_per_frame,
+            shapes,
+        )
         with torch.inference_mode():
             codes = torch.zeros(1, 1, self.codes_per_frame, dtype=torch.long, device=dev)
             self.decoder(self.latent(codes), ctx, torch.zeros(1, dtype=torch.long, device=dev))
@@ -291,10 +310,13 @@ class SNAC(StreamingCodec):
         self._ensure_shapes()
         assert self._shapes is not None
         p = next(self.parameters())
-        bufs = [torch.zeros(batch, c, n, dtype=p.dtype, device=p.device)
-                for c, n in self._shapes]
-        return CodecState(bufs, np.zeros(batch, np.int64), np.full(batch, -1, np.int64),
-                          np.array(seeds if seeds is not None else [0] * batch, np.int64))
+        bufs = [torch.zeros(batch, c, n, dtype=p.dtype, device=p.device) for c, n in self._shapes]
+        return CodecState(
+            bufs,
+            np.zeros(batch, np.int64),
+            np.full(batch, -1, np.int64),
+            np.array(seeds if seeds is not None else [0] * batch, np.int64),
+        )
 
     @torch.inference_mode()
     def step(self, codes: torch.Tensor, state: CodecState) -> PCMBlock:
@@ -305,16 +327,21 @@ class SNAC(StreamingCodec):
     def flush(self, state: CodecState) -> PCMBlock:
         state.end = state.frames.copy()
         n = max(1, self.lookahead_frames)
-        dummy = torch.zeros(state.batch, n, self.codes_per_frame, dtype=torch.long,
-                            device=self.device)
+        dummy = torch.zeros(
+            state.batch, n, self.codes_per_frame, dtype=torch.long, device=self.device
+        )
         return self._run(dummy, state)
 
     def _run(self, codes: torch.Tensor, state: CodecState) -> PCMBlock:
         dev = self.device
         before = state.frames.copy()
         end = np.where(state.end < 0, _OPEN, state.end)
-        ctx = StreamCtx(state, torch.from_numpy(before).to(dev), torch.from_numpy(end).to(dev),
-                        self.steps_per_frame)
+        ctx = StreamCtx(
+            state,
+            torch.from_numpy(before).to(dev),
+            torch.from_numpy(end).to(dev),
+            self.steps_per_frame,
+        )
         seeds = torch.from_numpy(state.seeds).to(dev)
         pcm = self.decoder(self.latent(codes), ctx, seeds)[:, 0]
         assert ctx.i == len(state.buffers)
@@ -324,8 +351,9 @@ class SNAC(StreamingCodec):
 
 
 def _seeds(seeds: list[int] | None, batch: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor(seeds if seeds is not None else [0] * batch, dtype=torch.long,
-                        device=device)
+    return torch.tensor(
+        seeds if seeds is not None else [0] * batch, dtype=torch.long, device=device
+    )
 
 
 def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -334,9 +362,10 @@ def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     (``g * v / |v|``, the norm over every dim but the first)."""
     out: dict[str, torch.Tensor] = {}
     for key, t in sd.items():
-        for g_suffix, v_suffix in ((".parametrizations.weight.original0",
-                                    ".parametrizations.weight.original1"),
-                                   (".weight_g", ".weight_v")):
+        for g_suffix, v_suffix in (
+            (".parametrizations.weight.original0", ".parametrizations.weight.original1"),
+            (".weight_g", ".weight_v"),
+        ):
             if key.endswith(g_suffix):
                 base = key[: -len(g_suffix)]
                 v = sd[base + v_suffix].float()

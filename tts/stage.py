@@ -108,8 +108,9 @@ class AudioStage:
             sts = [self.streams[r] for r in rids]
             codes = torch.tensor([s.pending for s in sts], dtype=torch.long)  # (B, n, K)
             slots = [s.slot for s in sts if s.slot is not None]
-            for rid, st, samples in zip(rids, sts, self.slots.step(
-                    slots, codes.to(dev, non_blocking=True)), strict=True):
+            for rid, st, samples in zip(
+                rids, sts, self.slots.step(slots, codes.to(dev, non_blocking=True)), strict=True
+            ):
                 pcm[rid] = samples
                 st.frames += n
                 st.pending = []

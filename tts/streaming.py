@@ -31,8 +31,14 @@ class StreamCtx:
     column; ``rate`` is samples per code frame at the current point of the network;
     ``end`` is each row's frame count once flushed (a huge number while open)."""
 
-    def __init__(self, state: CodecState, t0_frames: torch.Tensor, end_frames: torch.Tensor,
-                 rate: int, record: list[tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        state: CodecState,
+        t0_frames: torch.Tensor,
+        end_frames: torch.Tensor,
+        rate: int,
+        record: list[tuple[int, int]] | None = None,
+    ) -> None:
         self.state, self.rate = state, rate
         self.t0 = t0_frames * rate  # (B,) int64 on the device
         self.end_frames = end_frames
@@ -64,8 +70,14 @@ class StreamCtx:
         return self.t0[:, None] + torch.arange(n, device=self.t0.device)
 
 
-def conv_same(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-              dilation: int = 1, groups: int = 1, ctx: StreamCtx | None = None) -> torch.Tensor:
+def conv_same(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dilation: int = 1,
+    groups: int = 1,
+    ctx: StreamCtx | None = None,
+) -> torch.Tensor:
     """A stride-1 convolution padded by half its span on each side ("same" length)."""
     span = (weight.shape[-1] - 1) * dilation
     assert span % 2 == 0, "an odd span has no symmetric padding"
@@ -80,19 +92,25 @@ def conv_same(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return F.conv1d(full, weight, bias, dilation=dilation, groups=groups)
 
 
-def conv_transpose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   stride: int, ctx: StreamCtx | None = None) -> torch.Tensor:
+def conv_transpose(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: int,
+    ctx: StreamCtx | None = None,
+) -> torch.Tensor:
     """SNAC's upsampler: kernel ``2 * stride``, padding ``ceil(stride / 2)``, output
     padding ``stride % 2``, so T inputs give exactly ``T * stride`` outputs."""
     pad = math.ceil(stride / 2)
     if ctx is None:
-        return F.conv_transpose1d(x, weight, bias, stride=stride, padding=pad,
-                                  output_padding=stride % 2)
+        return F.conv_transpose1d(
+            x, weight, bias, stride=stride, padding=pad, output_padding=stride % 2
+        )
     n, k = x.shape[-1], weight.shape[-1]
     z = F.conv_transpose1d(ctx.mask(x), weight, None, stride=stride)  # (B, C, n*s + k - s)
     tail = ctx.buffer(z, k - stride)
-    z = torch.cat([z[..., : k - stride] + tail, z[..., k - stride:]], dim=-1)
-    ctx.store(z[..., n * stride:])
+    z = torch.cat([z[..., : k - stride] + tail, z[..., k - stride :]], dim=-1)
+    ctx.store(z[..., n * stride :])
     ctx.t0 = ctx.t0 * stride - pad
     ctx.rate *= stride
     y = z[..., : n * stride]
@@ -122,8 +140,9 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def gaussian_noise(seeds: torch.Tensor, block: int, times: torch.Tensor,
-                   dtype: torch.dtype) -> torch.Tensor:
+def gaussian_noise(
+    seeds: torch.Tensor, block: int, times: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """Standard normal noise that is a pure function of (row seed, block, time): the same
     sample whatever the chunking. ``seeds`` (B,), ``times`` (B, n) -> (B, 1, n)."""
     base = _mix32(seeds[:, None] * 0x9E3779B1 + block * 0x85EBCA77 + 0x27D4EB2F)

@@ -33,8 +33,7 @@ class Stretcher:
     def flush(self) -> np.ndarray:
         if self.speed == 1.0:
             return np.zeros(0, np.float32)
-        self.buf = np.concatenate([self.buf, np.zeros(2 * self.hop + 2 * self.tol,
-                                                      np.float32)])
+        self.buf = np.concatenate([self.buf, np.zeros(2 * self.hop + 2 * self.tol, np.float32)])
         out = self._run(final=True)
         return np.concatenate([out, self.tail])
 
@@ -48,11 +47,12 @@ class Stretcher:
             if lo + n + 2 * self.tol > end or (final and centre >= end - n - 2 * self.tol):
                 break
             start = self._best(lo, centre)
-            frame = self.buf[start - self.base: start - self.base + n] * self.win
+            frame = self.buf[start - self.base : start - self.base + n] * self.win
             out.append(self.tail + frame[: self.hop])
-            self.tail = frame[self.hop:].copy()
-            self.prev_next = self.buf[start - self.base + self.hop:
-                                      start - self.base + self.hop + n].copy()
+            self.tail = frame[self.hop :].copy()
+            self.prev_next = self.buf[
+                start - self.base + self.hop : start - self.base + self.hop + n
+            ].copy()
             self.k += 1
         keep = max(0, int(self.k * self.hop * self.speed) - self.tol - self.base)
         self.buf, self.base = self.buf[keep:], self.base + keep
@@ -61,7 +61,7 @@ class Stretcher:
     def _best(self, lo: int, centre: int) -> int:
         if self.prev_next is None or len(self.prev_next) < 2 * self.hop:
             return max(0, centre)
-        seg = self.buf[lo - self.base: lo - self.base + 2 * self.hop + 2 * self.tol]
+        seg = self.buf[lo - self.base : lo - self.base + 2 * self.hop + 2 * self.tol]
         ref = self.prev_next[: self.hop]
         corr = np.correlate(seg[: self.hop + 2 * self.tol], ref, mode="valid")
         return lo + int(np.argmax(corr))

@@ -38,8 +38,13 @@ class Audio:
 
 
 class Synthesizer:
-    def __init__(self, voice: str | Voice | None = None, device: str = "auto",
-                 snac: str | None = None, **engine_options: Any) -> None:
+    def __init__(
+        self,
+        voice: str | Voice | None = None,
+        device: str = "auto",
+        snac: str | None = None,
+        **engine_options: Any,
+    ) -> None:
         from tts.engine import voice_engine
 
         self.voice = voice if isinstance(voice, Voice) else load(voice, snac)
@@ -47,8 +52,7 @@ class Synthesizer:
         self.sample_rate = self.stage.sample_rate
         self._ids = itertools.count()
 
-    def stream(self, text: str, speaker: str | None = None, seed: int = 0
-               ) -> Iterator[np.ndarray]:
+    def stream(self, text: str, speaker: str | None = None, seed: int = 0) -> Iterator[np.ndarray]:
         """PCM chunks (float32) in order, as the engine produces them."""
         prompts = self.voice.prompts(text, speaker)
         rids: list[str] = []

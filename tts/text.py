@@ -37,8 +37,11 @@ def split_clauses(text: str, max_chars: int = 200) -> list[str]:
             out.append(sentence)
             continue
         for clause in _pack(_CLAUSE_END.split(sentence), max_chars, " "):
-            out += [clause] if len(clause) <= max_chars else _pack(
-                clause.split(), max_chars, " ", cut=True)
+            out += (
+                [clause]
+                if len(clause) <= max_chars
+                else _pack(clause.split(), max_chars, " ", cut=True)
+            )
     return [p.strip() for p in out if p.strip()]
 
 

@@ -40,9 +40,14 @@ class Voice(ABC):
         """How to sample one piece's frames (stop token, a max_tokens bound)."""
 
     def describe(self) -> dict:
-        return {"name": self.name, "kind": type(self).__name__, "model": str(self.model_dir),
-                "speakers": list(self.speakers),
-                "frame_ms": None, "tokens_per_frame": self.layout.tokens_per_frame}
+        return {
+            "name": self.name,
+            "kind": type(self).__name__,
+            "model": str(self.model_dir),
+            "speakers": list(self.speakers),
+            "frame_ms": None,
+            "tokens_per_frame": self.layout.tokens_per_frame,
+        }
 
 
 def load_voice(path: str | Path, snac: str | Path | None = None) -> Voice:
@@ -61,8 +66,10 @@ def load_voice(path: str | Path, snac: str | Path | None = None) -> Voice:
         from tts.orpheus import OrpheusVoice
 
         return OrpheusVoice(path, meta, snac)
-    raise ValueError(f"{path} is not a voice directory: it has no voice.json naming a kind "
-                     "(phoneme-frame, orpheus) and is not an Orpheus checkpoint")
+    raise ValueError(
+        f"{path} is not a voice directory: it has no voice.json naming a kind "
+        "(phoneme-frame, orpheus) and is not an Orpheus checkpoint"
+    )
 
 
 def _looks_orpheus(path: Path) -> bool:

@@ -37,9 +37,19 @@ from mmserve.models.tokenizer import Tokenizer
 MODEL_TYPES = IDEFICS3_TYPES + LLAVA_TYPES
 CheckpointConnector = Idefics3Connector | LlavaConnector
 
-__all__ = ["MODEL_TYPES", "CheckpointConnector", "CheckpointProcessor", "Idefics3Connector",
-           "LlavaConnector", "ProcessorFiles", "is_vlm_checkpoint", "is_vlm_dir",
-           "load_connector", "load_processor", "read_processor_files"]
+__all__ = [
+    "MODEL_TYPES",
+    "CheckpointConnector",
+    "CheckpointProcessor",
+    "Idefics3Connector",
+    "LlavaConnector",
+    "ProcessorFiles",
+    "is_vlm_checkpoint",
+    "is_vlm_dir",
+    "load_connector",
+    "load_processor",
+    "read_processor_files",
+]
 
 
 def is_vlm_checkpoint(config: dict[str, Any]) -> bool:
@@ -59,22 +69,29 @@ def _family(model_dir: str | Path) -> tuple[dict[str, Any], ModuleType]:
 
     config = load_config(model_dir)
     if not is_vlm_checkpoint(config):
-        raise ValueError(f"{model_dir} is a {config.get('model_type')!r} checkpoint; VLM "
-                         f"checkpoints served here: {', '.join(MODEL_TYPES)}")
+        raise ValueError(
+            f"{model_dir} is a {config.get('model_type')!r} checkpoint; VLM "
+            f"checkpoints served here: {', '.join(MODEL_TYPES)}"
+        )
     return config, idefics3 if config["model_type"] in IDEFICS3_TYPES else llava
 
 
-def load_processor(model_dir: str | Path, tokenizer: Tokenizer | None = None
-                   ) -> CheckpointProcessor:
+def load_processor(
+    model_dir: str | Path, tokenizer: Tokenizer | None = None
+) -> CheckpointProcessor:
     """The CPU half of the checkpoint in ``model_dir`` (config and processor files only)."""
     config, family = _family(model_dir)
-    return family.checkpoint_processor(config, read_processor_files(model_dir),
-                                       tokenizer or Tokenizer(model_dir))
+    return family.checkpoint_processor(
+        config, read_processor_files(model_dir), tokenizer or Tokenizer(model_dir)
+    )
 
 
-def load_connector(model_dir: str | Path, device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32,
-                   tokenizer: Tokenizer | None = None) -> CheckpointConnector:
+def load_connector(
+    model_dir: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    tokenizer: Tokenizer | None = None,
+) -> CheckpointConnector:
     """The vision side of the checkpoint in ``model_dir`` (only its tensors are read)."""
     from mmserve.models.vlm_text import is_text_tensor
     from mmserve.models.weights import load_state_dict
@@ -82,6 +99,7 @@ def load_connector(model_dir: str | Path, device: str | torch.device = "cpu",
     config, family = _family(model_dir)
     sd = load_state_dict(model_dir, names=lambda name: not is_text_tensor(config, name))
     cls = family.Idefics3Connector if family is idefics3 else family.LlavaConnector
-    connector = cls.from_checkpoint(config, read_processor_files(model_dir), sd,
-                                    tokenizer or Tokenizer(model_dir))
+    connector = cls.from_checkpoint(
+        config, read_processor_files(model_dir), sd, tokenizer or Tokenizer(model_dir)
+    )
     return connector.to(device=device, dtype=dtype)

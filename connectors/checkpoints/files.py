@@ -43,7 +43,8 @@ def read_processor_files(model_dir: str | Path) -> ProcessorFiles:
         raise FileNotFoundError(
             f"{model_dir} has no image processor settings (processor_config.json with an "
             "'image_processor' entry, or preprocessor_config.json); save the checkpoint's "
-            "processor with it")
+            "processor with it"
+        )
     template = processor.pop("chat_template", None)
     jinja = model_dir / "chat_template.jinja"
     if jinja.is_file():
@@ -54,6 +55,7 @@ def read_processor_files(model_dir: str | Path) -> ProcessorFiles:
     if template is None and isinstance(tokenizer.get("chat_template"), str):
         template = tokenizer["chat_template"]
     extra = tokenizer.get("extra_special_tokens")
-    named = {k: v for k, v in extra.items() if isinstance(v, str)} \
-        if isinstance(extra, dict) else {}
+    named = (
+        {k: v for k, v in extra.items() if isinstance(v, str)} if isinstance(extra, dict) else {}
+    )
     return ProcessorFiles(image, processor, template, named)

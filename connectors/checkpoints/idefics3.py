@@ -60,44 +60,56 @@ class Idefics3Layout:
 
     @classmethod
     def named(cls, seq_len: int, tokens: Mapping[str, str]) -> Idefics3Layout:
-        return cls(seq_len, tokens.get("image_token", cls.image),
-                   tokens.get("fake_image_token", cls.fake),
-                   tokens.get("global_image_token", cls.global_tag))
+        return cls(
+            seq_len,
+            tokens.get("image_token", cls.image),
+            tokens.get("fake_image_token", cls.fake),
+            tokens.get("global_image_token", cls.global_tag),
+        )
 
     def __call__(self, frames: Frames) -> str:
         run = self.image * self.seq_len
         whole = f"{self.fake}{self.global_tag}{run}{self.fake}"
         if frames.rows == 0 and frames.cols == 0:
             return whole
-        rows = ["".join(f"{self.fake}<row_{r + 1}_col_{c + 1}>{run}" for c in range(frames.cols))
-                for r in range(frames.rows)]
+        rows = [
+            "".join(f"{self.fake}<row_{r + 1}_col_{c + 1}>{run}" for c in range(frames.cols))
+            for r in range(frames.rows)
+        ]
         return "".join(row + "\n" for row in rows) + "\n" + whole
 
 
-def checkpoint_processor(config: Mapping[str, Any], files: ProcessorFiles,
-                         tokenizer: Tokenizer) -> CheckpointProcessor:
+def checkpoint_processor(
+    config: Mapping[str, Any], files: ProcessorFiles, tokenizer: Tokenizer
+) -> CheckpointProcessor:
     """The CPU half, from the config and processor files alone (no weights)."""
     frames = TiledProcessor.from_config(files.image_processor)
     spec = tower_spec(config.get("vision_config") or {})
     if frames.tile != spec.image_size:
-        raise ValueError(f"tiles of {frames.tile}px (max_image_size) do not match the vision "
-                         f"tower's image_size {spec.image_size}")
+        raise ValueError(
+            f"tiles of {frames.tile}px (max_image_size) do not match the vision "
+            f"tower's image_size {spec.image_size}"
+        )
     scale = config.get("scale_factor", 2)
     seq_len = spec.grid**2 // scale**2
     declared = files.processor.get("image_seq_len", seq_len)
     if declared != seq_len:
-        raise ValueError(f"processor image_seq_len {declared} disagrees with the model's "
-                         f"{seq_len} tokens a frame")
+        raise ValueError(
+            f"processor image_seq_len {declared} disagrees with the model's "
+            f"{seq_len} tokens a frame"
+        )
     layout = Idefics3Layout.named(seq_len, files.named_tokens)
-    return CheckpointProcessor(frames, layout, layout.image,
-                               config.get("image_token_id", 128257), tokenizer)
+    return CheckpointProcessor(
+        frames, layout, layout.image, config.get("image_token_id", 128257), tokenizer
+    )
 
 
 class Idefics3Connector(nn.Module, Connector):
     """The SigLIP tower and pixel-shuffle projector of an Idefics3/SmolVLM checkpoint."""
 
-    def __init__(self, tower: VisionTower, proj: torch.Tensor, scale: int,
-                 processor: CheckpointProcessor) -> None:
+    def __init__(
+        self, tower: VisionTower, proj: torch.Tensor, scale: int, processor: CheckpointProcessor
+    ) -> None:
         super().__init__()
         self.tower = tower
         self.proj = nn.Parameter(proj, requires_grad=False)  # (hidden, D * scale**2)
@@ -109,11 +121,20 @@ class Idefics3Connector(nn.Module, Connector):
         return self.proj.device
 
     @classmethod
-    def from_checkpoint(cls, config: Mapping[str, Any], files: ProcessorFiles,
-                        sd: Mapping[str, torch.Tensor], tokenizer: Tokenizer) -> Idefics3Connector:
+    def from_checkpoint(
+        cls,
+        config: Mapping[str, Any],
+        files: ProcessorFiles,
+        sd: Mapping[str, torch.Tensor],
+        tokenizer: Tokenizer,
+    ) -> Idefics3Connector:
         tower = VisionTower.from_hf(config["vision_config"], sd, "model.vision_model.")
-        return cls(tower, sd["model.connector.modality_projection.proj.weight"],
-                   config.get("scale_factor", 2), checkpoint_processor(config, files, tokenizer))
+        return cls(
+            tower,
+            sd["model.connector.modality_projection.proj.weight"],
+            config.get("scale_factor", 2),
+            checkpoint_processor(config, files, tokenizer),
+        )
 
     @torch.inference_mode()
     def encode(self, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -31,8 +31,12 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as tvF
 
 # PIL resample codes (what HF configs store) -> torchvision modes, as HF maps them
-_RESAMPLE = {0: InterpolationMode.NEAREST_EXACT, 1: InterpolationMode.LANCZOS,
-             2: InterpolationMode.BILINEAR, 3: InterpolationMode.BICUBIC}
+_RESAMPLE = {
+    0: InterpolationMode.NEAREST_EXACT,
+    1: InterpolationMode.LANCZOS,
+    2: InterpolationMode.BILINEAR,
+    3: InterpolationMode.BICUBIC,
+}
 MAX_IMAGE_SIDE = 4096  # Idefics3's cap on the resized image's longest edge
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -83,9 +87,13 @@ class Normalize:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], mean: tuple, std: tuple) -> Normalize:
-        return cls(tuple(cfg.get("image_mean", mean)), tuple(cfg.get("image_std", std)),
-                   cfg.get("rescale_factor", 1 / 255), cfg.get("do_rescale", True),
-                   cfg.get("do_normalize", True))
+        return cls(
+            tuple(cfg.get("image_mean", mean)),
+            tuple(cfg.get("image_std", std)),
+            cfg.get("rescale_factor", 1 / 255),
+            cfg.get("do_rescale", True),
+            cfg.get("do_normalize", True),
+        )
 
 
 def _scale_longest_edge(height: int, width: int, longest: int) -> tuple[int, int]:
@@ -133,12 +141,17 @@ class TiledProcessor:
     def from_config(cls, cfg: Mapping[str, Any]) -> TiledProcessor:
         size = cfg.get("size", {"longest_edge": 4 * 364})
         if cfg.get("do_resize", True) and "longest_edge" not in size:
-            raise ValueError(f"image processor size {size} is not supported; "
-                             "Idefics3-style processors resize by 'longest_edge'")
-        return cls(size["longest_edge"] if cfg.get("do_resize", True) else None,
-                   cfg.get("max_image_size", {"longest_edge": 364})["longest_edge"],
-                   cfg.get("do_image_splitting", True), cfg.get("resample", 1),
-                   Normalize.from_config(cfg, HALF, HALF))
+            raise ValueError(
+                f"image processor size {size} is not supported; "
+                "Idefics3-style processors resize by 'longest_edge'"
+            )
+        return cls(
+            size["longest_edge"] if cfg.get("do_resize", True) else None,
+            cfg.get("max_image_size", {"longest_edge": 364})["longest_edge"],
+            cfg.get("do_image_splitting", True),
+            cfg.get("resample", 1),
+            Normalize.from_config(cfg, HALF, HALF),
+        )
 
     def __call__(self, image: Image.Image) -> Frames:
         x = to_tensor(image)
@@ -180,16 +193,21 @@ class SquareProcessor:
         if isinstance(size, int):
             size = {"height": size, "width": size} if siglip else {"shortest_edge": size}
         if not ("shortest_edge" in size and len(size) == 1 or {"height", "width"} <= set(size)):
-            raise ValueError(f"image processor size {size} is not supported; give "
-                             "{'shortest_edge': n} or {'height': h, 'width': w}")
+            raise ValueError(
+                f"image processor size {size} is not supported; give "
+                "{'shortest_edge': n} or {'height': h, 'width': w}"
+            )
         crop = cfg.get("crop_size", {"height": 224, "width": 224})
         if isinstance(crop, int):
             crop = {"height": crop, "width": crop}
         do_crop = cfg.get("do_center_crop", not siglip)
-        return cls(size if cfg.get("do_resize", True) else None,
-                   (crop["height"], crop["width"]) if do_crop else None,
-                   bool(cfg.get("do_pad", False)), cfg.get("resample", 3),
-                   Normalize.from_config(cfg, mean, std))
+        return cls(
+            size if cfg.get("do_resize", True) else None,
+            (crop["height"], crop["width"]) if do_crop else None,
+            bool(cfg.get("do_pad", False)),
+            cfg.get("resample", 3),
+            Normalize.from_config(cfg, mean, std),
+        )
 
     def __call__(self, image: Image.Image) -> Frames:
         x = to_tensor(image)
@@ -223,9 +241,12 @@ class SquareProcessor:
     def _center_crop(x: torch.Tensor, height: int, width: int) -> torch.Tensor:
         h, w = x.shape[-2:]
         if width > w or height > h:
-            pads = [(width - w) // 2 if width > w else 0, (height - h) // 2 if height > h else 0,
-                    (width - w + 1) // 2 if width > w else 0,
-                    (height - h + 1) // 2 if height > h else 0]
+            pads = [
+                (width - w) // 2 if width > w else 0,
+                (height - h) // 2 if height > h else 0,
+                (width - w + 1) // 2 if width > w else 0,
+                (height - h + 1) // 2 if height > h else 0,
+            ]
             x = tvF.pad(x, pads, fill=0)
             h, w = x.shape[-2:]
         return tvF.crop(x, int((h - height) / 2.0), int((w - width) / 2.0), height, width)
@@ -236,8 +257,13 @@ def image_processor(cfg: Mapping[str, Any]) -> TiledProcessor | SquareProcessor:
     kind = cfg.get("image_processor_type", "")
     if kind.removesuffix("Fast") in ("Idefics3ImageProcessor", "SmolVLMImageProcessor"):
         return TiledProcessor.from_config(cfg)
-    if kind.removesuffix("Fast") in ("CLIPImageProcessor", "LlavaImageProcessor",
-                                     "SiglipImageProcessor"):
+    if kind.removesuffix("Fast") in (
+        "CLIPImageProcessor",
+        "LlavaImageProcessor",
+        "SiglipImageProcessor",
+    ):
         return SquareProcessor.from_config(cfg)
-    raise ValueError(f"image processor {kind!r} is not supported; supported: Idefics3, SmolVLM, "
-                     "CLIP, Llava and Siglip image processors")
+    raise ValueError(
+        f"image processor {kind!r} is not supported; supported: Idefics3, SmolVLM, "
+        "CLIP, Llava and Siglip image processors"
+    )

@@ -43,33 +43,46 @@ class CheckpointImage(PreparedImage):
 class CheckpointProcessor(ImageProcessor):
     """Pixels, placeholder text and whole-prompt tokenization of one HF checkpoint."""
 
-    def __init__(self, frames: TiledProcessor | SquareProcessor, layout: Callable[[Frames], str],
-                 image_text: str, image_token_id: int, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self,
+        frames: TiledProcessor | SquareProcessor,
+        layout: Callable[[Frames], str],
+        image_text: str,
+        image_token_id: int,
+        tokenizer: Tokenizer,
+    ) -> None:
         self.frames, self.layout, self.tokenizer = frames, layout, tokenizer
         self.image_text, self.image_token_id = image_text, image_token_id
         found = tokenizer.token_to_id(image_text)
         if found != image_token_id:
-            raise ValueError(f"the tokenizer reads {image_text!r} as id {found}, but the model "
-                             f"config puts images at id {image_token_id}")
+            raise ValueError(
+                f"the tokenizer reads {image_text!r} as id {found}, but the model "
+                f"config puts images at id {image_token_id}"
+            )
 
     def prepare(self, image: Image.Image) -> CheckpointImage:
         frames = self.frames(image)
         text = self.layout(frames)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         tokens = ImageTokens(tuple(ids), tuple(i == self.image_token_id for i in ids))
-        return CheckpointImage(frames.pixels, tokens, text=text, rows=frames.rows,
-                               cols=frames.cols)
+        return CheckpointImage(frames.pixels, tokens, text=text, rows=frames.rows, cols=frames.cols)
 
-    def splice(self, text: str, images: Sequence[PreparedImage],
-               encode: Callable[[str], list[int]] | None = None) -> ImagePrompt:
+    def splice(
+        self,
+        text: str,
+        images: Sequence[PreparedImage],
+        encode: Callable[[str], list[int]] | None = None,
+    ) -> ImagePrompt:
         """``text`` with one ``image_text`` per image -> ids and pending spans, tokenized
         whole as the HF processor does (module docstring; ``encode`` is not used)."""
         pieces = text.split(self.image_text)
         if len(pieces) != len(images) + 1:
-            raise ImageError(ImageErrorKind.CORRUPT,
-                             f"the prompt shows {len(pieces) - 1} image positions for "
-                             f"{len(images)} images; message text must not contain "
-                             f"{self.image_text!r}")
+            raise ImageError(
+                ImageErrorKind.CORRUPT,
+                f"the prompt shows {len(pieces) - 1} image positions for "
+                f"{len(images)} images; message text must not contain "
+                f"{self.image_text!r}",
+            )
         full, starts = pieces[0], []
         for img, piece in zip(images, pieces[1:], strict=True):
             assert isinstance(img, CheckpointImage), "images come from this processor"
@@ -80,9 +93,11 @@ class CheckpointProcessor(ImageProcessor):
         for img, char in zip(images, starts, strict=True):
             start = enc.char_to_token(char)
             n = len(img.tokens.ids)
-            if start is None or tuple(ids[start:start + n]) != img.tokens.ids:
-                raise ValueError("the image's tokens change in context; this tokenizer merges "
-                                 "them with the text around them")
+            if start is None or tuple(ids[start : start + n]) != img.tokens.ids:
+                raise ValueError(
+                    "the image's tokens change in context; this tokenizer merges "
+                    "them with the text around them"
+                )
             spans += img.spans(start)
         return ImagePrompt(ids, spans, sum(len(img.tokens.ids) for img in images))
 
@@ -94,7 +109,11 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     for message in messages:
         msg = copy.deepcopy(dict(message))
         if isinstance(msg.get("content"), list):
-            msg["content"] = [{"type": "image"} if isinstance(p, Mapping) and
-                              p.get("type") in IMAGE_PART_TYPES else p for p in msg["content"]]
+            msg["content"] = [
+                {"type": "image"}
+                if isinstance(p, Mapping) and p.get("type") in IMAGE_PART_TYPES
+                else p
+                for p in msg["content"]
+            ]
         out.append(msg)
     return out

@@ -27,8 +27,12 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 # HF ``hidden_act`` -> timm ``act_layer``
-_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu",
-                "quick_gelu": "quick_gelu"}
+_ACTIVATIONS = {
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu": "gelu",
+    "quick_gelu": "quick_gelu",
+}
 
 
 @dataclass(frozen=True)
@@ -55,20 +59,39 @@ class TowerSpec:
         return 1 if self.kind == "clip" else 0
 
 
-_KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip",
-          "idefics3_vision": "siglip", "smolvlm_vision": "siglip"}
+_KINDS = {
+    "clip_vision_model": "clip",
+    "siglip_vision_model": "siglip",
+    "idefics3_vision": "siglip",
+    "smolvlm_vision": "siglip",
+}
 _BASE = {"num_hidden_layers": 12, "image_size": 224, "intermediate_size": 3072}
 # each HF vision config class's defaults (configs saved as a diff against them omit these)
 _DEFAULTS: dict[str, dict] = {
-    "clip_vision_model": _BASE | {"hidden_size": 768, "num_attention_heads": 12,
-                                  "patch_size": 32, "hidden_act": "quick_gelu",
-                                  "layer_norm_eps": 1e-5},
-    "siglip_vision_model": _BASE | {"hidden_size": 768, "num_attention_heads": 12,
-                                    "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
-                                    "layer_norm_eps": 1e-6},
-    "idefics3_vision": _BASE | {"hidden_size": 1152, "num_attention_heads": 16,
-                                "patch_size": 32, "hidden_act": "gelu_pytorch_tanh",
-                                "layer_norm_eps": 1e-6},
+    "clip_vision_model": _BASE
+    | {
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "patch_size": 32,
+        "hidden_act": "quick_gelu",
+        "layer_norm_eps": 1e-5,
+    },
+    "siglip_vision_model": _BASE
+    | {
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "patch_size": 16,
+        "hidden_act": "gelu_pytorch_tanh",
+        "layer_norm_eps": 1e-6,
+    },
+    "idefics3_vision": _BASE
+    | {
+        "hidden_size": 1152,
+        "num_attention_heads": 16,
+        "patch_size": 32,
+        "hidden_act": "gelu_pytorch_tanh",
+        "layer_norm_eps": 1e-6,
+    },
 }
 _DEFAULTS["smolvlm_vision"] = _DEFAULTS["idefics3_vision"]
 
@@ -77,21 +100,32 @@ def tower_spec(vision_config: Mapping) -> TowerSpec:
     """The ``TowerSpec`` of an HF ``vision_config``; a clear error for towers not covered."""
     model_type = vision_config.get("model_type", "clip_vision_model")
     if model_type not in _KINDS:
-        raise ValueError(f"vision tower {model_type!r} is not supported; supported: "
-                         f"{', '.join(sorted(_KINDS))}")
+        raise ValueError(
+            f"vision tower {model_type!r} is not supported; supported: {', '.join(sorted(_KINDS))}"
+        )
     cfg = _DEFAULTS[model_type] | dict(vision_config)
     if cfg["hidden_act"] not in _ACTIVATIONS:
-        raise ValueError(f"vision tower activation {cfg['hidden_act']!r} is not supported; "
-                         f"supported: {', '.join(sorted(_ACTIVATIONS))}")
+        raise ValueError(
+            f"vision tower activation {cfg['hidden_act']!r} is not supported; "
+            f"supported: {', '.join(sorted(_ACTIVATIONS))}"
+        )
     size, patch = cfg["image_size"], cfg["patch_size"]
     if not isinstance(size, int) or not isinstance(patch, int):
-        raise ValueError(f"only square towers are supported, got image_size={size!r}, "
-                         f"patch_size={patch!r}")
+        raise ValueError(
+            f"only square towers are supported, got image_size={size!r}, patch_size={patch!r}"
+        )
     return TowerSpec(
-        kind=_KINDS[model_type], image_size=size, patch_size=patch, hidden=cfg["hidden_size"],
-        intermediate=cfg["intermediate_size"], layers=cfg["num_hidden_layers"],
-        heads=cfg["num_attention_heads"], eps=cfg["layer_norm_eps"], act=cfg["hidden_act"],
-        bucketed_positions=model_type in ("idefics3_vision", "smolvlm_vision"))
+        kind=_KINDS[model_type],
+        image_size=size,
+        patch_size=patch,
+        hidden=cfg["hidden_size"],
+        intermediate=cfg["intermediate_size"],
+        layers=cfg["num_hidden_layers"],
+        heads=cfg["num_attention_heads"],
+        eps=cfg["layer_norm_eps"],
+        act=cfg["hidden_act"],
+        bucketed_positions=model_type in ("idefics3_vision", "smolvlm_vision"),
+    )
 
 
 def build_vit(spec: TowerSpec, blocks: int, final_norm: bool) -> VisionTransformer:
@@ -99,12 +133,22 @@ def build_vit(spec: TowerSpec, blocks: int, final_norm: bool) -> VisionTransform
     # timm sizes the MLP as int(dim * ratio): half a unit above keeps odd sizes exact
     ratio = (spec.intermediate + 0.5) / spec.hidden
     return VisionTransformer(
-        img_size=spec.image_size, patch_size=spec.patch_size, num_classes=0, global_pool="",
-        embed_dim=spec.hidden, depth=blocks, num_heads=spec.heads, mlp_ratio=ratio,
-        qkv_bias=True, class_token=spec.kind == "clip", pre_norm=spec.kind == "clip",
-        final_norm=final_norm, act_layer=_ACTIVATIONS[spec.act],
+        img_size=spec.image_size,
+        patch_size=spec.patch_size,
+        num_classes=0,
+        global_pool="",
+        embed_dim=spec.hidden,
+        depth=blocks,
+        num_heads=spec.heads,
+        mlp_ratio=ratio,
+        qkv_bias=True,
+        class_token=spec.kind == "clip",
+        pre_norm=spec.kind == "clip",
+        final_norm=final_norm,
+        act_layer=_ACTIVATIONS[spec.act],
         norm_layer=lambda dim, **kw: nn.LayerNorm(dim, eps=spec.eps, **kw),
-        weight_init="skip")
+        weight_init="skip",
+    )
 
 
 def bucketed_position_ids(grid: int) -> torch.Tensor:
@@ -118,15 +162,18 @@ def bucketed_position_ids(grid: int) -> torch.Tensor:
     return (buckets[:, None] * grid + buckets[None, :]).reshape(-1)
 
 
-def hf_vision_weights(spec: TowerSpec, sd: Mapping[str, torch.Tensor], prefix: str,
-                      blocks: int, final_norm: bool) -> dict[str, torch.Tensor]:
+def hf_vision_weights(
+    spec: TowerSpec, sd: Mapping[str, torch.Tensor], prefix: str, blocks: int, final_norm: bool
+) -> dict[str, torch.Tensor]:
     """HF tower tensors under ``prefix`` (``...vision_model.``) renamed to timm's names."""
     p = prefix
     pos = sd[f"{p}embeddings.position_embedding.weight"]
     if spec.bucketed_positions:
         pos = pos[bucketed_position_ids(spec.grid)]
-    out = {"patch_embed.proj.weight": sd[f"{p}embeddings.patch_embedding.weight"],
-           "pos_embed": pos[None]}
+    out = {
+        "patch_embed.proj.weight": sd[f"{p}embeddings.patch_embedding.weight"],
+        "pos_embed": pos[None],
+    }
     if spec.kind == "clip":
         out["cls_token"] = sd[f"{p}embeddings.class_embedding"].reshape(1, 1, -1)
         out["norm_pre.weight"] = sd[f"{p}pre_layrnorm.weight"]
@@ -143,10 +190,17 @@ def hf_vision_weights(spec: TowerSpec, sd: Mapping[str, torch.Tensor], prefix: s
 
 def _block_weights(sd: Mapping[str, torch.Tensor], src: str, dst: str) -> dict[str, torch.Tensor]:
     attn = f"{src}self_attn."
-    out = {f"{dst}attn.qkv.{kind}": torch.cat([sd[f"{attn}{n}_proj.{kind}"] for n in "qkv"])
-           for kind in ("weight", "bias")}
-    renames = {"attn.proj": "self_attn.out_proj", "norm1": "layer_norm1",
-               "norm2": "layer_norm2", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
+    out = {
+        f"{dst}attn.qkv.{kind}": torch.cat([sd[f"{attn}{n}_proj.{kind}"] for n in "qkv"])
+        for kind in ("weight", "bias")
+    }
+    renames = {
+        "attn.proj": "self_attn.out_proj",
+        "norm1": "layer_norm1",
+        "norm2": "layer_norm2",
+        "mlp.fc1": "mlp.fc1",
+        "mlp.fc2": "mlp.fc2",
+    }
     for timm_name, hf_name in renames.items():
         for kind in ("weight", "bias"):
             out[f"{dst}{timm_name}.{kind}"] = sd[f"{src}{hf_name}.{kind}"]
@@ -162,8 +216,14 @@ class VisionTower(nn.Module):
         self.vit = build_vit(spec, blocks, final_norm)
 
     @classmethod
-    def from_hf(cls, vision_config: Mapping, sd: Mapping[str, torch.Tensor], prefix: str,
-                blocks: int | None = None, final_norm: bool = True) -> VisionTower:
+    def from_hf(
+        cls,
+        vision_config: Mapping,
+        sd: Mapping[str, torch.Tensor],
+        prefix: str,
+        blocks: int | None = None,
+        final_norm: bool = True,
+    ) -> VisionTower:
         """The tower of ``vision_config`` with the first ``blocks`` blocks (all by default)
         loaded from ``sd``; every parameter must be covered."""
         spec = tower_spec(vision_config)
@@ -174,8 +234,9 @@ class VisionTower(nn.Module):
         weights = hf_vision_weights(spec, sd, prefix, blocks, final_norm)
         missing, unexpected = tower.vit.load_state_dict(weights, strict=False)
         if missing or unexpected:
-            raise ValueError(f"vision tower weights: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+            raise ValueError(
+                f"vision tower weights: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
         return tower.eval().requires_grad_(False)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -197,8 +258,9 @@ class VisionTower(nn.Module):
 CHUNK = 8  # frames a tower pass (batch invariance: see ``in_chunks``)
 
 
-def in_chunks(fn: Callable[[torch.Tensor], torch.Tensor], frames: torch.Tensor,
-              chunk: int = CHUNK) -> torch.Tensor:
+def in_chunks(
+    fn: Callable[[torch.Tensor], torch.Tensor], frames: torch.Tensor, chunk: int = CHUNK
+) -> torch.Tensor:
     """``fn`` over (N, ...) frames in passes of exactly ``chunk`` (the last padded with
     zeros), so every frame goes through the same kernel shapes whatever it is batched with:
     an image's embeddings do not depend on the step that encoded it, and a cached encoding
@@ -207,5 +269,5 @@ def in_chunks(fn: Callable[[torch.Tensor], torch.Tensor], frames: torch.Tensor,
     pad = -n % chunk
     if pad:
         frames = torch.cat([frames, frames.new_zeros(pad, *frames.shape[1:])])
-    outs = [fn(frames[i: i + chunk]) for i in range(0, frames.shape[0], chunk)]
+    outs = [fn(frames[i : i + chunk]) for i in range(0, frames.shape[0], chunk)]
     return (torch.cat(outs) if len(outs) > 1 else outs[0])[:n]

@@ -45,8 +45,7 @@ def tuning_overrides(text: str, extra: Iterable[str] = (), name: str = "") -> di
     over = json.loads(text)
     unknown = set(over) - {f.name for f in fields(StackTuning)} - set(extra)
     if unknown:
-        raise SystemExit(f"{name + ': ' if name else ''}not StackTuning fields: "
-                         f"{sorted(unknown)}")
+        raise SystemExit(f"{name + ': ' if name else ''}not StackTuning fields: {sorted(unknown)}")
     return {k: tuple(v) if isinstance(v, list) else v for k, v in over.items()}
 
 
@@ -125,8 +124,14 @@ def kv_nbytes(kv: KVLike) -> int:
 def _decoded(batch: int, times: list[float], row0: list[int]) -> DecodeResult:
     """A decode's result from its timed steps' seconds (median and p99 in ms)."""
     ms = sorted(t * 1e3 for t in times)
-    return DecodeResult(batch, len(times), sum(times), statistics.median(ms),
-                        ms[min(len(ms) - 1, int(0.99 * len(ms)))], row0)
+    return DecodeResult(
+        batch,
+        len(times),
+        sum(times),
+        statistics.median(ms),
+        ms[min(len(ms) - 1, int(0.99 * len(ms)))],
+        row0,
+    )
 
 
 class PagedDecoder:
@@ -136,8 +141,9 @@ class PagedDecoder:
     plain tensor, ``FP8_DTYPE`` an fp8 ``KVCache`` with the same number of blocks.
     """
 
-    def __init__(self, model: CausalLM, max_batch: int, max_len: int,
-                 kv_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, model: CausalLM, max_batch: int, max_len: int, kv_dtype: torch.dtype | None = None
+    ) -> None:
         p = next(model.parameters())
         self.model, self.device = model, p.device
         self.per_seq = -(-max_len // BLOCK_SIZE)
@@ -153,8 +159,11 @@ class PagedDecoder:
         torch.cuda.empty_cache()
         self.graphs = DecodeGraphs(self.model, self.kv, self.per_seq, sizes)
         rep = self.graphs.capture()
-        return {"batch_sizes": rep.batch_sizes, "seconds": rep.seconds,
-                "memory_mib": rep.pool_bytes / 2**20}
+        return {
+            "batch_sizes": rep.batch_sizes,
+            "seconds": rep.seconds,
+            "memory_mib": rep.pool_bytes / 2**20,
+        }
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]]) -> list[int]:
@@ -162,12 +171,20 @@ class PagedDecoder:
         b, dev = len(prompts), self.device
         lens = [len(p) for p in prompts]
         starts = np.cumsum([0] + lens[:-1])
-        slots = np.concatenate([self.tables[i, np.arange(n) // BLOCK_SIZE] * BLOCK_SIZE
-                                + np.arange(n) % BLOCK_SIZE for i, n in enumerate(lens)])
-        meta = PagedMetadata(torch.as_tensor(slots).to(dev),
-                             torch.as_tensor(self.tables[:b]).to(dev),
-                             torch.tensor(lens, device=dev), torch.as_tensor(starts).to(dev),
-                             torch.tensor(lens, device=dev), max(lens))
+        slots = np.concatenate(
+            [
+                self.tables[i, np.arange(n) // BLOCK_SIZE] * BLOCK_SIZE + np.arange(n) % BLOCK_SIZE
+                for i, n in enumerate(lens)
+            ]
+        )
+        meta = PagedMetadata(
+            torch.as_tensor(slots).to(dev),
+            torch.as_tensor(self.tables[:b]).to(dev),
+            torch.tensor(lens, device=dev),
+            torch.as_tensor(starts).to(dev),
+            torch.tensor(lens, device=dev),
+            max(lens),
+        )
         ids = torch.tensor([t for p in prompts for t in p], device=dev)
         pos = torch.cat([torch.arange(n, device=dev) for n in lens])
         hidden = self.model(ids, pos, meta, self.kv)
@@ -175,8 +192,15 @@ class PagedDecoder:
         return self.model.compute_logits(hidden[last]).argmax(-1).tolist()
 
     @torch.inference_mode()
-    def decode(self, first: list[int], start_pos: int, steps: int, graphs: bool,
-               warmup: int = 3, ahead: bool = False) -> DecodeResult:
+    def decode(
+        self,
+        first: list[int],
+        start_pos: int,
+        steps: int,
+        graphs: bool,
+        warmup: int = 3,
+        ahead: bool = False,
+    ) -> DecodeResult:
         """``steps`` greedy decode steps for every row, after ``warmup`` untimed ones.
         ``ahead``: as the engine's async scheduling runs a plain greedy decode on CUDA
         (``LLMEngine.step``), each graph step is launched from the last one's argmax on
@@ -191,19 +215,22 @@ class PagedDecoder:
             t0 = time.perf_counter()
             # the host needs the ids (stop checks, streams); a graph takes the argmax itself
             if graphs and self.graphs.fits(b):
-                ids = self.graphs.run_verify([[t] for t in ids], pos, self.tables[:b],
-                                             BLOCK_SIZE).argmax.tolist()
+                ids = self.graphs.run_verify(
+                    [[t] for t in ids], pos, self.tables[:b], BLOCK_SIZE
+                ).argmax.tolist()
             else:  # no graph holds the batch (or eager asked for): the same kernels
-                ids = self.graphs.run_eager(ids, pos, self.tables[:b], BLOCK_SIZE).argmax(
-                    -1).tolist()
+                ids = (
+                    self.graphs.run_eager(ids, pos, self.tables[:b], BLOCK_SIZE).argmax(-1).tolist()
+                )
             pos = [p + 1 for p in pos]
             row0.append(ids[0])
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
         return _decoded(b, times, row0)
 
-    def _decode_ahead(self, first: list[int], start_pos: int, steps: int,
-                      warmup: int) -> DecodeResult:
+    def _decode_ahead(
+        self, first: list[int], start_pos: int, steps: int, warmup: int
+    ) -> DecodeResult:
         """``decode`` with each step launched before the host reads the last one's tokens:
         its argmax, read in place (the next replay rewrites it only after the reads
         queued before it), is the next step's input ids, and the launch that copies them
@@ -221,8 +248,9 @@ class PagedDecoder:
             picked = step.argmax[:b]
             pos = [p + 1 for p in pos]
             if i + 1 < warmup + steps:
-                step = self.graphs.run_verify([[0]] * b, pos, tables, BLOCK_SIZE,
-                                              input_ids=picked, tokens_to=(host, ready))
+                step = self.graphs.run_verify(
+                    [[0]] * b, pos, tables, BLOCK_SIZE, input_ids=picked, tokens_to=(host, ready)
+                )
             else:  # no step after it: its own copy
                 copy_flat(host, picked)
                 ready.record()
@@ -255,18 +283,28 @@ class PagedDecoder:
             self.prefill([prompt])
             times.append(time.perf_counter() - t0)
         s = statistics.median(times)
-        return {"prompt_len": prompt_len, "ttft_ms": s * 1e3, "prefill_tok_s": prompt_len / s,
-                "ttft_ms_all": [t * 1e3 for t in times]}
+        return {
+            "prompt_len": prompt_len,
+            "ttft_ms": s * 1e3,
+            "prefill_tok_s": prompt_len / s,
+            "ttft_ms_all": [t * 1e3 for t in times],
+        }
 
 
-def prompted_decoder(name: str, max_len: int = 512,
-                     q8_head: bool = False) -> tuple[PagedDecoder, list[int], dict]:
+def prompted_decoder(
+    name: str, max_len: int = 512, q8_head: bool = False
+) -> tuple[PagedDecoder, list[int], dict]:
     """A model shape (random bf16 weights; ``q8_head``: the LM head's as Q8_0 blocks) at
     batch 1 after a fixed 128-token prompt -> (decoder, first tokens, the shape's config)."""
     model, cfg = random_cuda_model(name, q8_head)
     dec = PagedDecoder(model, 1, max_len)
-    first = dec.prefill([torch.randint(0, cfg["vocab_size"], (128,),
-                                       generator=torch.Generator().manual_seed(0)).tolist()])
+    first = dec.prefill(
+        [
+            torch.randint(
+                0, cfg["vocab_size"], (128,), generator=torch.Generator().manual_seed(0)
+            ).tolist()
+        ]
+    )
     return dec, first, cfg
 
 
@@ -278,7 +316,20 @@ def batch1_step_baseline(name: str) -> tuple[PagedDecoder, list[int], dict]:
     dec, first, cfg = prompted_decoder(name)
     roof_ms = weight_bytes(dec.model) / bw * 1e3
     base_ms, row0 = dec.recaptured_step_ms(first)
-    print(f"[{name}] copy roofline {roof_ms * 1e3:.0f} us a step; default {base_ms * 1e3:.0f} us"
-          f" ({roof_ms / base_ms * 100:.1f} %)", flush=True)
-    return dec, first, {"shape": name, "hidden": cfg["hidden_size"], "copy_gb_s": bw / 1e9,
-                        "roofline_ms": roof_ms, "default_ms": base_ms, "default_row0": row0}
+    print(
+        f"[{name}] copy roofline {roof_ms * 1e3:.0f} us a step; default {base_ms * 1e3:.0f} us"
+        f" ({roof_ms / base_ms * 100:.1f} %)",
+        flush=True,
+    )
+    return (
+        dec,
+        first,
+        {
+            "shape": name,
+            "hidden": cfg["hidden_size"],
+            "copy_gb_s": bw / 1e9,
+            "roofline_ms": roof_ms,
+            "default_ms": base_ms,
+            "default_row0": row0,
+        },
+    )

@@ -32,23 +32,34 @@ def _generate(model, ids: torch.Tensor, new: int, **extra) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with torch.inference_mode():
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                       min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0,
-                       **extra)
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            **extra,
+        )
     torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
-def hf_decode(model, batch: int, prompt_len: int, new_tokens: int, vocab: int,
-              **extra) -> dict:
+def hf_decode(model, batch: int, prompt_len: int, new_tokens: int, vocab: int, **extra) -> dict:
     """Decode tok/s from two generates: (T(new) - T(1)) covers new - 1 decode steps."""
     ids = torch.randint(0, vocab, (batch, prompt_len), device="cuda")
     _generate(model, ids, 2, **extra)  # warm-up
     t1 = _generate(model, ids, 1, **extra)
     tn = _generate(model, ids, new_tokens, **extra)
     steps = new_tokens - 1
-    return {"batch": batch, "steps": steps, "seconds": tn - t1,
-            "tok_s": batch * steps / (tn - t1), "step_ms": (tn - t1) / steps * 1e3}
+    return {
+        "batch": batch,
+        "steps": steps,
+        "seconds": tn - t1,
+        "tok_s": batch * steps / (tn - t1),
+        "step_ms": (tn - t1) / steps * 1e3,
+    }
 
 
 def hf_ttft(model, prompt_len: int, vocab: int, repeats: int = 3) -> dict:
@@ -71,7 +82,6 @@ def hf_compiled_decode(model, batch: int, prompt_len: int, new_tokens: int, voca
     """Static cache + ``torch.compile`` (reduce-overhead); includes no compile time."""
     model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     try:
-        return hf_decode(model, batch, prompt_len, new_tokens, vocab,
-                         cache_implementation="static")
+        return hf_decode(model, batch, prompt_len, new_tokens, vocab, cache_implementation="static")
     finally:
         del model.forward  # back to the class's eager forward

@@ -49,4 +49,3 @@ def graph_replay_seconds(fn: Callable[[], object], reps: int = 5) -> float:
         g.replay()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / reps
-

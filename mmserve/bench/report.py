@@ -16,13 +16,16 @@ def _cell(d: dict | None, key: str = "tok_s", fmt: str = "{:,.0f}") -> str:
 
 def table(result: dict) -> str:
     bw = max(result["bandwidth"]["gb_s"])
-    lines = [f"{result['machine']['gpu']}  copy bandwidth {bw:,.0f} GB/s  "
-             f"weights: {result['weights']}"]
-    head = "model          variant             b1 tok/s  %roof  " \
-           "{}  TTFT ms  prefill tok/s"
+    lines = [
+        f"{result['machine']['gpu']}  copy bandwidth {bw:,.0f} GB/s  weights: {result['weights']}"
+    ]
+    head = "model          variant             b1 tok/s  %roof  {}  TTFT ms  prefill tok/s"
     for name, m in result["models"].items():
-        sizes = sorted({b for v in m["engine"].values() for b in v["decode"]} |
-                       set(m.get("hf", {}).get("eager", {})), key=int)
+        sizes = sorted(
+            {b for v in m["engine"].values() for b in v["decode"]}
+            | set(m.get("hf", {}).get("eager", {})),
+            key=int,
+        )
         lines.append(head.format("  ".join(f"b{b:>4} tok/s" for b in sizes if b != "1")))
         rows = [(k, v["decode"], v.get("prefill")) for k, v in m["engine"].items()]
         if "hf" in m:
@@ -31,9 +34,11 @@ def table(result: dict) -> str:
             b1 = dec.get("1")
             roof = f"{100 * b1['tok_s'] / m['roofline_tok_s']:5.1f}" if b1 else "    -"
             rest = "  ".join(f"{_cell(dec.get(b)):>11}" for b in sizes if b != "1")
-            lines.append(f"{name:<14} {label:<18} {_cell(b1):>9}  {roof}  {rest}  "
-                         f"{_cell(pre, 'ttft_ms', '{:,.1f}'):>7}  "
-                         f"{_cell(pre, 'prefill_tok_s'):>13}")
+            lines.append(
+                f"{name:<14} {label:<18} {_cell(b1):>9}  {roof}  {rest}  "
+                f"{_cell(pre, 'ttft_ms', '{:,.1f}'):>7}  "
+                f"{_cell(pre, 'prefill_tok_s'):>13}"
+            )
         first: dict = next(iter(m["engine"].values()), {})
         eager = first.get("eager_b1")
         if eager:
@@ -41,8 +46,10 @@ def table(result: dict) -> str:
         row0 = _row0_line(m)
         if row0:
             lines.append(f"{name:<14} row 0 tokens: {row0}")
-        lines.append(f"{name:<14} roofline b1 {m['roofline_tok_s']:,.0f} tok/s "
-                     f"({m['weight_bytes'] / 1e9:.2f} GB of weights)")
+        lines.append(
+            f"{name:<14} roofline b1 {m['roofline_tok_s']:,.0f} tok/s "
+            f"({m['weight_bytes'] / 1e9:.2f} GB of weights)"
+        )
     return "\n".join(lines)
 
 
@@ -56,8 +63,10 @@ def _row0_line(m: dict) -> str:
     for v, a in m.get("row0_lossy_kv_agreement", {}).items():
         first = a["first_mismatch"]
         where = "none differ" if first is None else f"first differs at step {first}"
-        parts.append(f"{v} vs {a['reference']} {100 * a['equal_fraction']:.0f}% equal "
-                     f"({where}; lossy, not required equal)")
+        parts.append(
+            f"{v} vs {a['reference']} {100 * a['equal_fraction']:.0f}% equal "
+            f"({where}; lossy, not required equal)"
+        )
     return "; ".join(parts)
 
 
@@ -80,8 +89,13 @@ def plot(result: dict, path: Path) -> str:
             bs = sorted(dec, key=int)
             ax.plot([int(b) for b in bs], [dec[b]["tok_s"] for b in bs], "o-", label=label)
         ax.axhline(m["roofline_tok_s"], ls="--", c="gray", label="b1 roofline")
-        ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="decode tok/s (aggregate)",
-               title=f"{name} ({result['machine']['gpu']}, random weights)")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="batch size",
+            ylabel="decode tok/s (aggregate)",
+            title=f"{name} ({result['machine']['gpu']}, random weights)",
+        )
         ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,9 @@ FLOOR = 0.97  # issue 5: no workload below 0.97x plain decode
 LEVEL = 0.9  # the coverage a row's interval must reach for a floor verdict (5+ pairs)
 
 
-def _timed(llm: LLM, convs: list, params: SamplingParams,
-           speculate: bool | None = None) -> tuple[float, list[list[int]]]:
+def _timed(
+    llm: LLM, convs: list, params: SamplingParams, speculate: bool | None = None
+) -> tuple[float, list[list[int]]]:
     """Seconds and token ids of one ``chat`` batch (``speculate``: switch it first)."""
     if speculate is not None:
         llm.engine.set_speculation(speculate)
@@ -53,19 +54,25 @@ def median_interval(values: list[float], level: float = LEVEL) -> tuple[float, f
 
 
 def floor_verdict(lo: float, hi: float, coverage: float) -> str:
-    """"met" / "below" where the median's interval (``median_interval``) lies wholly above /
+    """ "met" / "below" where the median's interval (``median_interval``) lies wholly above /
     below ``FLOOR`` with at least ``LEVEL`` coverage, else "unclear"."""
     if coverage < LEVEL or lo < FLOOR <= hi:
         return "unclear"
     return "below" if hi < FLOOR else "met"
 
 
-def run_spec_bench(model: str | None = None, speculative_config: dict | None = None,
-                   workloads: tuple[str, ...] = WORKLOADS,
-                   concurrencies: tuple[int, ...] = (1, 4, 16), max_tokens: int = 96,
-                   requests_per_slot: int = 1, repeats: int = 2, device: str = "auto",
-                   out_dir: str | Path = "bench/out",
-                   min_requests: int = 4) -> dict[str, Any]:
+def run_spec_bench(
+    model: str | None = None,
+    speculative_config: dict | None = None,
+    workloads: tuple[str, ...] = WORKLOADS,
+    concurrencies: tuple[int, ...] = (1, 4, 16),
+    max_tokens: int = 96,
+    requests_per_slot: int = 1,
+    repeats: int = 2,
+    device: str = "auto",
+    out_dir: str | Path = "bench/out",
+    min_requests: int = 4,
+) -> dict[str, Any]:
     """Plain decode is the same engine with speculation switched off between runs: the
     same weights, KV cache and CUDA graphs: two engines, both with speculation off, can
     differ from each other by more than the effect measured (docs/performance.md).
@@ -74,8 +81,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
     at concurrency 1 that is four requests one after another, not one ~50-token answer
     of ~20 ms, which the machine's noise alone can move by a large factor."""
     config = speculative_config or {"method": "ngram", "num_speculative_tokens": "auto"}
-    spec = LLM(model, device=device, max_num_seqs=max(concurrencies),
-               speculative_config=config)
+    spec = LLM(model, device=device, max_num_seqs=max(concurrencies), speculative_config=config)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     _timed(spec, workload("chat", 2), params, speculate=False)  # warm-up: allocator
     _timed(spec, workload("edit", 2) + workload("chat", 2), params, speculate=True)  # costs
@@ -94,7 +100,7 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
             vetoes_before = host.controller.vetoes
             plain_times, spec_times = [], []
             for i in range(repeats):  # interleaved pairs: drift hits both sides alike
-                for on in ((False, True) if i % 2 == 0 else (True, False)):  # either first
+                for on in (False, True) if i % 2 == 0 else (True, False):  # either first
                     dt, ids = _timed(spec, convs, params, speculate=on)
                     spec.engine.blocks.reset_prefix_cache()
                     if on:
@@ -118,39 +124,56 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
             drafted = after.spec_draft_tokens_total - before.spec_draft_tokens_total
             accepted = after.spec_accepted_tokens_total - before.spec_accepted_tokens_total
             tokens = sum(len(t) for t in ids_plain)
-            rows.append({
-                "workload": name, "concurrency": conc, "requests": len(convs),
-                "tokens": tokens,
-                "plain_tok_s": tokens / t_plain, "spec_tok_s": tokens / t_spec,
-                "speedup": paired, "speedup_of_bests": t_plain / t_spec,
-                "speedup_interval": [lo, hi], "speedup_interval_coverage": coverage,
-                "plain_seconds": plain_times, "spec_seconds": spec_times,  # pair by pair
-                "floor_0_97": floor_verdict(lo, hi, coverage),
-                "drafted": drafted, "accepted": accepted,
-                "acceptance": accepted / drafted if drafted else 0.0,
-                "identical": ids_plain == ids_spec,
-                "guard_pauses": after.spec_guard_pauses_total - before.spec_guard_pauses_total,
-                # steps whose drafts were held back because another request of the step
-                # would have run slower (mmserve.speculative.controller, nobody waiting)
-                "vetoed_steps": host.controller.vetoes - vetoes_before,
-                # what choosing k, drafting and the controller's bookkeeping cost the host
-                # each speculative step (measured here, on this machine's CPU)
-                "spec_host_us_per_step": 1e6 * (host.host_seconds - host_before[0])
-                / max(host_steps, 1),
-            })
+            rows.append(
+                {
+                    "workload": name,
+                    "concurrency": conc,
+                    "requests": len(convs),
+                    "tokens": tokens,
+                    "plain_tok_s": tokens / t_plain,
+                    "spec_tok_s": tokens / t_spec,
+                    "speedup": paired,
+                    "speedup_of_bests": t_plain / t_spec,
+                    "speedup_interval": [lo, hi],
+                    "speedup_interval_coverage": coverage,
+                    "plain_seconds": plain_times,
+                    "spec_seconds": spec_times,  # pair by pair
+                    "floor_0_97": floor_verdict(lo, hi, coverage),
+                    "drafted": drafted,
+                    "accepted": accepted,
+                    "acceptance": accepted / drafted if drafted else 0.0,
+                    "identical": ids_plain == ids_spec,
+                    "guard_pauses": after.spec_guard_pauses_total - before.spec_guard_pauses_total,
+                    # steps whose drafts were held back because another request of the step
+                    # would have run slower (mmserve.speculative.controller, nobody waiting)
+                    "vetoed_steps": host.controller.vetoes - vetoes_before,
+                    # what choosing k, drafting and the controller's bookkeeping cost the host
+                    # each speculative step (measured here, on this machine's CPU)
+                    "spec_host_us_per_step": 1e6
+                    * (host.host_seconds - host_before[0])
+                    / max(host_steps, 1),
+                }
+            )
             print(_format_row(rows[-1]), flush=True)
     spec.engine.set_speculation(True)
     report = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "device": str(spec.engine.device)},
-        "model": model or "smollm2-135m-instruct", "dtype": str(spec.engine.kv.dtype),
-        "speculative_config": config, "max_tokens": max_tokens, "greedy": True,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "device": str(spec.engine.device),
+        },
+        "model": model or "smollm2-135m-instruct",
+        "dtype": str(spec.engine.kv.dtype),
+        "speculative_config": config,
+        "max_tokens": max_tokens,
+        "greedy": True,
         "timing": f"one engine, speculation switched off for plain runs; {repeats} interleaved "
-                  "pairs alternating which goes first; tok/s from each side's best run, "
-                  "speedup the median of the pairs' ratios (speedup_of_bests: best vs best), "
-                  "speedup_interval a distribution-free interval for that median (order "
-                  "statistics of the ratios, its coverage beside it)",
+        "pairs alternating which goes first; tok/s from each side's best run, "
+        "speedup the median of the pairs' ratios (speedup_of_bests: best vs best), "
+        "speedup_interval a distribution-free interval for that median (order "
+        "statistics of the ratios, its coverage beside it)",
         "acceptance_by_position": spec.engine.stats().spec_acceptance_by_position,
         "rows": rows,
     }
@@ -162,12 +185,14 @@ def run_spec_bench(model: str | None = None, speculative_config: dict | None = N
 
 
 def _format_row(r: dict[str, Any]) -> str:
-    return (f"{r['workload']:>5} c={r['concurrency']:<3} plain {r['plain_tok_s']:7.1f} tok/s  "
-            f"spec {r['spec_tok_s']:7.1f} tok/s  x{r['speedup']:.3f} "
-            f"[{r['speedup_interval'][0]:.3f}, {r['speedup_interval'][1]:.3f}] (bests "
-            f"x{r['speedup_of_bests']:.3f})  "
-            f"accept {r['acceptance']:.2f}  identical={r['identical']}  "
-            f"pauses {r['guard_pauses']}  spec host {r['spec_host_us_per_step']:.0f} us/step")
+    return (
+        f"{r['workload']:>5} c={r['concurrency']:<3} plain {r['plain_tok_s']:7.1f} tok/s  "
+        f"spec {r['spec_tok_s']:7.1f} tok/s  x{r['speedup']:.3f} "
+        f"[{r['speedup_interval'][0]:.3f}, {r['speedup_interval'][1]:.3f}] (bests "
+        f"x{r['speedup_of_bests']:.3f})  "
+        f"accept {r['acceptance']:.2f}  identical={r['identical']}  "
+        f"pauses {r['guard_pauses']}  spec host {r['spec_host_us_per_step']:.0f} us/step"
+    )
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -182,10 +207,13 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     for name in dict.fromkeys(r["workload"] for r in rows):
         mine = [r for r in rows if r["workload"] == name]
         ys = [r["speedup"] for r in mine]
-        spans = [[y - r["speedup_interval"][0] for y, r in zip(ys, mine, strict=True)],
-                 [r["speedup_interval"][1] - y for y, r in zip(ys, mine, strict=True)]]
-        ax.errorbar([r["concurrency"] for r in mine], ys, yerr=spans, fmt="o-", capsize=3,
-                    label=name)
+        spans = [
+            [y - r["speedup_interval"][0] for y, r in zip(ys, mine, strict=True)],
+            [r["speedup_interval"][1] - y for y, r in zip(ys, mine, strict=True)],
+        ]
+        ax.errorbar(
+            [r["concurrency"] for r in mine], ys, yerr=spans, fmt="o-", capsize=3, label=name
+        )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(FLOOR, color="red", lw=0.8, ls="--", label=f"{FLOOR}x floor")
     ax.set_xscale("log", base=2)

@@ -36,14 +36,30 @@ from mmserve.engine.engine import LLMEngine
 from tts.layout import FrameLayout, FrameParser
 from tts.stage import AudioRequest, AudioStage
 
-ORPHEUS_3B = {"model_type": "llama", "hidden_size": 3072, "num_hidden_layers": 28,
-              "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
-              "intermediate_size": 8192, "vocab_size": 156940, "tie_word_embeddings": True,
-              "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192}
+ORPHEUS_3B = {
+    "model_type": "llama",
+    "hidden_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 8192,
+    "vocab_size": 156940,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+}
 # a CPU-sized stand-in of the same vocabulary and layout (the bench's own test runs it)
-ORPHEUS_TINY = {**ORPHEUS_3B, "hidden_size": 128, "num_hidden_layers": 2,
-                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
-                "intermediate_size": 256}
+ORPHEUS_TINY = {
+    **ORPHEUS_3B,
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "intermediate_size": 256,
+}
 SENTENCE = "The quick brown fox jumps over the lazy dog, and then it runs away."
 
 
@@ -86,12 +102,20 @@ class Bench:
     frontend_ms: float | None
 
 
-def run_speech_bench(voices: list[str], streams: list[int], seconds: float, device: str,
-                     out_dir: str) -> dict:
-    dev = "cuda" if device == "auto" and torch.cuda.is_available() else (
-        "cpu" if device == "auto" else device)
-    result: dict[str, Any] = {"machine": _machine(dev), "seconds_per_stream": seconds,
-                              "streams": streams, "voices": {}}
+def run_speech_bench(
+    voices: list[str], streams: list[int], seconds: float, device: str, out_dir: str
+) -> dict:
+    dev = (
+        "cuda"
+        if device == "auto" and torch.cuda.is_available()
+        else ("cpu" if device == "auto" else device)
+    )
+    result: dict[str, Any] = {
+        "machine": _machine(dev),
+        "seconds_per_stream": seconds,
+        "streams": streams,
+        "voices": {},
+    }
     for name in voices:
         bench = _build(name, dev, max(streams))
         rows = {}
@@ -100,14 +124,22 @@ def run_speech_bench(voices: list[str], streams: list[int], seconds: float, devi
             rows[str(n)] = _run(bench, n, seconds)
             print(_line(name, n, rows[str(n)]), flush=True)
         costs = codec_costs(bench.stage.codec, [1, 8, max(streams)])
-        print(f"{name:<12} codec alone: " + ", ".join(
-            f"b{b} {c['ms_per_step']:.2f} ms/step ({c['rtf']:.4f} RTF)" for b, c in costs.items()),
-            flush=True)
-        result["voices"][name] = {"frontend_ms": bench.frontend_ms, "runs": rows,
-                                  "codec_alone": costs,
-                                  "tokens_per_frame": bench.tokens_per_frame,
-                                  "frame_ms": 1000 * bench.stage.codec.frame_duration,
-                                  "codec": type(bench.stage.codec).__name__}
+        print(
+            f"{name:<12} codec alone: "
+            + ", ".join(
+                f"b{b} {c['ms_per_step']:.2f} ms/step ({c['rtf']:.4f} RTF)"
+                for b, c in costs.items()
+            ),
+            flush=True,
+        )
+        result["voices"][name] = {
+            "frontend_ms": bench.frontend_ms,
+            "runs": rows,
+            "codec_alone": costs,
+            "tokens_per_frame": bench.tokens_per_frame,
+            "frame_ms": 1000 * bench.stage.codec.frame_duration,
+            "codec": type(bench.stage.codec).__name__,
+        }
         del bench
         if dev == "cuda":
             torch.cuda.empty_cache()
@@ -151,10 +183,16 @@ def _run(b: Bench, n: int, seconds: float) -> dict:
     ttfa = [1000 * (first[r] - arrival[r]) for r in arrival]
     rtf = [(last[r] - arrival[r]) / (samples[r] / rate) for r in arrival]
     audio_s = sum(samples.values()) / rate
-    return {"ttfa_ms_p50": _pct(ttfa, 50), "ttfa_ms_p99": _pct(ttfa, 99),
-            "rtf_per_stream_p50": _pct(rtf, 50), "rtf_per_stream_max": max(rtf),
-            "rtf_aggregate": wall / audio_s, "audio_s_per_stream": audio_s / n,
-            "wall_s": wall, "codec_share": codec_s / wall}
+    return {
+        "ttfa_ms_p50": _pct(ttfa, 50),
+        "ttfa_ms_p99": _pct(ttfa, 99),
+        "rtf_per_stream_p50": _pct(rtf, 50),
+        "rtf_per_stream_max": max(rtf),
+        "rtf_aggregate": wall / audio_s,
+        "audio_s_per_stream": audio_s / n,
+        "wall_s": wall,
+        "codec_share": codec_s / wall,
+    }
 
 
 def codec_costs(codec, batches: list[int], steps: int = 8) -> dict[str, dict]:
@@ -194,16 +232,18 @@ def _build(name: str, device: str, max_streams: int) -> Bench:
     from tts.text import phonemize
 
     voice = load(None if name == "default" else name)
-    engine, stage = voice_engine(voice, device, max_num_seqs=max(32, max_streams),
-                                 kv_cache_memory_mb=512)
+    engine, stage = voice_engine(
+        voice, device, max_num_seqs=max(32, max_streams), kv_cache_memory_mb=512
+    )
     prompts = [voice.prompts(f"{SENTENCE} This is stream {i}.")[0] for i in range(max_streams)]
     t = time.perf_counter()
     for _ in range(5):
         phonemize(SENTENCE)
     frontend = 1000 * (time.perf_counter() - t) / 5
     lay = voice.layout
-    stage.layout = ForcedLayout(lay.tokens_per_frame, lay.codes_per_frame,
-                                stage.codec.codebook_size)
+    stage.layout = ForcedLayout(
+        lay.tokens_per_frame, lay.codes_per_frame, stage.codec.codebook_size
+    )
     return Bench(name, engine, stage, prompts, lay.tokens_per_frame, frontend)
 
 
@@ -223,19 +263,25 @@ def _orpheus(name: str, device: str, max_streams: int) -> Bench:
     shape = ORPHEUS_3B if name == "orpheus-3b" else ORPHEUS_TINY
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     g = torch.Generator(device=device).manual_seed(0)
-    sd = {k: 0.02 * torch.randn(s, generator=g, device=device, dtype=dtype)
-          for k, s in hf_tensor_shapes(shape).items()}
+    sd = {
+        k: 0.02 * torch.randn(s, generator=g, device=device, dtype=dtype)
+        for k, s in hf_tensor_shapes(shape).items()
+    }
     model = build_model(shape, sd, dtype, device)
     del sd
     tmp = Path(tempfile.mkdtemp(prefix="orpheus-tok-"))
     (tmp / "tokenizer.json").write_text(orpheus_tokenizer_json())
-    (tmp / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}))
+    (tmp / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+    )
     (tmp / "config.json").write_text(json.dumps(shape))
     tok = Tokenizer(tmp)
-    config = EngineConfig(device=device, max_num_seqs=max(32, max_streams),
-                          kv_cache_memory_mb=4096 if device == "cuda" else 512,
-                          preload_grammar=False)  # nothing constrained; nothing beside the loop
+    config = EngineConfig(
+        device=device,
+        max_num_seqs=max(32, max_streams),
+        kv_cache_memory_mb=4096 if device == "cuda" else 512,
+        preload_grammar=False,
+    )  # nothing constrained; nothing beside the loop
     engine = LLMEngine(config, model, tok, 4096, torch.device(device), dtype)
     snac = SNACConfig() if name == "orpheus-3b" else SNACConfig(encoder_dim=4, decoder_dim=64)
     codec = random_snac(snac).to(device)
@@ -251,15 +297,21 @@ def _orpheus(name: str, device: str, max_streams: int) -> Bench:
 
 
 def _line(name: str, n: int, r: dict) -> str:
-    return (f"{name:<12} streams {n:>3}: TTFA p50 {r['ttfa_ms_p50']:7.1f} ms "
-            f"p99 {r['ttfa_ms_p99']:7.1f} ms | RTF/stream p50 {r['rtf_per_stream_p50']:.3f} "
-            f"max {r['rtf_per_stream_max']:.3f} | aggregate {r['rtf_aggregate']:.4f} | "
-            f"codec {100 * r['codec_share']:.0f}% of wall")
+    return (
+        f"{name:<12} streams {n:>3}: TTFA p50 {r['ttfa_ms_p50']:7.1f} ms "
+        f"p99 {r['ttfa_ms_p99']:7.1f} ms | RTF/stream p50 {r['rtf_per_stream_p50']:.3f} "
+        f"max {r['rtf_per_stream_max']:.3f} | aggregate {r['rtf_aggregate']:.4f} | "
+        f"codec {100 * r['codec_share']:.0f}% of wall"
+    )
 
 
 def _machine(device: str) -> dict:
-    info = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
-            "cpu_threads": torch.get_num_threads()}
+    info = {
+        "device": device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_threads": torch.get_num_threads(),
+    }
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info
@@ -273,8 +325,12 @@ def _plot(result: dict, path: Path) -> None:
     img = Image.new("RGB", (w, h), "white")
     d = ImageDraw.Draw(img)
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
-    for panel, (key, title) in enumerate((("ttfa_ms_p50", "time to first audio p50 (ms)"),
-                                          ("rtf_per_stream_p50", "RTF per stream p50"))):
+    for panel, (key, title) in enumerate(
+        (
+            ("ttfa_ms_p50", "time to first audio p50 (ms)"),
+            ("rtf_per_stream_p50", "RTF per stream p50"),
+        )
+    ):
         x0 = panel * w // 2 + pad
         x1 = (panel + 1) * w // 2 - 10
         vals = [r[key] for v in result["voices"].values() for r in v["runs"].values()]
@@ -293,4 +349,3 @@ def _plot(result: dict, path: Path) -> None:
             d.line(pts, fill=colors[c % 4], width=2)
             d.text((x0 + 5, 35 + 12 * c), name, fill=colors[c % 4])
     img.save(path)
-

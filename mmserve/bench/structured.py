@@ -29,14 +29,24 @@ from mmserve.sampling_params import SamplingParams
 from mmserve.structured import StructuredOutput
 
 TARGET = 0.9  # issue 51: constrained decode >= 0.9x free decode
-RECORD = {"type": "object", "properties": {
-    "id": {"type": "integer"}, "name": {"type": "string", "maxLength": 16},
-    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
-    "score": {"type": "number"}, "ok": {"type": "boolean"}},
-    "required": ["id", "name", "tags", "score", "ok"], "additionalProperties": False}
-SCHEMA = {"type": "object", "properties": {
-    "records": {"type": "array", "items": RECORD, "minItems": 10_000}},
-    "required": ["records"], "additionalProperties": False}
+RECORD = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "name": {"type": "string", "maxLength": 16},
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+        "score": {"type": "number"},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["id", "name", "tags", "score", "ok"],
+    "additionalProperties": False,
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"records": {"type": "array", "items": RECORD, "minItems": 10_000}},
+    "required": ["records"],
+    "additionalProperties": False,
+}
 
 
 class _MaskTimer:
@@ -57,9 +67,14 @@ class _MaskTimer:
 
 def _prompts(engine: LLMEngine, n: int) -> list[list[int]]:
     tok = engine.tokenizer
-    return [tok.encode(tok.apply_chat_template(
-        [{"role": "user", "content": f"List customer records #{i} as JSON."}]))
-        for i in range(n)]
+    return [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"List customer records #{i} as JSON."}]
+            )
+        )
+        for i in range(n)
+    ]
 
 
 def _sync(engine: LLMEngine) -> None:
@@ -67,8 +82,9 @@ def _sync(engine: LLMEngine) -> None:
         torch.cuda.synchronize(engine.device)
 
 
-def _decode(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
-            timer: _MaskTimer) -> dict[str, float]:
+def _decode(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, timer: _MaskTimer
+) -> dict[str, float]:
     """One batch to the end -> decode tok/s, steps, mask host us a step."""
     ids = [engine.add_request(p, params) for p in prompts]
     grammars = [engine.requests[i].sampling.grammar for i in ids]
@@ -92,21 +108,33 @@ def _decode(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
     seconds = time.perf_counter() - start
     calls = timer.calls - mask_n0
     refused = sum(g.failed for g in grammars if g is not None)
-    return {"tok_s": decoded / seconds, "steps": steps, "seconds": seconds,
-            "mask_us_per_step": 1e6 * (timer.seconds - mask_s0) / max(steps, 1),
-            "mask_calls": calls, "refused": refused}
+    return {
+        "tok_s": decoded / seconds,
+        "steps": steps,
+        "seconds": seconds,
+        "mask_us_per_step": 1e6 * (timer.seconds - mask_s0) / max(steps, 1),
+        "mask_calls": calls,
+        "refused": refused,
+    }
 
 
-def run_structured_bench(model: str | None = None, device: str = "auto",
-                         batches: tuple[int, ...] = (1, 32), max_tokens: int = 128,
-                         repeats: int = 3, out_dir: str = "bench/out") -> dict[str, Any]:
-    config = EngineConfig(model=model, device=device, max_num_seqs=max(batches),
-                          max_model_len=max_tokens + 128)
+def run_structured_bench(
+    model: str | None = None,
+    device: str = "auto",
+    batches: tuple[int, ...] = (1, 32),
+    max_tokens: int = 128,
+    repeats: int = 3,
+    out_dir: str = "bench/out",
+) -> dict[str, Any]:
+    config = EngineConfig(
+        model=model, device=device, max_num_seqs=max(batches), max_model_len=max_tokens + 128
+    )
     engine = create_engine(config)
     timer = _MaskTimer(engine.sampler)
     free = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    constrained = SamplingParams(temperature=0, max_tokens=max_tokens,
-                                 structured=StructuredOutput.json_schema(SCHEMA))
+    constrained = SamplingParams(
+        temperature=0, max_tokens=max_tokens, structured=StructuredOutput.json_schema(SCHEMA)
+    )
     engine.grammars.compile(constrained.structured)  # type: ignore[arg-type]
     rows: dict[str, Any] = {}
     for b in batches:
@@ -119,20 +147,32 @@ def run_structured_bench(model: str | None = None, device: str = "auto",
             runs["constrained"].append(_decode(engine, prompts, constrained, timer))
         med = {k: statistics.median(r["tok_s"] for r in v) for k, v in runs.items()}
         rows[str(b)] = {
-            "free_tok_s": med["free"], "constrained_tok_s": med["constrained"],
+            "free_tok_s": med["free"],
+            "constrained_tok_s": med["constrained"],
             "ratio": med["constrained"] / med["free"],
-            "mask_us_per_step": statistics.median(r["mask_us_per_step"]
-                                                  for r in runs["constrained"]),
+            "mask_us_per_step": statistics.median(
+                r["mask_us_per_step"] for r in runs["constrained"]
+            ),
             "steps": runs["constrained"][0]["steps"],
             "refused_tokens": sum(r["refused"] for r in runs["constrained"]),
-            "runs": runs}
+            "runs": runs,
+        }
     result = {
-        "machine": {"device": str(engine.device), "host": platform.node(),
-                    "gpu": torch.cuda.get_device_name(engine.device)
-                    if engine.device.type == "cuda" else None,
-                    "torch": torch.__version__},
-        "model": model or "default", "max_tokens": max_tokens, "repeats": repeats,
-        "async_scheduling": engine.async_scheduling, "target": TARGET, "batches": rows}
+        "machine": {
+            "device": str(engine.device),
+            "host": platform.node(),
+            "gpu": torch.cuda.get_device_name(engine.device)
+            if engine.device.type == "cuda"
+            else None,
+            "torch": torch.__version__,
+        },
+        "model": model or "default",
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "async_scheduling": engine.async_scheduling,
+        "target": TARGET,
+        "batches": rows,
+    }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "structured.json").write_text(json.dumps(result, indent=1))
@@ -142,11 +182,15 @@ def run_structured_bench(model: str | None = None, device: str = "auto",
 
 def table(result: dict[str, Any]) -> str:
     m = result["machine"]
-    lines = [f"{m['gpu'] or m['device']}  model {result['model']}  {result['max_tokens']} "
-             f"tokens  median of {result['repeats']}  target {result['target']}x",
-             "batch   free tok/s  constrained tok/s  ratio  mask us/step  refused"]
+    lines = [
+        f"{m['gpu'] or m['device']}  model {result['model']}  {result['max_tokens']} "
+        f"tokens  median of {result['repeats']}  target {result['target']}x",
+        "batch   free tok/s  constrained tok/s  ratio  mask us/step  refused",
+    ]
     for b, r in result["batches"].items():
-        lines.append(f"{b:>5}  {r['free_tok_s']:>11,.1f}  {r['constrained_tok_s']:>17,.1f}  "
-                     f"{r['ratio']:5.2f}  {r['mask_us_per_step']:>12,.0f}  "
-                     f"{r['refused_tokens']:>7}")
+        lines.append(
+            f"{b:>5}  {r['free_tok_s']:>11,.1f}  {r['constrained_tok_s']:>17,.1f}  "
+            f"{r['ratio']:5.2f}  {r['mask_us_per_step']:>12,.0f}  "
+            f"{r['refused_tokens']:>7}"
+        )
     return "\n".join(lines)

@@ -70,18 +70,22 @@ class ThroughputConfig:
 
         for m in self.models:
             if m not in SHAPES and m not in KNOWN_MODELS:
-                raise ValueError(f"unknown model shape {m!r}; known: {', '.join(SHAPES)} "
-                                 f"(random weights), {', '.join(KNOWN_MODELS)} (real weights)")
+                raise ValueError(
+                    f"unknown model shape {m!r}; known: {', '.join(SHAPES)} "
+                    f"(random weights), {', '.join(KNOWN_MODELS)} (real weights)"
+                )
         if self.hf and any(m in KNOWN_MODELS for m in self.models):
-            raise ValueError("the HF baselines run random shapes only: --no-hf with a real "
-                             "model")
+            raise ValueError("the HF baselines run random shapes only: --no-hf with a real model")
         for v in self.variants:
             if v not in VARIANTS:
                 raise ValueError(f"variant {v!r}: use one of {', '.join(VARIANTS)}")
         if "bf16head" in self.variants and not (
-                self.q8_head or any(m in KNOWN_MODELS for m in self.models)):
-            raise ValueError("variant bf16head is the Q8_0 head's reference: set q8_head (or "
-                             "run a real model: the shipped GGUFs' heads are Q8_0)")
+            self.q8_head or any(m in KNOWN_MODELS for m in self.models)
+        ):
+            raise ValueError(
+                "variant bf16head is the Q8_0 head's reference: set q8_head (or "
+                "run a real model: the shipped GGUFs' heads are Q8_0)"
+            )
         if min(self.batch_sizes) < 1 or self.prompt_len < 1 or self.decode_steps < 1:
             raise ValueError("batch sizes, prompt_len and decode_steps must be >= 1")
 
@@ -105,12 +109,21 @@ def run_throughput(args: Any) -> dict:
         raise RuntimeError("bench throughput needs a CUDA GPU; torch sees none")
     torch.manual_seed(cfg.seed)
     tiles = load_tile_configs(cfg.gemm_configs)
-    result: dict = {"gemm_tile_configs": tiles, "config": asdict(cfg), "machine": machine(),
-                    "weights": "random (bf16) for the shapes" + (
-                        "; their LM head's weight rounded to Q8_0 blocks, as the shipped "
-                        "GGUFs store it" if cfg.q8_head else "") + "; real for the hub's "
-                        "models (each model's own line)",
-                    "bandwidth": copy_bandwidth(), "models": {}}
+    result: dict = {
+        "gemm_tile_configs": tiles,
+        "config": asdict(cfg),
+        "machine": machine(),
+        "weights": "random (bf16) for the shapes"
+        + (
+            "; their LM head's weight rounded to Q8_0 blocks, as the shipped GGUFs store it"
+            if cfg.q8_head
+            else ""
+        )
+        + "; real for the hub's "
+        "models (each model's own line)",
+        "bandwidth": copy_bandwidth(),
+        "models": {},
+    }
     bw = max(result["bandwidth"]["gb_s"]) * 1e9
     for name in cfg.models:
         result["models"][name] = run_shape(cfg, name, bw)
@@ -140,9 +153,14 @@ def machine() -> dict:
     import transformers
 
     p = torch.cuda.get_device_properties(0)
-    return {"gpu": p.name, "sms": p.multi_processor_count, "memory_gib": p.total_memory / 2**30,
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    return {
+        "gpu": p.name,
+        "sms": p.multi_processor_count,
+        "memory_gib": p.total_memory / 2**30,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def write(cfg: ThroughputConfig, result: dict) -> None:
@@ -173,10 +191,14 @@ def run_shape(cfg: ThroughputConfig, name: str, bandwidth: float) -> dict:
         config = load_config(path)
         model = load_model(path, torch.bfloat16, "cuda")
     wbytes = weight_bytes(model)
-    out: dict = {"weights": "random (bf16)" if hf is not None else f"real ({name}, bf16)",
-                 "lm_head_q8": model.q8_head() is not None,
-                 "config": config, "weight_bytes": wbytes,
-                 "roofline_tok_s": bandwidth / wbytes, "engine": {}}
+    out: dict = {
+        "weights": "random (bf16)" if hf is not None else f"real ({name}, bf16)",
+        "lm_head_q8": model.q8_head() is not None,
+        "config": config,
+        "weight_bytes": wbytes,
+        "roofline_tok_s": bandwidth / wbytes,
+        "engine": {},
+    }
     max_len = max(cfg.prompt_len + cfg.decode_steps + 8, cfg.prefill_len + 8)
     make_decoder = partial(PagedDecoder, model, max(cfg.batch_sizes), max_len)
     out["engine"] = run_engine_variants(cfg, name, make_decoder, config["vocab_size"])
@@ -197,8 +219,9 @@ def kv_groups(variants: tuple[str, ...]) -> list[tuple[torch.dtype | None, list[
     return list(groups.items())
 
 
-def run_engine_variants(cfg: ThroughputConfig, name: str,
-                        make_decoder: Callable[[torch.dtype | None], Any], vocab: int) -> dict:
+def run_engine_variants(
+    cfg: ThroughputConfig, name: str, make_decoder: Callable[[torch.dtype | None], Any], vocab: int
+) -> dict:
     """Every variant on a decoder whose KV cache has that variant's dtype; results in
     ``cfg.variants`` order. One decoder (KV + graph pools) is alive at a time: at 8B, batch
     128 x 2k tokens, the bf16 cache alone is ~35 GB beside 16 GB of weights."""
@@ -228,9 +251,14 @@ def row0_comparison(engine: dict, batch: str) -> dict:
     ref = "invariant" if "invariant" in exact else next(iter(exact), None)
     if ref is None:
         return {"row0_tokens_equal_across_variants": {}, "row0_lossy_kv_agreement": {}}
-    return {"row0_tokens_equal_across_variants": {v: rows[v] == rows[ref] for v in exact},
-            "row0_lossy_kv_agreement": {v: {"reference": ref, **token_agreement(r, rows[ref])}
-                                        for v, r in rows.items() if v in KV_DTYPES}}
+    return {
+        "row0_tokens_equal_across_variants": {v: rows[v] == rows[ref] for v in exact},
+        "row0_lossy_kv_agreement": {
+            v: {"reference": ref, **token_agreement(r, rows[ref])}
+            for v, r in rows.items()
+            if v in KV_DTYPES
+        },
+    }
 
 
 def token_agreement(tokens: list[int], ref: list[int]) -> dict:
@@ -238,8 +266,11 @@ def token_agreement(tokens: list[int], ref: list[int]) -> dict:
     each continues its own text."""
     n = min(len(tokens), len(ref))
     same = [a == b for a, b in zip(tokens[:n], ref[:n], strict=True)]
-    return {"tokens": n, "equal_fraction": sum(same) / n if n else 1.0,
-            "first_mismatch": same.index(False) if not all(same) else None}
+    return {
+        "tokens": n,
+        "equal_fraction": sum(same) / n if n else 1.0,
+        "first_mismatch": same.index(False) if not all(same) else None,
+    }
 
 
 def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict:
@@ -248,10 +279,13 @@ def engine_variant(cfg: ThroughputConfig, dec, variant: str, vocab: int) -> dict
 
     now = settings.current()
     # the Q8_0 head on in every variant but its reference (bf16head)
-    with settings.override(batch_invariant=variant != "cublas",
-                           q8_head=variant != "bf16head", fused=variant != "unfused",
-                           pdl=variant != "nopdl",
-                           decode_stack=now.decode_stack and variant != "layered"):
+    with settings.override(
+        batch_invariant=variant != "cublas",
+        q8_head=variant != "bf16head",
+        fused=variant != "unfused",
+        pdl=variant != "nopdl",
+        decode_stack=now.decode_stack and variant != "layered",
+    ):
         return measure_engine(cfg, dec, vocab)
 
 
@@ -260,22 +294,29 @@ def measure_engine(cfg: ThroughputConfig, dec, vocab: int) -> dict:
 
     sizes = tuple(s for s in DEFAULT_SIZES if s <= max(cfg.batch_sizes))
     sizes = tuple(sorted(set(sizes) | set(cfg.batch_sizes)))
-    res: dict = {"kv_cache": {"dtype": str(dec.kv_dtype).removeprefix("torch."),
-                              "gib": dec.kv_bytes / 2**30},
-                 "capture": dec.capture(sizes), "decode": {}}
+    res: dict = {
+        "kv_cache": {
+            "dtype": str(dec.kv_dtype).removeprefix("torch."),
+            "gib": dec.kv_bytes / 2**30,
+        },
+        "capture": dec.capture(sizes),
+        "decode": {},
+    }
     gen = torch.Generator().manual_seed(cfg.seed)
     row0 = torch.randint(0, vocab, (cfg.prompt_len,), generator=gen).tolist()
     for b in cfg.batch_sizes:
-        prompts = [row0] + torch.randint(0, vocab, (b - 1, cfg.prompt_len),
-                                         generator=gen).tolist()
+        prompts = [row0] + torch.randint(0, vocab, (b - 1, cfg.prompt_len), generator=gen).tolist()
         first = dec.prefill(prompts)
         r = dec.decode(first, cfg.prompt_len, cfg.decode_steps, graphs=True, ahead=cfg.ahead)
         res["decode"][str(b)] = {**asdict(r), "tok_s": r.tok_s}
     if cfg.eager_steps:
         first = dec.prefill([row0])
         r = dec.decode(first, cfg.prompt_len, cfg.eager_steps, graphs=False)
-        res["eager_b1"] = {**asdict(r), "tok_s": r.tok_s,
-                           "same_tokens_as_graphs": r.row0 == rows0(res, len(r.row0))}
+        res["eager_b1"] = {
+            **asdict(r),
+            "tok_s": r.tok_s,
+            "same_tokens_as_graphs": r.row0 == rows0(res, len(r.row0)),
+        }
     res["prefill"] = dec.ttft(cfg.prefill_len, vocab)
     rows = [d["row0"] for d in res["decode"].values()]
     res["row0_same_tokens_every_batch"] = all(r == rows[0] for r in rows)
@@ -290,13 +331,18 @@ def rows0(res: dict, steps: int) -> list[int]:
 def hf_variants(cfg: ThroughputConfig, hf, vocab: int) -> dict:
     from mmserve.bench.hf_run import hf_compiled_decode, hf_decode, hf_ttft
 
-    out: dict = {"eager": {str(b): hf_decode(hf, b, cfg.prompt_len, cfg.hf_new_tokens, vocab)
-                           for b in cfg.hf_batch_sizes}}
+    out: dict = {
+        "eager": {
+            str(b): hf_decode(hf, b, cfg.prompt_len, cfg.hf_new_tokens, vocab)
+            for b in cfg.hf_batch_sizes
+        }
+    }
     out["prefill"] = hf_ttft(hf, cfg.prefill_len, vocab)
     if cfg.hf_compile:
         try:
-            out["static_compile_b1"] = hf_compiled_decode(hf, 1, cfg.prompt_len,
-                                                          cfg.hf_new_tokens, vocab)
+            out["static_compile_b1"] = hf_compiled_decode(
+                hf, 1, cfg.prompt_len, cfg.hf_new_tokens, vocab
+            )
         except Exception as e:  # noqa: BLE001 - a baseline that fails is reported, not fatal
             out["static_compile_b1"] = {"error": repr(e)[:500]}
     return out

@@ -34,10 +34,12 @@ def _images(level: int, n: int) -> list:
     return [synthetic.sample("test", 10_000 + level * n + i)[0] for i in range(n)]
 
 
-async def _mmserve_level(engine: Any, images: list, c: int, text: str, params: Any
-                         ) -> tuple[list[str], int]:
-    prompts = [image_chat_prompt(engine.tokenizer, engine.image_processor, [im], text)
-               for im in images]
+async def _mmserve_level(
+    engine: Any, images: list, c: int, text: str, params: Any
+) -> tuple[list[str], int]:
+    prompts = [
+        image_chat_prompt(engine.tokenizer, engine.image_processor, [im], text) for im in images
+    ]
     captions: list[str] = [""] * len(images)
     tokens = 0
     queue = list(range(len(images)))
@@ -59,8 +61,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_mmserve(engine: Any, levels: list[tuple[int, list]], text: str, max_tokens: int
-                ) -> dict:
+def run_mmserve(engine: Any, levels: list[tuple[int, list]], text: str, max_tokens: int) -> dict:
     from mmserve import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
@@ -70,16 +71,26 @@ def run_mmserve(engine: Any, levels: list[tuple[int, list]], text: str, max_toke
         t0 = time.perf_counter()
         caps, toks = asyncio.run(_mmserve_level(engine, images, c, text, params))
         s = time.perf_counter() - t0
-        out[str(c)] = {"seconds": s, "images_s": len(images) / s, "gen_tok_s": toks / s,
-                       "captions": caps}
+        out[str(c)] = {
+            "seconds": s,
+            "images_s": len(images) / s,
+            "gen_tok_s": toks / s,
+            "captions": caps,
+        }
     return out
 
 
 class HFCaptioner:
     """HF transformers' LM + the same connector modules, batched ``generate``."""
 
-    def __init__(self, lm_path: Path, connector: Any, tokenizer: Any, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        lm_path: Path,
+        connector: Any,
+        tokenizer: Any,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         lm: Any = AutoModelForCausalLM.from_pretrained(str(lm_path), dtype=dtype)
@@ -89,22 +100,30 @@ class HFCaptioner:
 
     @torch.inference_mode()
     def caption(self, images: list, text: str, max_tokens: int) -> tuple[list[str], int]:
-        prompts = [image_chat_prompt(self.tokenizer, self.connector.processor, [im], text)
-                   for im in images]
+        prompts = [
+            image_chat_prompt(self.tokenizer, self.connector.processor, [im], text) for im in images
+        ]
         rows = self.connector.encode([p.spans[0].payload for p in prompts])
         embed = self.lm.get_input_embeddings()
         width = max(len(p.ids) for p in prompts)
-        x = torch.zeros(len(prompts), width, embed.embedding_dim, device=self.device,
-                        dtype=embed.weight.dtype)
+        x = torch.zeros(
+            len(prompts), width, embed.embedding_dim, device=self.device, dtype=embed.weight.dtype
+        )
         mask = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
         for b, (p, r) in enumerate(zip(prompts, rows, strict=True)):
             e = embed(torch.tensor(p.ids, device=self.device))
             for sp in p.spans:
-                e[sp.start: sp.end] = r[sp.offset: sp.offset + sp.length].to(e.dtype)
-            x[b, width - len(p.ids):] = e  # left padding
-            mask[b, width - len(p.ids):] = 1
-        out = self.lm.generate(inputs_embeds=x, attention_mask=mask, max_new_tokens=max_tokens,
-                               do_sample=False, eos_token_id=self.eos, pad_token_id=self.eos[0])
+                e[sp.start : sp.end] = r[sp.offset : sp.offset + sp.length].to(e.dtype)
+            x[b, width - len(p.ids) :] = e  # left padding
+            mask[b, width - len(p.ids) :] = 1
+        out = self.lm.generate(
+            inputs_embeds=x,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=self.eos,
+            pad_token_id=self.eos[0],
+        )
         caps, tokens = [], 0
         for seq in out.tolist():
             ids = []
@@ -117,8 +136,7 @@ class HFCaptioner:
         return caps, tokens
 
 
-def run_hf(hf: HFCaptioner, levels: list[tuple[int, list]], text: str, max_tokens: int
-           ) -> dict:
+def run_hf(hf: HFCaptioner, levels: list[tuple[int, list]], text: str, max_tokens: int) -> dict:
     hf.caption(_images(99, 2), text, max_tokens)  # warm-up
     out = {}
     for c, images in levels:
@@ -127,27 +145,45 @@ def run_hf(hf: HFCaptioner, levels: list[tuple[int, list]], text: str, max_token
         caps: list[str] = []
         toks = 0
         for i in range(0, len(images), c):
-            cs, ts = hf.caption(images[i: i + c], text, max_tokens)
+            cs, ts = hf.caption(images[i : i + c], text, max_tokens)
             caps, toks = caps + cs, toks + ts
         _sync(hf.device)
         s = time.perf_counter() - t0
-        out[str(c)] = {"seconds": s, "images_s": len(images) / s, "gen_tok_s": toks / s,
-                       "captions": caps}
+        out[str(c)] = {
+            "seconds": s,
+            "images_s": len(images) / s,
+            "gen_tok_s": toks / s,
+            "captions": caps,
+        }
     return out
 
 
-def run_vision_bench(connector: str = "auto", lm: str | None = None, device: str = "auto",
-                     images: int = 64, concurrency: tuple[int, ...] = (1, 8, 32),
-                     max_tokens: int = 24, out_dir: str = "bench/out", hf: bool = True,
-                     dtype: str = "auto") -> dict:
+def run_vision_bench(
+    connector: str = "auto",
+    lm: str | None = None,
+    device: str = "auto",
+    images: int = 64,
+    concurrency: tuple[int, ...] = (1, 8, 32),
+    max_tokens: int = 24,
+    out_dir: str = "bench/out",
+    hf: bool = True,
+    dtype: str = "auto",
+) -> dict:
     from mmserve.config import EngineConfig
     from mmserve.engine.async_engine import AsyncEngine
     from mmserve.models.hub import resolve_model
 
-    engine = AsyncEngine.from_config(EngineConfig(
-        model=lm, device=device, dtype=dtype, connector=connector,
-        max_num_seqs=max(max(concurrency), 1), max_model_len=512,
-        preload_grammar=False))  # nothing constrained: no compiler built beside the timed loop
+    engine = AsyncEngine.from_config(
+        EngineConfig(
+            model=lm,
+            device=device,
+            dtype=dtype,
+            connector=connector,
+            max_num_seqs=max(max(concurrency), 1),
+            max_model_len=512,
+            preload_grammar=False,
+        )
+    )  # nothing constrained: no compiler built beside the timed loop
     try:
         conn = engine.engine.connector
         if conn is None:
@@ -155,13 +191,19 @@ def run_vision_bench(connector: str = "auto", lm: str | None = None, device: str
         text = getattr(conn.config, "prompt", "Describe the image.")
         levels = [(c, _images(k, images)) for k, c in enumerate(concurrency)]
         result: dict[str, Any] = {
-            "machine": _machine(engine.engine.device), "lm": engine.model_name,
-            "connector": str(connector), "dtype": str(engine.engine.dtype), "images": images,
-            "max_tokens": max_tokens, "instruction": text,
-            "mmserve": run_mmserve(engine, levels, text, max_tokens)}
+            "machine": _machine(engine.engine.device),
+            "lm": engine.model_name,
+            "connector": str(connector),
+            "dtype": str(engine.engine.dtype),
+            "images": images,
+            "max_tokens": max_tokens,
+            "instruction": text,
+            "mmserve": run_mmserve(engine, levels, text, max_tokens),
+        }
         if hf:
-            ref = HFCaptioner(resolve_model(lm), conn, engine.tokenizer, engine.engine.device,
-                              engine.engine.dtype)
+            ref = HFCaptioner(
+                resolve_model(lm), conn, engine.tokenizer, engine.engine.device, engine.engine.dtype
+            )
             result["hf"] = run_hf(ref, levels, text, max_tokens)
             result["compare"] = _compare(result["mmserve"], result["hf"])
     finally:
@@ -178,32 +220,41 @@ def _compare(ours: dict, ref: dict) -> dict:
     out = {}
     for c in ours:
         a, b = ours[c]["captions"], ref[c]["captions"]
-        out[c] = {"speedup_images": ours[c]["images_s"] / ref[c]["images_s"],
-                  "speedup_tok": ours[c]["gen_tok_s"] / max(ref[c]["gen_tok_s"], 1e-9),
-                  "identical_captions": sum(x == y for x, y in zip(a, b, strict=True)),
-                  "of": len(a)}
+        out[c] = {
+            "speedup_images": ours[c]["images_s"] / ref[c]["images_s"],
+            "speedup_tok": ours[c]["gen_tok_s"] / max(ref[c]["gen_tok_s"], 1e-9),
+            "identical_captions": sum(x == y for x, y in zip(a, b, strict=True)),
+            "of": len(a),
+        }
     return out
 
 
 def _machine(device: torch.device) -> dict:
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
-    return {"device": str(device), "gpu": gpu, "cpu": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return {
+        "device": str(device),
+        "gpu": gpu,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
 
 
 def table(result: dict) -> str:
-    lines = [f"vision captioning: {result['lm']} + {result['connector']} on "
-             f"{result['machine']['gpu'] or result['machine']['device']}, {result['images']} "
-             f"images a level, <= {result['max_tokens']} new tokens, greedy",
-             "conc  mmserve img/s  tok/s    HF img/s  tok/s    speedup  identical"]
+    lines = [
+        f"vision captioning: {result['lm']} + {result['connector']} on "
+        f"{result['machine']['gpu'] or result['machine']['device']}, {result['images']} "
+        f"images a level, <= {result['max_tokens']} new tokens, greedy",
+        "conc  mmserve img/s  tok/s    HF img/s  tok/s    speedup  identical",
+    ]
     for c, m in result["mmserve"].items():
         h = result.get("hf", {}).get(c)
         cmp = result.get("compare", {}).get(c)
         hf_cells = f"{h['images_s']:8.2f}  {h['gen_tok_s']:7.1f}" if h else "       -        -"
-        extra = (f"{cmp['speedup_images']:6.2f}x  {cmp['identical_captions']}/{cmp['of']}"
-                 if cmp else "")
-        lines.append(f"{c:>4}  {m['images_s']:13.2f}  {m['gen_tok_s']:7.1f}  {hf_cells}   "
-                     f"{extra}")
+        extra = (
+            f"{cmp['speedup_images']:6.2f}x  {cmp['identical_captions']}/{cmp['of']}" if cmp else ""
+        )
+        lines.append(f"{c:>4}  {m['images_s']:13.2f}  {m['gen_tok_s']:7.1f}  {hf_cells}   {extra}")
     return "\n".join(lines)
 
 
@@ -219,8 +270,11 @@ def plot(result: dict, path: Path) -> None:
     w, h, left, base = 120 + 150 * len(levels), 360, 70, 300
     img = Image.new("RGB", (w, h), "white")
     d = ImageDraw.Draw(img)
-    d.text((left, 10), "images/s by concurrency (" + (result["machine"]["gpu"] or "cpu") + ")",
-           fill="black")
+    d.text(
+        (left, 10),
+        "images/s by concurrency (" + (result["machine"]["gpu"] or "cpu") + ")",
+        fill="black",
+    )
     d.line((left, 40, left, base), fill="black")
     d.line((left, base, w - 20, base), fill="black")
     for k in range(5):

@@ -37,8 +37,16 @@ from mmserve.sampling_params import SamplingParams
 TEXT_PROMPT, TEXT_OUT = 512, 64
 
 
-def run_load(target: VoiceTarget, mode: str, streams: int, seconds: float, ramp_s: float,
-             buffer_s: float, first_audio_s: float, text_clients: int = 0) -> dict[str, Any]:
+def run_load(
+    target: VoiceTarget,
+    mode: str,
+    streams: int,
+    seconds: float,
+    ramp_s: float,
+    buffer_s: float,
+    first_audio_s: float,
+    text_clients: int = 0,
+) -> dict[str, Any]:
     """One load on ``target``'s engine -> its row of the report."""
     eng = target.engine
     assert not eng.has_unfinished(), "loads run one at a time on an idle engine"
@@ -56,10 +64,15 @@ def run_load(target: VoiceTarget, mode: str, streams: int, seconds: float, ramp_
             _, i = arrivals.pop(0)
             rid = f"{tag}-s{i}"
             prompt, params = target.request(i, seconds)
-            spec = AudioSpec(rid, target.frame_s, target.tokens_per_frame, buffer_s=buffer_s,
-                             first_audio_s=first_audio_s,
-                             first_chunk_frames=max(1, round(0.04 / target.frame_s)),
-                             max_chunk_frames=max(1, round(0.32 / target.frame_s)))
+            spec = AudioSpec(
+                rid,
+                target.frame_s,
+                target.tokens_per_frame,
+                buffer_s=buffer_s,
+                first_audio_s=first_audio_s,
+                first_chunk_frames=max(1, round(0.04 / target.frame_s)),
+                max_chunk_frames=max(1, round(0.32 / target.frame_s)),
+            )
             logs[rid] = StreamLog(now)
             eng.add_request(prompt, params, rid, audio=spec)
             target.open(rid, i)
@@ -95,8 +108,9 @@ def run_load(target: VoiceTarget, mode: str, streams: int, seconds: float, ramp_
 def _text_request(eng: Any, rid: str, i: int, texts: dict, now: float) -> str:
     vocab = eng.model.vocab_size
     prompt = [(31 * i + 7 * j) % (vocab - 2) + 1 for j in range(TEXT_PROMPT)]
-    eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=TEXT_OUT,
-                                           ignore_eos=True), rid)
+    eng.add_request(
+        prompt, SamplingParams(temperature=0, max_tokens=TEXT_OUT, ignore_eos=True), rid
+    )
     texts[rid] = {"arrival": now, "tokens": 0}
     return rid
 
@@ -115,20 +129,30 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def _row(mode: str, streams: int, text_clients: int, logs: dict[str, StreamLog],
-         texts: dict, buffer_s: float) -> dict[str, Any]:
+def _row(
+    mode: str,
+    streams: int,
+    text_clients: int,
+    logs: dict[str, StreamLog],
+    texts: dict,
+    buffer_s: float,
+) -> dict[str, Any]:
     plays = [p for p in (play(log, buffer_s) for log in logs.values()) if p is not None]
     ttfa = [p.ttfa_s * 1000 for p in plays]
     gaps = [p.worst_gap_s * 1000 for p in plays]
     row: dict[str, Any] = {
-        "mode": mode, "streams": streams, "text_clients": text_clients,
-        "served": len(plays), "refused": sum(log.refused for log in logs.values()),
+        "mode": mode,
+        "streams": streams,
+        "text_clients": text_clients,
+        "served": len(plays),
+        "refused": sum(log.refused for log in logs.values()),
         "ttfa_ms": {"p50": _pct(ttfa, 0.5), "p95": _pct(ttfa, 0.95), "max": _pct(ttfa, 1.0)},
         "no_underrun_share": (sum(g == 0 for g in gaps) / len(gaps)) if gaps else None,
-        "worst_gap_ms": {"p50": _pct(gaps, 0.5), "p95": _pct(gaps, 0.95),
-                         "max": _pct(gaps, 1.0)},
-        "rtf": {"p50": _pct([p.rtf for p in plays], 0.5),
-                "p95": _pct([p.rtf for p in plays], 0.95)},
+        "worst_gap_ms": {"p50": _pct(gaps, 0.5), "p95": _pct(gaps, 0.95), "max": _pct(gaps, 1.0)},
+        "rtf": {
+            "p50": _pct([p.rtf for p in plays], 0.5),
+            "p95": _pct([p.rtf for p in plays], 0.95),
+        },
     }
     started = [r for r in texts.values() if "first" in r]
     if text_clients:  # a request the load's end cut short counts with the tokens it got
@@ -136,26 +160,50 @@ def _row(mode: str, streams: int, text_clients: int, logs: dict[str, StreamLog],
             "requests": len(started),
             "tokens": sum(r["tokens"] for r in started),
             "ttft_ms_p50": _pct([(r["first"] - r["arrival"]) * 1000 for r in started], 0.5),
-            "itl_ms_p50": _pct([(r["last"] - r["first"]) * 1000 / (r["tokens"] - 1)
-                                for r in started if r["tokens"] > 1], 0.5)}
+            "itl_ms_p50": _pct(
+                [
+                    (r["last"] - r["first"]) * 1000 / (r["tokens"] - 1)
+                    for r in started
+                    if r["tokens"] > 1
+                ],
+                0.5,
+            ),
+        }
     return row
 
 
-def run_voice_bench(voices: list[str], streams: list[int], seconds: float, device: str,
-                    out_dir: str, buffer_ms: float = 200.0, ramp_s: float = 1.0,
-                    first_audio_ms: float = 150.0, text_clients: int = 16,
-                    mixed_streams: list[int] | None = None, tiny: bool = False,
-                    time_limit_s: float = 420.0) -> dict[str, Any]:
+def run_voice_bench(
+    voices: list[str],
+    streams: list[int],
+    seconds: float,
+    device: str,
+    out_dir: str,
+    buffer_ms: float = 200.0,
+    ramp_s: float = 1.0,
+    first_audio_ms: float = 150.0,
+    text_clients: int = 16,
+    mixed_streams: list[int] | None = None,
+    tiny: bool = False,
+    time_limit_s: float = 420.0,
+) -> dict[str, Any]:
     start = time.monotonic()
     mixed = [s for s in (mixed_streams or [max(streams) // 2]) if s > 0]
     opts = engine_options(max(streams + mixed), text_clients, device)
-    result: dict[str, Any] = {"machine": _machine(), "seconds": seconds,
-                              "buffer_ms": buffer_ms, "ramp_s": ramp_s,
-                              "first_audio_target_ms": first_audio_ms, "voices": {}}
+    result: dict[str, Any] = {
+        "machine": _machine(),
+        "seconds": seconds,
+        "buffer_ms": buffer_ms,
+        "ramp_s": ramp_s,
+        "first_audio_target_ms": first_audio_ms,
+        "voices": {},
+    }
     for name in voices:
         try:
-            target = (gepard_target(opts, tiny) if name.startswith("gepard")
-                      else default_voice_target(opts, None if name == "default" else name))
+            target = (
+                gepard_target(opts, tiny)
+                if name.startswith("gepard")
+                else default_voice_target(opts, None if name == "default" else name)
+            )
         except (FileNotFoundError, ValueError, ImportError) as exc:  # e.g. no default voice
             print(f"{name}: skipped ({exc})", flush=True)
             result["voices"][name] = {"skipped": str(exc)}
@@ -176,9 +224,11 @@ def run_voice_bench(voices: list[str], streams: list[int], seconds: float, devic
                         break
                     rows.append(run_load(target, mode, n, *args, text_clients=text_clients))
                     print(_line(target.name, rows[-1]), flush=True)
-        result["voices"][target.name] = {"frame_ms": target.frame_s * 1000,
-                                         "tokens_per_frame": target.tokens_per_frame,
-                                         "loads": rows}
+        result["voices"][target.name] = {
+            "frame_ms": target.frame_s * 1000,
+            "tokens_per_frame": target.tokens_per_frame,
+            "loads": rows,
+        }
         del target
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -187,8 +237,11 @@ def run_voice_bench(voices: list[str], streams: list[int], seconds: float, devic
 
     print(table(result))
     if not plot(result, out / "voice.png"):
-        print(f"no matplotlib here: plot elsewhere with python -m mmserve.bench.voice_report "
-              f"{out / 'voice.json'}", flush=True)
+        print(
+            f"no matplotlib here: plot elsewhere with python -m mmserve.bench.voice_report "
+            f"{out / 'voice.json'}",
+            flush=True,
+        )
     return result
 
 
@@ -196,10 +249,12 @@ def _line(name: str, row: dict) -> str:
     t, g = row["ttfa_ms"], row["worst_gap_ms"]
     share = row["no_underrun_share"]
     text = f"  text itl p50 {_ms(row['text']['itl_ms_p50'])}" if "text" in row else ""
-    return (f"{name} {row['mode']:<8} n={row['streams']:<4} served {row['served']:<4} "
-            f"refused {row['refused']:<4} ttfa p50 {_ms(t['p50'])} p95 {_ms(t['p95'])}  "
-            f"no-underrun {'-' if share is None else f'{100 * share:.0f}%'}  "
-            f"worst gap max {_ms(g['max'])}{text}")
+    return (
+        f"{name} {row['mode']:<8} n={row['streams']:<4} served {row['served']:<4} "
+        f"refused {row['refused']:<4} ttfa p50 {_ms(t['p50'])} p95 {_ms(t['p95'])}  "
+        f"no-underrun {'-' if share is None else f'{100 * share:.0f}%'}  "
+        f"worst gap max {_ms(g['max'])}{text}"
+    )
 
 
 def _ms(v: float | None) -> str:
@@ -208,5 +263,9 @@ def _ms(v: float | None) -> str:
 
 def _machine() -> dict[str, Any]:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"gpu": gpu, "cpu": platform.processor() or platform.machine(),
-            "torch": torch.__version__, "python": platform.python_version()}
+    return {
+        "gpu": gpu,
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }

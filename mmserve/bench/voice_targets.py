@@ -30,13 +30,28 @@ from mmserve.sampling_params import SamplingParams
 
 GEPARD_FRAME_S = 0.08  # 12.5 frames a second
 GEPARD_SHAPE: dict[str, Any] = dict(
-    model_type="llama", hidden_size=896, num_hidden_layers=30, num_attention_heads=14,
-    num_key_value_heads=2, intermediate_size=4864, vocab_size=49152, head_dim=64,
-    tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
-    max_position_embeddings=4096)
+    model_type="llama",
+    hidden_size=896,
+    num_hidden_layers=30,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=49152,
+    head_dim=64,
+    tie_word_embeddings=True,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+)
 TINY_SHAPE: dict[str, Any] = dict(
-    GEPARD_SHAPE, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-    num_key_value_heads=1, intermediate_size=256, vocab_size=4096)
+    GEPARD_SHAPE,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=256,
+    vocab_size=4096,
+)
 PROMPT_TOKENS = 40  # a sentence of text tokens and a speaker tag
 SENTENCES = (
     "Thanks for calling, how can I help you today?",
@@ -82,9 +97,13 @@ class VoiceTarget:
 def engine_options(max_streams: int, text_clients: int, device: str) -> dict[str, Any]:
     """Engine settings wide enough for the largest load (every stream a sequence slot);
     no grammar compiler is built in the background while first-audio times are measured."""
-    return dict(device=device, max_num_seqs=max_streams + text_clients,
-                max_num_batched_tokens=2048, enable_prefix_caching=False,
-                preload_grammar=False)
+    return dict(
+        device=device,
+        max_num_seqs=max_streams + text_clients,
+        max_num_batched_tokens=2048,
+        enable_prefix_caching=False,
+        preload_grammar=False,
+    )
 
 
 def gepard_target(options: dict[str, Any], tiny: bool = False) -> VoiceTarget:
@@ -106,12 +125,12 @@ def gepard_target(options: dict[str, Any], tiny: bool = False) -> VoiceTarget:
         frames = max(1, round(seconds / GEPARD_FRAME_S))
         return prompt, SamplingParams(temperature=0, max_tokens=frames, ignore_eos=True)
 
-    return VoiceTarget("gepard-0.5b" + ("-tiny" if tiny else ""), engine, None,
-                       GEPARD_FRAME_S, 1, request)
+    return VoiceTarget(
+        "gepard-0.5b" + ("-tiny" if tiny else ""), engine, None, GEPARD_FRAME_S, 1, request
+    )
 
 
-def default_voice_target(options: dict[str, Any], voice_dir: str | None = None
-                         ) -> VoiceTarget:
+def default_voice_target(options: dict[str, Any], voice_dir: str | None = None) -> VoiceTarget:
     """The shipped voice, or the voice in ``voice_dir``, with its audio stage."""
     from tts.engine import voice_engine
     from tts.registry import load
@@ -125,29 +144,48 @@ def default_voice_target(options: dict[str, Any], voice_dir: str | None = None
         return prompt, voice.sampling(prompt, seed=i)
 
     codec = stage.codec
-    return VoiceTarget(voice.name if voice_dir else "default", engine, stage, codec.frame_duration,
-                       voice.layout.tokens_per_frame, request, codec.sample_rate)
+    return VoiceTarget(
+        voice.name if voice_dir else "default",
+        engine,
+        stage,
+        codec.frame_duration,
+        voice.layout.tokens_per_frame,
+        request,
+        codec.sample_rate,
+    )
 
 
-def random_weights(cfg: dict, dtype: torch.dtype, device: torch.device
-                   ) -> dict[str, torch.Tensor]:
+def random_weights(cfg: dict, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
     """A Llama state dict of scaled normal weights, made on ``device``."""
     h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     hd = cfg["head_dim"]
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h),
-                                          "model.norm.weight": (h,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (vocab, h),
+        "model.norm.weight": (h,),
+    }
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        shapes |= {f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.k_proj.weight": (kv, h),
-                   f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.o_proj.weight": (h, q),
-                   f"{p}.mlp.gate_proj.weight": (inter, h), f"{p}.mlp.up_proj.weight": (inter, h),
-                   f"{p}.mlp.down_proj.weight": (h, inter), f"{p}.input_layernorm.weight": (h,),
-                   f"{p}.post_attention_layernorm.weight": (h,)}
+        shapes |= {
+            f"{p}.self_attn.q_proj.weight": (q, h),
+            f"{p}.self_attn.k_proj.weight": (kv, h),
+            f"{p}.self_attn.v_proj.weight": (kv, h),
+            f"{p}.self_attn.o_proj.weight": (h, q),
+            f"{p}.mlp.gate_proj.weight": (inter, h),
+            f"{p}.mlp.up_proj.weight": (inter, h),
+            f"{p}.mlp.down_proj.weight": (h, inter),
+            f"{p}.input_layernorm.weight": (h,),
+            f"{p}.post_attention_layernorm.weight": (h,),
+        }
     g = torch.Generator(device=device).manual_seed(0)
-    return {k: (torch.ones(s, device=device) if len(s) == 1 else
-                torch.randn(s, generator=g, device=device) * s[-1] ** -0.5).to(dtype)
-            for k, s in shapes.items()}
+    return {
+        k: (
+            torch.ones(s, device=device)
+            if len(s) == 1
+            else torch.randn(s, generator=g, device=device) * s[-1] ** -0.5
+        ).to(dtype)
+        for k, s in shapes.items()
+    }
 
 
 def _audio_tokenizer(vocab: int) -> Path:
@@ -155,13 +193,33 @@ def _audio_tokenizer(vocab: int) -> Path:
     have no text), its eos token id 0."""
     root = Path(tempfile.mkdtemp(prefix="mmserve-bench-voice-"))
     names = ["<eos>"] + [f"<a{i}>" for i in range(1, vocab)]
-    added = [{"id": i, "content": n, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for i, n in enumerate(names)]
-    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-           "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
-           "post_processor": None, "decoder": None,
-           "model": {"type": "WordLevel", "vocab": {n: i for i, n in enumerate(names)},
-                     "unk_token": "<eos>"}}
+    added = [
+        {
+            "id": i,
+            "content": n,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, n in enumerate(names)
+    ]
+    tok = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {
+            "type": "WordLevel",
+            "vocab": {n: i for i, n in enumerate(names)},
+            "unk_token": "<eos>",
+        },
+    }
     (root / "tokenizer.json").write_text(json.dumps(tok))
     (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
     return root

@@ -55,8 +55,13 @@ class OutputStage(Protocol):
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, name: str, stage: OutputStage | None = None,
-                 share_loop_with: AsyncEngine | None = None) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        name: str,
+        stage: OutputStage | None = None,
+        share_loop_with: AsyncEngine | None = None,
+    ) -> None:
         self.engine, self.model_name, self.stage = engine, name, stage
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
@@ -89,11 +94,15 @@ class AsyncEngine:
         return cls(create_engine(config), model_name(config))
 
     # -- asyncio side ----------------------------------------------------------------
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_id: str | None = None,
-                       spans: list[EmbeddingSpan] | None = None,
-                       stage_request: Any = None,
-                       audio: AudioSpec | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        spans: list[EmbeddingSpan] | None = None,
+        stage_request: Any = None,
+        audio: AudioSpec | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Stream ``RequestOutput`` deltas; ``audio`` makes it an audio stream's request
         (served by its playback deadline, released in chunks)."""
         rid = request_id or f"req-{uuid.uuid4().hex}"
@@ -219,8 +228,12 @@ class AsyncEngine:
             if self.stage is not None:
                 self.stage.release(rid)
             try:
-                self._deliver(rid, EngineDeadError("the server is shutting down; retry the "
-                                                   "request once it is back"))
+                self._deliver(
+                    rid,
+                    EngineDeadError(
+                        "the server is shutting down; retry the request once it is back"
+                    ),
+                )
             except RuntimeError:  # its event loop has closed: nobody is left to tell
                 pass
         return len(ids)
@@ -301,8 +314,9 @@ def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
         stream.put_nowait(out)
 
 
-def _coalesced(item: RequestOutput, stream: asyncio.Queue
-               ) -> tuple[RequestOutput, BaseException | None]:
+def _coalesced(
+    item: RequestOutput, stream: asyncio.Queue
+) -> tuple[RequestOutput, BaseException | None]:
     """``item`` merged with the deltas already queued behind it (a consumer that fell
     behind gets them as one); an error met on the way comes back to be raised next."""
     parts, held = [item], None

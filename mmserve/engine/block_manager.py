@@ -75,8 +75,9 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, "
-                             f"{block_size}")
+            raise ValueError(
+                f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}"
+            )
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._ref = [0] * num_blocks
@@ -119,7 +120,9 @@ class BlockManager:
 
     # -- operations ----------------------------------------------------------------------
     def allocate(
-        self, seq_key: Hashable, token_ids: Sequence[int],
+        self,
+        seq_key: Hashable,
+        token_ids: Sequence[int],
         extra_keys: Sequence[ExtraKey] | None = None,
     ) -> BlockTable | None:
         """Blocks for a prompt, reusing the longest cached prefix; None (no change) if short.
@@ -139,8 +142,9 @@ class BlockManager:
         for b in matched:  # revive before taking fresh blocks so they are not evicted
             self._incref(b)
         fresh = [self._take() for _ in range(num_fresh)]
-        table = BlockTable(seq_key, matched + fresh, len(token_ids),
-                           len(matched) * self.block_size, hashes)
+        table = BlockTable(
+            seq_key, matched + fresh, len(token_ids), len(matched) * self.block_size, hashes
+        )
         self._tables[seq_key] = table
         self.prefix_queries += len(token_ids)
         self.prefix_hits += table.num_cached_tokens
@@ -161,7 +165,9 @@ class BlockManager:
         return True
 
     def commit_full_blocks(
-        self, table: BlockTable, token_ids: Sequence[int],
+        self,
+        table: BlockTable,
+        token_ids: Sequence[int],
         extra_keys: Sequence[ExtraKey] | None = None,
     ) -> None:
         """Register newly full blocks of ``token_ids`` (tokens whose KV is computed and final,
@@ -174,7 +180,7 @@ class BlockManager:
         bs = self.block_size
         parent = table.block_hashes[-1] if table.block_hashes else ROOT_HASH
         for i in range(len(table.block_hashes), len(token_ids) // bs):
-            parent = block_hash(parent, token_ids[i * bs:(i + 1) * bs], _extra(extra_keys, i))
+            parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs], _extra(extra_keys, i))
             table.block_hashes.append(parent)
             b = table.block_ids[i]
             # a duplicate (same content computed concurrently) stays private, uncached
@@ -188,7 +194,8 @@ class BlockManager:
         assert self._tables.get(table.seq_key) is table, "table is not live"
         assert 0 <= num_tokens <= table.num_tokens, "truncate can only shrink"
         assert num_tokens >= len(table.block_hashes) * self.block_size, (
-            "truncate would cut into committed (prefix-cached) blocks")
+            "truncate would cut into committed (prefix-cached) blocks"
+        )
         keep = self.blocks_for(num_tokens)
         for b in reversed(table.block_ids[keep:]):
             self._decref(b)
@@ -243,7 +250,7 @@ class BlockManager:
             return [], []
         bs, matched, hashes, parent = self.block_size, [], [], ROOT_HASH
         for i in range((len(token_ids) - 1) // bs):
-            parent = block_hash(parent, token_ids[i * bs:(i + 1) * bs], _extra(extra_keys, i))
+            parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs], _extra(extra_keys, i))
             b = self._cached.get(parent)
             if b is None:
                 break

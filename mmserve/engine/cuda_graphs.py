@@ -78,9 +78,15 @@ class DecodeGraphs:
     ``i*q .. i*q+q-1`` of the flat batch; rows past its own tokens are padding.
     """
 
-    def __init__(self, model: CausalLM, kv_cache: KVLike, max_blocks_per_seq: int,
-                 batch_sizes: tuple[int, ...] = DEFAULT_SIZES,
-                 query_sizes: tuple[int, ...] = (1,), last_row_only: bool = False) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: KVLike,
+        max_blocks_per_seq: int,
+        batch_sizes: tuple[int, ...] = DEFAULT_SIZES,
+        query_sizes: tuple[int, ...] = (1,),
+        last_row_only: bool = False,
+    ) -> None:
         self.model, self.kv = model, kv_cache
         # prefill graphs: logits of each sequence's last real row only (a 512-token chunk's
         # every row would be 512 x vocab floats, and only the last one samples)
@@ -107,8 +113,9 @@ class DecodeGraphs:
         self.query_lens = self._buf[3 * r + b : 3 * r + 2 * b]
         self.tables = self._buf[3 * r + 2 * b :].view(b, mb)
         self._rows = r
-        self.query_start = {q: torch.arange(b, dtype=torch.long, device=self.device) * q
-                            for q in self.qsizes}
+        self.query_start = {
+            q: torch.arange(b, dtype=torch.long, device=self.device) * q for q in self.qsizes
+        }
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         # each graph's logits rows' argmax, computed in the graph: a greedy step's tokens
@@ -118,13 +125,20 @@ class DecodeGraphs:
         # the serial-split variant of the shapes whose kernels spread splits: the decode
         # stack and the layered attention (SERIAL_MAX_SPLITS)
         self.serial_max_keys = serial_max_keys(kv_layer(kv_cache, 0).k.shape[-1])
-        self.serial: dict[tuple[int, int],
-                          tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.serial: dict[
+            tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]
+        ] = {}
         self.serial_replays = 0
 
     def _meta(self, bs: int, q: int) -> PagedMetadata:
-        return PagedMetadata(self.slots[: bs * q], self.tables[:bs], self.context_lens[:bs],
-                             self.query_start[q][:bs], self.query_lens[:bs], q)
+        return PagedMetadata(
+            self.slots[: bs * q],
+            self.tables[:bs],
+            self.context_lens[:bs],
+            self.query_start[q][:bs],
+            self.query_lens[:bs],
+            q,
+        )
 
     def _forward(self, bs: int, q: int) -> torch.Tensor:
         n = bs * q
@@ -146,8 +160,7 @@ class DecodeGraphs:
             for bs in reversed(self.sizes):
                 spread = decode_stack.spread_runs()
                 key = (bs, q)
-                self.graphs[key], self.logits[key], self.argmax[key] = self._capture(
-                    bs, q, pool)
+                self.graphs[key], self.logits[key], self.argmax[key] = self._capture(bs, q, pool)
                 if decode_stack.spread_runs() > spread and self.serial_max_keys > 0:
                     with decode_stack.serial_splits():
                         self.serial[(bs, q)] = self._capture(bs, q, pool)
@@ -157,11 +170,15 @@ class DecodeGraphs:
         for graph in [*self.graphs.values(), *(g for g, _, _ in self.serial.values())]:
             graph.replay()
         torch.cuda.synchronize()
-        return CaptureReport(self.sizes, time.perf_counter() - start,
-                             free_before - torch.cuda.mem_get_info(self.device)[0])
+        return CaptureReport(
+            self.sizes,
+            time.perf_counter() - start,
+            free_before - torch.cuda.mem_get_info(self.device)[0],
+        )
 
-    def _capture(self, bs: int, q: int, pool
-                 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    def _capture(
+        self, bs: int, q: int, pool
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: Triton compiles outside the capture
@@ -177,8 +194,9 @@ class DecodeGraphs:
         return 0 < n <= self.max_batch and q <= self.max_q and bool(self.graphs)
 
     @torch.inference_mode()
-    def run(self, ids: list[int], positions: list[int], block_tables: np.ndarray,
-            block_size: int) -> torch.Tensor:
+    def run(
+        self, ids: list[int], positions: list[int], block_tables: np.ndarray, block_size: int
+    ) -> torch.Tensor:
         """One decode step -> (n, V) float32 logits (a view, valid until the next run).
 
         ``block_tables``: (n, >= blocks in use) int array; the new token of row ``i``
@@ -189,10 +207,15 @@ class DecodeGraphs:
         return self.run_verify([[t] for t in ids], positions, block_tables, block_size).logits
 
     @torch.inference_mode()
-    def run_verify(self, tokens: list[list[int]], starts: list[int],
-                   tables: np.ndarray | list[list[int]], block_size: int,
-                   input_ids: torch.Tensor | None = None,
-                   tokens_to: tuple[torch.Tensor, torch.cuda.Event] | None = None) -> Replayed:
+    def run_verify(
+        self,
+        tokens: list[list[int]],
+        starts: list[int],
+        tables: np.ndarray | list[list[int]],
+        block_size: int,
+        input_ids: torch.Tensor | None = None,
+        tokens_to: tuple[torch.Tensor, torch.cuda.Event] | None = None,
+    ) -> Replayed:
         """Sequence ``i`` runs ``tokens[i]`` from position ``starts[i]`` -> the logits of
         ``n * q`` rows (its rows are ``i*q + j``), their argmax, and ``q``: views valid
         until the next run. With ``last_row_only``: ``n`` rows, row ``i`` for sequence
@@ -242,8 +265,14 @@ class DecodeGraphs:
             self._stream = torch.cuda.current_stream(self.device)
         return self._stream
 
-    def _fill(self, tokens: list[list[int]], starts: list[int],
-              tables: np.ndarray | list[list[int]], block_size: int, q: int) -> int:
+    def _fill(
+        self,
+        tokens: list[list[int]],
+        starts: list[int],
+        tables: np.ndarray | list[list[int]],
+        block_size: int,
+        q: int,
+    ) -> int:
         """The step's inputs into the pinned buffer, every sequence at once (a numpy call
         a field, not one per sequence) -> the most keys a sequence of the step has. One
         sequence takes Python scalars and list slices: numpy's small-array calls cost more
@@ -276,8 +305,7 @@ class DecodeGraphs:
         h[3 * r + b : 3 * r + b + n] = lens
         return int(ends.max())
 
-    def _fill_one(self, tokens: list[int], start: int, ids, block_size: int,
-                  t: np.ndarray) -> int:
+    def _fill_one(self, tokens: list[int], start: int, ids, block_size: int, t: np.ndarray) -> int:
         """``_fill`` for one sequence: its block ids (a list or an array row), its rows
         0..len-1 (the rest stay padding)."""
         b, r, h, n = self.max_batch, self._rows, self._host_np, len(tokens)
@@ -289,8 +317,10 @@ class DecodeGraphs:
         else:
             h[:n] = tokens
             h[r : r + n] = range(start, start + n)
-            h[2 * r : 2 * r + n] = [int(ids[p // block_size]) * block_size + p % block_size
-                                    for p in range(start, start + n)]
+            h[2 * r : 2 * r + n] = [
+                int(ids[p // block_size]) * block_size + p % block_size
+                for p in range(start, start + n)
+            ]
         h[3 * r], h[3 * r + b] = start + n, n
         return start + n
 
@@ -304,20 +334,26 @@ class DecodeGraphs:
         h[3 * r + b + lo : 3 * r + b + hi] = 1
 
     @torch.inference_mode()
-    def run_eager(self, ids: list[int], positions: list[int], tables: np.ndarray,
-                  block_size: int) -> torch.Tensor:
+    def run_eager(
+        self, ids: list[int], positions: list[int], tables: np.ndarray, block_size: int
+    ) -> torch.Tensor:
         """The same step without a graph (any batch size); same kernels, same row bits."""
         dev = self.device
         pos = np.asarray(positions, dtype=np.int64)
         t = torch.as_tensor(np.ascontiguousarray(tables), dtype=torch.long).to(dev)
         slots = np.asarray(tables)[np.arange(len(ids)), pos // block_size] * block_size
         n = len(ids)
-        meta = PagedMetadata(torch.as_tensor(slots + pos % block_size).to(dev), t,
-                             torch.as_tensor(pos + 1).to(dev),
-                             torch.arange(n, device=dev), torch.ones(n, dtype=torch.long,
-                                                                     device=dev), 1)
-        hidden = self.model(torch.as_tensor(ids, device=dev), torch.as_tensor(pos).to(dev), meta,
-                            self.kv)
+        meta = PagedMetadata(
+            torch.as_tensor(slots + pos % block_size).to(dev),
+            t,
+            torch.as_tensor(pos + 1).to(dev),
+            torch.arange(n, device=dev),
+            torch.ones(n, dtype=torch.long, device=dev),
+            1,
+        )
+        hidden = self.model(
+            torch.as_tensor(ids, device=dev), torch.as_tensor(pos).to(dev), meta, self.kv
+        )
         return self.model.compute_logits(hidden)
 
 
@@ -327,5 +363,6 @@ def block_tables(ids: list[list[int]]) -> np.ndarray:
     lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     out = np.zeros((len(ids), int(lens.max())), dtype=np.int64)
     out[np.arange(out.shape[1]) < lens[:, None]] = np.fromiter(
-        itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lens.sum()))
+        itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lens.sum())
+    )
     return out

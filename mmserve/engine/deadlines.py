@@ -56,9 +56,16 @@ _EPS = 1e-6  # seconds: a stream skips a step only if it is clearly ahead (no fl
 
 
 class AudioPolicy:
-    def __init__(self, mode: str = "deadline", window: int = 256, lead_s: float = 1.0,
-                 queue_s: float = 1.0, headroom: float = 0.85, admit_per_step: int = 8,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        mode: str = "deadline",
+        window: int = 256,
+        lead_s: float = 1.0,
+        queue_s: float = 1.0,
+        headroom: float = 0.85,
+        admit_per_step: int = 8,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if mode not in SCHEDULING_MODES:
             raise ValueError(f"audio scheduling must be one of {SCHEDULING_MODES}, got {mode!r}")
         self.mode, self.window, self.lead_s, self.queue_s = mode, window, lead_s, queue_s
@@ -144,8 +151,9 @@ class AudioPolicy:
         _sort(waiting, lambda r: self._waiting_key(r, now, t_step))
         self._admits_left = self.admit_per_step
         due = [lax[r.request_id] for r in audio if r.request_id not in self._skip]
-        due += [self._laxity(r, now, t_step) for r in waiting
-                if r.audio is not None and self._turn(r)]
+        due += [
+            self._laxity(r, now, t_step) for r in waiting if r.audio is not None and self._turn(r)
+        ]
         self._text_tokens = self._text_room(min(due, default=float("inf")) - now)
         return refused
 
@@ -273,22 +281,31 @@ class AudioPolicy:
         nobody skipped this one."""
         return not self._skip
 
-    def next_wake(self, now: float, running: list[Request],
-                  waiting: deque[Request]) -> float | None:
+    def next_wake(
+        self, now: float, running: list[Request], waiting: deque[Request]
+    ) -> float | None:
         """When something skipped or queued may need to run (None: nothing is waiting on
         the clock)."""
         if not self.deadline:
             return None
         t_step = self.cost.predict(self._step_rows) if self.cost.ready else 0.0
-        times = [self._laxity(r, now, t_step) - self.lead_s for r in running
-                 if r.request_id in self._skip]
-        times += [r.playback.deadline() + self.queue_s for r in waiting
-                  if r.playback is not None and r.playback.spec.stream_id not in self.admitted]
+        times = [
+            self._laxity(r, now, t_step) - self.lead_s
+            for r in running
+            if r.request_id in self._skip
+        ]
+        times += [
+            r.playback.deadline() + self.queue_s
+            for r in waiting
+            if r.playback is not None and r.playback.spec.stream_id not in self.admitted
+        ]
         return min(times) if times else None
 
     def stats(self) -> dict:
-        return {"audio_streams_active": len(self.streams),
-                "audio_streams_refused_total": self.refused_total}
+        return {
+            "audio_streams_active": len(self.streams),
+            "audio_streams_refused_total": self.refused_total,
+        }
 
 
 def _sort(items: deque[Request], key: Callable[[Request], object]) -> None:

@@ -75,38 +75,68 @@ class _Update:
 
 def audio_policy(config: EngineConfig, max_num_seqs: int) -> AudioPolicy:
     """The scheduler's audio policy as ``config`` sets it."""
-    return AudioPolicy(config.audio_scheduling, config.audio_window or max_num_seqs,
-                       config.audio_lead_s, config.audio_queue_s)
+    return AudioPolicy(
+        config.audio_scheduling,
+        config.audio_window or max_num_seqs,
+        config.audio_lead_s,
+        config.audio_queue_s,
+    )
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, model: CausalLM, tokenizer, max_model_len: int,
-                 device: torch.device, dtype: torch.dtype,
-                 spec: Speculator | None = None,
-                 span_encoder: SpanEncoder | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: CausalLM,
+        tokenizer,
+        max_model_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        spec: Speculator | None = None,
+        span_encoder: SpanEncoder | None = None,
+    ) -> None:
         bs = config.block_size
         kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
-        per_token = KVCache.bytes_per_block(model.num_layers, 1, model.num_kv_heads,
-                                            model.head_dim, kv_dtype)
+        per_token = KVCache.bytes_per_block(
+            model.num_layers, 1, model.num_kv_heads, model.head_dim, kv_dtype
+        )
         # unset sizes (max_num_seqs, step budget, KV memory) from the device and the model
         config, self.sizes = resolve_sizes(config, device, per_token, max_model_len)
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.max_model_len, self.device, self.dtype = max_model_len, device, dtype
         self.connector: Any = None  # a vision connector, when one is served (factory)
         if config.num_kv_blocks is not None:
-            self.kv = KVCache(model.num_layers, config.num_kv_blocks, bs, model.num_kv_heads,
-                              model.head_dim, kv_dtype, device)
+            self.kv = KVCache(
+                model.num_layers,
+                config.num_kv_blocks,
+                bs,
+                model.num_kv_heads,
+                model.head_dim,
+                kv_dtype,
+                device,
+            )
         else:
-            self.kv = KVCache.from_budget(self.sizes.kv_cache_memory_mb << 20, model.num_layers, bs,
-                                          model.num_kv_heads, model.head_dim, kv_dtype, device)
+            self.kv = KVCache.from_budget(
+                self.sizes.kv_cache_memory_mb << 20,
+                model.num_layers,
+                bs,
+                model.num_kv_heads,
+                model.head_dim,
+                kv_dtype,
+                device,
+            )
         capacity = self.kv.num_blocks * bs
         if capacity < max_model_len:  # one sequence must always fit alone
             self.max_model_len = capacity
         self.blocks = BlockManager(self.kv.num_blocks, bs, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, self.sizes.max_num_seqs,
-                                   self.sizes.max_num_batched_tokens, config.max_waiting,
-                                   config.prefill_chunk_tokens,
-                                   audio_policy(config, self.sizes.max_num_seqs))
+        self.scheduler = Scheduler(
+            self.blocks,
+            self.sizes.max_num_seqs,
+            self.sizes.max_num_batched_tokens,
+            config.max_waiting,
+            config.prefill_chunk_tokens,
+            audio_policy(config, self.sizes.max_num_seqs),
+        )
         graphs = self._capture_graphs(model, device)
         self.runner = ModelRunner(model, self.kv, bs, *(graphs or (None, None)))
         self.sampler = Sampler()
@@ -127,14 +157,20 @@ class LLMEngine:
         self._ids = itertools.count()
         # async scheduling: on CUDA only (on CPU a step launched ahead runs at once, so
         # there is nothing to overlap; tests switch it on there to check its bookkeeping)
-        self.launch = LaunchAhead(config.async_scheduling and device.type == "cuda",
-                                  self.scheduler, self.blocks, self.runner, self.sampler)
+        self.launch = LaunchAhead(
+            config.async_scheduling and device.type == "cuda",
+            self.scheduler,
+            self.blocks,
+            self.runner,
+            self.sampler,
+        )
         self._ran_nothing = False  # the last step scheduled nothing (``idle_for``)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
-    def _capture_graphs(self, model: CausalLM, device: torch.device
-                        ) -> tuple[DecodeGraphs, DecodeGraphs] | None:
+    def _capture_graphs(
+        self, model: CausalLM, device: torch.device
+    ) -> tuple[DecodeGraphs, DecodeGraphs] | None:
         """CUDA: capture decode and verify steps for a set of batch sizes, and batch-1
         prefill chunks for a set of lengths; capture time/memory logged."""
         if device.type != "cuda" or self.config.enforce_eager:
@@ -147,15 +183,23 @@ class LLMEngine:
         blocks = -(-self.max_model_len // self.config.block_size)
         graphs = DecodeGraphs(model, self.kv, blocks, sizes, qs)
         report = graphs.capture()
-        log.info("captured CUDA graphs for decode batch sizes %s in %.2fs using %.0f MiB",
-                 report.batch_sizes, report.seconds, report.pool_bytes / 2**20)
+        log.info(
+            "captured CUDA graphs for decode batch sizes %s in %.2fs using %.0f MiB",
+            report.batch_sizes,
+            report.seconds,
+            report.pool_bytes / 2**20,
+        )
         self.graph_report = report
         chunk = min(self.sizes.max_num_batched_tokens, self.max_model_len)
         lengths = tuple(q for q in PREFILL_SIZES if q < chunk) + (chunk,)
         prefill = DecodeGraphs(model, self.kv, blocks, (1,), lengths, last_row_only=True)
         report = prefill.capture()
-        log.info("captured CUDA graphs for batch-1 prefill chunks of %s tokens in %.2fs "
-                 "using %.0f MiB", lengths, report.seconds, report.pool_bytes / 2**20)
+        log.info(
+            "captured CUDA graphs for batch-1 prefill chunks of %s tokens in %.2fs using %.0f MiB",
+            lengths,
+            report.seconds,
+            report.pool_bytes / 2**20,
+        )
         return graphs, prefill
 
     def set_span_encoder(self, encoder: SpanEncoder) -> None:
@@ -163,28 +207,43 @@ class LLMEngine:
         an encoder-output cache of ``EngineConfig.encoder_cache_mb``."""
         hidden = self.model.embed_tokens.embedding_dim
         if encoder.hidden_size != hidden:
-            raise ValueError(f"the span encoder gives {encoder.hidden_size}-dim vectors; the "
-                             f"model embeds tokens in {hidden} dims")
+            raise ValueError(
+                f"the span encoder gives {encoder.hidden_size}-dim vectors; the "
+                f"model embeds tokens in {hidden} dims"
+            )
         self.spans = SpanMaterializer(encoder, self.config.encoder_cache_mb << 20)
 
     # -- requests --------------------------------------------------------------------
-    def add_request(self, prompt_ids: list[int], params: SamplingParams,
-                    request_id: str | None = None,
-                    spans: list[EmbeddingSpan] | None = None,
-                    audio: AudioSpec | None = None) -> str:
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        spans: list[EmbeddingSpan] | None = None,
+        audio: AudioSpec | None = None,
+    ) -> str:
         """Queue a request; raises InvalidRequestError / QueueFullError without side effects."""
         request_id = request_id or f"req-{next(self._ids)}"
         self._validate(prompt_ids, params, request_id, spans or [])
         grammar = self.grammars.state(params.structured) if params.structured else None
         limit = len(prompt_ids) + (params.max_tokens or self.max_model_len)
         req = Request(
-            request_id, list(prompt_ids), params,
+            request_id,
+            list(prompt_ids),
+            params,
             SamplingState.create(params, self.tokenizer.eos_token_ids, self.device, grammar),
-            IncrementalDetokenizer(self.tokenizer.backend, prompt_ids, params.skip_special_tokens,
-                                   getattr(self.tokenizer, "all_special_ids", None)),
+            IncrementalDetokenizer(
+                self.tokenizer.backend,
+                prompt_ids,
+                params.skip_special_tokens,
+                getattr(self.tokenizer, "all_special_ids", None),
+            ),
             StopChecker(params.stop, params.include_stop_str_in_output),
-            set(self.tokenizer.eos_token_ids), min(limit, self.max_model_len), list(spans or []),
-            audio)
+            set(self.tokenizer.eos_token_ids),
+            min(limit, self.max_model_len),
+            list(spans or []),
+            audio,
+        )
         self.scheduler.add(req)
         if audio is not None:
             self.scheduler.policy.attach(req)
@@ -192,8 +251,13 @@ class LLMEngine:
         self.prompt_tokens_total += len(prompt_ids)
         return request_id
 
-    def _validate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                  spans: list[EmbeddingSpan]) -> None:
+    def _validate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        spans: list[EmbeddingSpan],
+    ) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if not prompt_ids:
@@ -207,22 +271,27 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt_ids)} tokens; this model's context is "
                 f"{self.max_model_len} tokens, so the prompt may have at most "
-                f"{self.max_model_len - 1}")
+                f"{self.max_model_len - 1}"
+            )
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab})")
         for sp in spans:
             if sp.pending and self.spans is None:
                 raise InvalidRequestError(
                     "this request carries image (or other encoded) input, but the engine has "
-                    "no encoder for it; serve with a connector")
+                    "no encoder for it; serve with a connector"
+                )
             if sp.pending and (sp.payload is None or not sp.source or not sp.digest):
-                raise InvalidRequestError("a pending embedding span needs a payload, its "
-                                          "source digest and a prefix-cache digest")
+                raise InvalidRequestError(
+                    "a pending embedding span needs a payload, its "
+                    "source digest and a prefix-cache digest"
+                )
             ready = sp.pending or (sp.vectors is not None and sp.vectors.dim() == 2)
             if not ready or sp.length < 1 or sp.start < 0 or sp.end > len(prompt_ids):
                 raise InvalidRequestError(
                     f"embedding span at {sp.start} of {sp.length} vectors does not fit "
-                    f"a prompt of {len(prompt_ids)} tokens")
+                    f"a prompt of {len(prompt_ids)} tokens"
+                )
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)
@@ -321,8 +390,9 @@ class LLMEngine:
             return _Picked(*self._sample(step.seqs, step.result))
         self.launch.launch_next(cur, self.spec)
         ids = self.launch.token_ids(cur)
-        return _Picked(SampleResult(ids, [None] * len(ids)),
-                       [slice(i, i + 1) for i in range(len(ids))])
+        return _Picked(
+            SampleResult(ids, [None] * len(ids)), [slice(i, i + 1) for i in range(len(ids))]
+        )
 
     def _update(self, step: LaunchedStep, picked: _Picked) -> _Update:
         """Verify drafts, advance each request's computed length, commit full blocks,
@@ -347,7 +417,8 @@ class LLMEngine:
             t = time.perf_counter()
             # text that can end nothing (no stop strings) waits for the next launch
             self.generation_tokens_total += self.appender.append(
-                req, tokens, logprobs, defer_text=self.async_scheduling and not req.stop)
+                req, tokens, logprobs, defer_text=self.async_scheduling and not req.stop
+            )
             update.emit_s += time.perf_counter() - t
             update.emitted += len(tokens)
             update.emitters += 1
@@ -356,8 +427,14 @@ class LLMEngine:
             update.done.append(req)
         return update
 
-    def _tokens(self, s: ScheduledSeq, rows: list[int], pick: slice | None,
-                result: StepLogits, sampled: SampleResult | None) -> tuple[list[int], list]:
+    def _tokens(
+        self,
+        s: ScheduledSeq,
+        rows: list[int],
+        pick: slice | None,
+        result: StepLogits,
+        sampled: SampleResult | None,
+    ) -> tuple[list[int], list]:
         """A sequence's new tokens (a verify's accepted drafts and the target's next
         token) and their logprobs."""
         if not s.draft:
@@ -379,8 +456,15 @@ class LLMEngine:
         if self.spec is None:
             return
         seconds = time.perf_counter() - clock.start - update.emit_s * update.share - clock.carried
-        self.spec.record_step(step.result.num_rows, seconds, any(s.draft for s in step.seqs),
-                              step.result.graph, update.emitted, update.emitters, step.quiet)
+        self.spec.record_step(
+            step.result.num_rows,
+            seconds,
+            any(s.draft for s in step.seqs),
+            step.result.graph,
+            update.emitted,
+            update.emitters,
+            step.quiet,
+        )
 
     def _outputs(self, step: LaunchedStep, update: _Update) -> list[RequestOutput]:
         """Launch the next step if its tokens are all in (the same step the synchronous
@@ -424,15 +508,16 @@ class LLMEngine:
             req = self.requests.get(request_id)
             grammar = req.sampling.grammar if req is not None else None
             if grammar is not None:
-                draft = draft[:grammar.valid_prefix(draft)]
+                draft = draft[: grammar.valid_prefix(draft)]
                 if not draft and self.spec is not None:  # as a drafter that found nothing
                     self.spec.controller.no_draft(request_id)
             if draft:
                 out[request_id] = draft
         return out
 
-    def _sample(self, seqs: list[ScheduledSeq], result: StepLogits
-                ) -> tuple[SampleResult | None, list[slice | None]]:
+    def _sample(
+        self, seqs: list[ScheduledSeq], result: StepLogits
+    ) -> tuple[SampleResult | None, list[slice | None]]:
         """One sampler call for every plain row and every row of a greedy verify; the
         second list says which of its tokens are each sequence's (None: not sampled here:
         a prefill chunk, or a sampled verify that does its own rejection sampling).
@@ -454,8 +539,9 @@ class LLMEngine:
             return None, picks
         # rows only ever increase: a contiguous run (every plain decode step, a greedy
         # verify without padding rows) is a view, not a gather of (rows, vocab) floats
-        pick: slice | list[int] = (slice(rows[0], rows[-1] + 1)
-                                   if rows[-1] - rows[0] + 1 == len(rows) else rows)
+        pick: slice | list[int] = (
+            slice(rows[0], rows[-1] + 1) if rows[-1] - rows[0] + 1 == len(rows) else rows
+        )
         argmax = result.argmax[pick] if result.argmax is not None else None
         return self.sampler.sample(result.logits[pick], states, extra, argmax), picks
 
@@ -463,11 +549,11 @@ class LLMEngine:
         """Offer the newly full blocks of computed tokens to the prefix cache."""
         table, bs = req.table, self.config.block_size
         assert table is not None
-        if (not self.blocks.enable_prefix_caching
-                or req.num_computed // bs <= len(table.block_hashes)):
+        if not self.blocks.enable_prefix_caching or req.num_computed // bs <= len(
+            table.block_hashes
+        ):
             return  # no block filled up this step (most steps): skip copying the context
-        self.blocks.commit_full_blocks(table, req.all_ids[: req.num_computed],
-                                       req.extra_keys(bs))
+        self.blocks.commit_full_blocks(table, req.all_ids[: req.num_computed], req.extra_keys(bs))
 
     def _finish(self, req: Request) -> None:
         self.scheduler.finish(req)
@@ -481,32 +567,40 @@ class LLMEngine:
             kv_blocks_total=self.blocks.num_total_blocks,
             kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_free=self.blocks.num_free_blocks,
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
             preemptions_total=self.scheduler.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             prefix_cache_hit_tokens_total=self.blocks.prefix_hits,
             prefix_cache_query_tokens_total=self.blocks.prefix_queries,
-            **self.scheduler.policy.stats(), **self._encoder_stats(), **self._spec_stats())
+            **self.scheduler.policy.stats(),
+            **self._encoder_stats(),
+            **self._spec_stats(),
+        )
 
     def _encoder_stats(self) -> dict:
         if self.spans is None:
             return {}
         st = self.spans.stats
-        return {"encoder_calls_total": st.encoder_calls,
-                "encoder_payloads_total": st.encoded_payloads,
-                "encoder_cache_hits_total": st.cache_hits}
+        return {
+            "encoder_calls_total": st.encoder_calls,
+            "encoder_payloads_total": st.encoded_payloads,
+            "encoder_cache_hits_total": st.cache_hits,
+        }
 
     def _spec_stats(self) -> dict:
         spec = self.speculator
         if spec is None:
             return {}
         totals = spec.controller.totals()
-        return {"spec_guard_pauses_total": spec.controller.pauses,
-                "spec_num_drafts_total": totals.num_drafts,
-                "spec_draft_tokens_total": totals.num_draft_tokens,
-                "spec_accepted_tokens_total": totals.num_accepted_tokens,
-                "spec_acceptance_by_position": spec.controller.acceptance_by_position()}
+        return {
+            "spec_guard_pauses_total": spec.controller.pauses,
+            "spec_num_drafts_total": totals.num_drafts,
+            "spec_draft_tokens_total": totals.num_draft_tokens,
+            "spec_accepted_tokens_total": totals.num_accepted_tokens,
+            "spec_acceptance_by_position": spec.controller.acceptance_by_position(),
+        }
 
 
 __all__ = ["LLMEngine", "Status", "ScheduledSeq"]

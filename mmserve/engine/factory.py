@@ -59,20 +59,34 @@ def create_engine(config: EngineConfig) -> LLMEngine:
     log.info("loaded %s from %s in %.2fs", model_name(config), path, time.perf_counter() - start)
     head = model.q8_head()
     if head is not None and kernels.q8_head:
-        log.info("LM head: read from its Q8_0 blocks up to %d rows (%.1f MB against %.1f MB "
-                 "of %s; the same bits)", Q8_MAX_ROWS,
-                 sum(t.numel() * t.element_size() for t in head) / 1e6,
-                 model.lm_head_weight().numel() * model.lm_head_weight().element_size() / 1e6,
-                 str(dtype).removeprefix("torch."))
+        log.info(
+            "LM head: read from its Q8_0 blocks up to %d rows (%.1f MB against %.1f MB "
+            "of %s; the same bits)",
+            Q8_MAX_ROWS,
+            sum(t.numel() * t.element_size() for t in head) / 1e6,
+            model.lm_head_weight().numel() * model.lm_head_weight().element_size() / 1e6,
+            str(dtype).removeprefix("torch."),
+        )
     elif head is not None:
-        log.info("LM head: from its %s weight (its Q8_0 blocks unread: MMSERVE_Q8_HEAD=0)",
-                 str(dtype).removeprefix("torch."))
+        log.info(
+            "LM head: from its %s weight (its Q8_0 blocks unread: MMSERVE_Q8_HEAD=0)",
+            str(dtype).removeprefix("torch."),
+        )
     limit = config.max_model_len or min(model.max_position_embeddings, DEFAULT_MAX_LEN_CAP)
     if limit > model.max_position_embeddings:
-        raise ValueError(f"max_model_len {limit} exceeds the model's context of "
-                         f"{model.max_position_embeddings} tokens")
-    engine = LLMEngine(config, model, tokenizer, limit, device, dtype,
-                       build_speculator(config.spec_config(), model, device, dtype))
+        raise ValueError(
+            f"max_model_len {limit} exceeds the model's context of "
+            f"{model.max_position_embeddings} tokens"
+        )
+    engine = LLMEngine(
+        config,
+        model,
+        tokenizer,
+        limit,
+        device,
+        dtype,
+        build_speculator(config.spec_config(), model, device, dtype),
+    )
     attach_connector(engine, config, path)
     if config.warmup and device.type == "cuda":
         from mmserve.engine.warmup import warm_up

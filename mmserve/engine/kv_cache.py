@@ -42,23 +42,52 @@ class KVCache:
     """The KV memory of every layer: ``data`` is allocated once and never grows."""
 
     def __init__(
-        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-        head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
     ):
-        for name, value in (("num_layers", num_layers), ("num_blocks", num_blocks),
-                            ("block_size", block_size), ("num_kv_heads", num_kv_heads),
-                            ("head_dim", head_dim)):
+        for name, value in (
+            ("num_layers", num_layers),
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         _check_dtype(dtype)
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         # (L, 2, N, B, Hkv, D); zeros, not empty: padded reads must never see NaN garbage
-        self.data = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
-                                dtype=dtype, device=device)
+        self.data = torch.zeros(
+            num_layers,
+            2,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype=dtype,
+            device=device,
+        )
         # (L, 2, N, B, Hkv) per-token, per-head scales of an fp8 cache; zeros read back as zeros
-        self.scales = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads,
-                                  dtype=SCALE_DTYPE, device=device) if is_fp8(dtype) else None
+        self.scales = (
+            torch.zeros(
+                num_layers,
+                2,
+                num_blocks,
+                block_size,
+                num_kv_heads,
+                dtype=SCALE_DTYPE,
+                device=device,
+            )
+            if is_fp8(dtype)
+            else None
+        )
         self._layers = [self._layer_views(i) for i in range(num_layers)]
 
     def _layer_views(self, i: int) -> LayerKV:
@@ -77,8 +106,13 @@ class KVCache:
 
     @classmethod
     def blocks_for_budget(
-        cls, budget_bytes: int, num_layers: int, block_size: int, num_kv_heads: int,
-        head_dim: int, dtype: torch.dtype,
+        cls,
+        budget_bytes: int,
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
     ) -> int:
         """How many blocks fit in ``budget_bytes``; ValueError if fewer than 2."""
         per_block = cls.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
@@ -87,16 +121,24 @@ class KVCache:
             raise ValueError(
                 f"KV cache budget of {budget_bytes} bytes holds {num_blocks} blocks of "
                 f"{per_block} bytes; at least 2 are needed: raise kv_cache_memory_mb or "
-                f"lower block_size")
+                f"lower block_size"
+            )
         return num_blocks
 
     @classmethod
     def from_budget(
-        cls, budget_bytes: int, num_layers: int, block_size: int, num_kv_heads: int,
-        head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+        cls,
+        budget_bytes: int,
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
     ) -> KVCache:
-        num_blocks = cls.blocks_for_budget(budget_bytes, num_layers, block_size, num_kv_heads,
-                                           head_dim, dtype)
+        num_blocks = cls.blocks_for_budget(
+            budget_bytes, num_layers, block_size, num_kv_heads, head_dim, dtype
+        )
         return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
 
     @property
@@ -121,4 +163,3 @@ class KVCache:
 def _check_dtype(dtype: torch.dtype) -> None:
     if dtype.is_floating_point and dtype.itemsize == 1 and not is_fp8(dtype):
         raise ValueError(f"fp8 KV cache stores {FP8_DTYPE} only, got {dtype}")
-

@@ -55,11 +55,15 @@ class AudioSpec:
         if self.tokens_per_frame < 1:
             raise ValueError(f"tokens_per_frame must be >= 1, got {self.tokens_per_frame}")
         if self.buffer_s < 0 or not self.first_audio_s > 0:
-            raise ValueError("buffer_s must be >= 0 and first_audio_s > 0, got "
-                             f"{self.buffer_s} and {self.first_audio_s}")
+            raise ValueError(
+                "buffer_s must be >= 0 and first_audio_s > 0, got "
+                f"{self.buffer_s} and {self.first_audio_s}"
+            )
         if not 1 <= self.first_chunk_frames <= self.max_chunk_frames:
-            raise ValueError("need 1 <= first_chunk_frames <= max_chunk_frames, got "
-                             f"{self.first_chunk_frames} and {self.max_chunk_frames}")
+            raise ValueError(
+                "need 1 <= first_chunk_frames <= max_chunk_frames, got "
+                f"{self.first_chunk_frames} and {self.max_chunk_frames}"
+            )
 
     @property
     def tokens_per_s(self) -> float:

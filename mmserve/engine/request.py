@@ -142,19 +142,31 @@ class Request:
 
     def take_output(self) -> RequestOutput:
         """The delta since the last call (text held back for stop strings stays held)."""
-        upto = len(self.text) if self.finished else self.sent + self.stop.safe_len(
-            self.text[self.sent:])
-        new_text, self.sent = self.text[self.sent:upto], upto
-        new_ids = self.output_ids[self.sent_tokens:]
+        upto = (
+            len(self.text)
+            if self.finished
+            else self.sent + self.stop.safe_len(self.text[self.sent :])
+        )
+        new_text, self.sent = self.text[self.sent : upto], upto
+        new_ids = self.output_ids[self.sent_tokens :]
         self.sent_tokens = len(self.output_ids)
         logprobs = None
         if self.params.logprobs is not None:
             logprobs, self.pending_logprobs = self.pending_logprobs, []
         return RequestOutput(
-            request_id=self.request_id, new_token_ids=new_ids, new_text=new_text,
-            token_ids=list(self.output_ids), text=self.text[:self.sent],
-            finished=self.finished, finish_reason=self.finish_reason,
-            num_prompt_tokens=len(self.prompt_ids), num_cached_tokens=self.num_cached_tokens,
-            new_logprobs=logprobs, stop_reason=self.stop_reason,
-            num_draft_tokens=self.num_draft_tokens, num_accepted_tokens=self.num_accepted_tokens,
-            arrival_time=self.arrival_time, first_token_time=self.first_token_time)
+            request_id=self.request_id,
+            new_token_ids=new_ids,
+            new_text=new_text,
+            token_ids=list(self.output_ids),
+            text=self.text[: self.sent],
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            num_prompt_tokens=len(self.prompt_ids),
+            num_cached_tokens=self.num_cached_tokens,
+            new_logprobs=logprobs,
+            stop_reason=self.stop_reason,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
+            arrival_time=self.arrival_time,
+            first_token_time=self.first_token_time,
+        )

@@ -30,9 +30,14 @@ class StepLogits(NamedTuple):
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv: KVCache, block_size: int,
-                 graphs: DecodeGraphs | None = None,
-                 prefill_graphs: DecodeGraphs | None = None) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv: KVCache,
+        block_size: int,
+        graphs: DecodeGraphs | None = None,
+        prefill_graphs: DecodeGraphs | None = None,
+    ) -> None:
         self.model, self.kv, self.block_size = model, kv, block_size
         self.device = kv.device
         self.graphs = graphs  # CUDA: captured decode and verify steps
@@ -40,11 +45,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[ScheduledSeq]) -> StepLogits:
-        if self.graphs is not None and self._decode_or_verify(seqs) and self.graphs.fits(
-                len(seqs), max(s.num_tokens for s in seqs)):
+        if (
+            self.graphs is not None
+            and self._decode_or_verify(seqs)
+            and self.graphs.fits(len(seqs), max(s.num_tokens for s in seqs))
+        ):
             return self._run_graph(seqs)
-        if (self.prefill_graphs is not None and len(seqs) == 1 and self._plain_chunk(seqs[0])
-                and self.prefill_graphs.fits(1, seqs[0].num_tokens)):
+        if (
+            self.prefill_graphs is not None
+            and len(seqs) == 1
+            and self._plain_chunk(seqs[0])
+            and self.prefill_graphs.fits(1, seqs[0].num_tokens)
+        ):
             return self._run_prefill_graph(seqs[0])
         ids: list[int] = []
         positions: list[int] = []
@@ -58,23 +70,33 @@ class ModelRunner:
             rows.append(list(range(len(wanted), len(wanted) + len(mine))))
             wanted += mine
         meta = AttentionMetadata.build(
-            [s.num_tokens for s in seqs], [s.start + s.num_tokens for s in seqs],
+            [s.num_tokens for s in seqs],
+            [s.start + s.num_tokens for s in seqs],
             [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
-            self.block_size, self.device)
+            self.block_size,
+            self.device,
+        )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         embeds = self._embeds(seqs, input_ids)
-        hidden = self.model(None if embeds is not None else input_ids,
-                            torch.tensor(positions, device=self.device), meta, self.kv,
-                            inputs_embeds=embeds)
+        hidden = self.model(
+            None if embeds is not None else input_ids,
+            torch.tensor(positions, device=self.device),
+            meta,
+            self.kv,
+            inputs_embeds=embeds,
+        )
         if not wanted:
             return StepLogits(hidden.new_zeros(0, 0), rows, len(ids))
         logits = self.model.compute_logits(hidden[torch.tensor(wanted, device=self.device)])
         return StepLogits(logits, rows, len(ids))
 
     @torch.inference_mode()
-    def run_ahead(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor,
-                  tokens_to: tuple[torch.Tensor, torch.cuda.Event] | None = None
-                  ) -> StepLogits:
+    def run_ahead(
+        self,
+        seqs: list[ScheduledSeq],
+        input_ids: torch.Tensor,
+        tokens_to: tuple[torch.Tensor, torch.cuda.Event] | None = None,
+    ) -> StepLogits:
         """A decode step of one token a sequence whose tokens are still on the device (the
         last step's greedy picks, not yet on the host: async scheduling) -> row ``i`` for
         sequence ``i``. The same kernels and graphs as ``run``, so the same row bits.
@@ -85,17 +107,24 @@ class ModelRunner:
         rows = [[i] for i in range(n)]
         if self.graphs is not None and self.graphs.fits(n):
             logits, argmax, q = self.graphs.run_verify(
-                [[0]] * n, [s.start for s in seqs],
+                [[0]] * n,
+                [s.start for s in seqs],
                 [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
-                self.block_size, input_ids=input_ids, tokens_to=tokens_to)
+                self.block_size,
+                input_ids=input_ids,
+                tokens_to=tokens_to,
+            )
             return StepLogits(logits, rows, n * q, graph=True, argmax=argmax)
         if tokens_to is not None:
             copy_flat(tokens_to[0], input_ids)
             tokens_to[1].record()
         meta = AttentionMetadata.build(
-            [1] * n, [s.start + 1 for s in seqs],
+            [1] * n,
+            [s.start + 1 for s in seqs],
             [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
-            self.block_size, self.device)
+            self.block_size,
+            self.device,
+        )
         positions = torch.tensor([s.start for s in seqs], device=self.device)
         hidden = self.model(input_ids, positions, meta, self.kv)
         return StepLogits(self.model.compute_logits(hidden), rows, n)
@@ -128,19 +157,25 @@ class ModelRunner:
         assert self.prefill_graphs is not None
         ids = s.req.table.block_ids  # type: ignore[union-attr]
         logits, argmax, q = self.prefill_graphs.run_verify(
-            [s.req.all_ids[s.start : s.start + s.num_real]], [s.start],
-            [ids], self.block_size)
+            [s.req.all_ids[s.start : s.start + s.num_real]], [s.start], [ids], self.block_size
+        )
         return StepLogits(logits, [[0] if s.samples else []], q, argmax=argmax)
 
     def _run_graph(self, seqs: list[ScheduledSeq]) -> StepLogits:
         assert self.graphs is not None
         logits, argmax, q = self.graphs.run_verify(
-            [[s.req.token(s.start), *s.draft] for s in seqs], [s.start for s in seqs],
+            [[s.req.token(s.start), *s.draft] for s in seqs],
+            [s.start for s in seqs],
             [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
-            self.block_size)
-        return StepLogits(logits, [list(range(i * q, i * q + s.num_tokens))
-                                   for i, s in enumerate(seqs)], len(seqs) * q, graph=True,
-                          argmax=argmax)
+            self.block_size,
+        )
+        return StepLogits(
+            logits,
+            [list(range(i * q, i * q + s.num_tokens)) for i, s in enumerate(seqs)],
+            len(seqs) * q,
+            graph=True,
+            argmax=argmax,
+        )
 
     def _embeds(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> torch.Tensor | None:
         """Token embeddings with span vectors spliced in, or None when no span is in play."""

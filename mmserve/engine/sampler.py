@@ -61,7 +61,10 @@ class SamplingState:
 
     @classmethod
     def create(
-        cls, params: SamplingParams, eos_token_ids: set[int], device: torch.device | str = "cpu",
+        cls,
+        params: SamplingParams,
+        eos_token_ids: set[int],
+        device: torch.device | str = "cpu",
         grammar: GrammarState | None = None,
     ) -> SamplingState:
         """Seed the generator from ``params.seed``, or from fresh OS randomness when None.
@@ -75,9 +78,12 @@ class SamplingState:
         bias = None
         if params.logit_bias:
             ids = sorted(params.logit_bias)
-            bias = (torch.tensor(ids, dtype=torch.long, device=device),
-                    torch.tensor([params.logit_bias[i] for i in ids], dtype=torch.float32,
-                                 device=device))
+            bias = (
+                torch.tensor(ids, dtype=torch.long, device=device),
+                torch.tensor(
+                    [params.logit_bias[i] for i in ids], dtype=torch.float32, device=device
+                ),
+            )
         return cls(params, generator, sorted(banned), grammar=grammar, bias=bias)
 
     def observe(self, token_id: int) -> None:
@@ -157,8 +163,9 @@ class Sampler:
         nothing to apply may return ``argmax`` itself (a view: copy it before the buffer
         it views is overwritten)."""
         extra = extra_tokens if extra_tokens is not None else [[] for _ in states]
-        if all(s.params.greedy and not adjusts(s, more) for s, more in zip(
-                states, extra, strict=True)):
+        if all(
+            s.params.greedy and not adjusts(s, more) for s, more in zip(states, extra, strict=True)
+        ):
             # every row greedy with nothing to apply: the argmax of the logits themselves
             # (what ``process`` would return is their exact float32 copy), without a
             # per-row pass (~2 us a row on the host: 36 rows of a 4 x (8 + 1) verify step)
@@ -218,9 +225,9 @@ class Sampler:
             x[at] = _apply_filters(x[at], [states[i].params for i in rows])
         return x
 
-
-    def _apply_grammars(self, x: torch.Tensor, states: list[SamplingState],
-                        extra: list[list[int]]) -> None:
+    def _apply_grammars(
+        self, x: torch.Tensor, states: list[SamplingState], extra: list[list[int]]
+    ) -> None:
         """Mask the rows of ``x`` (B, V) whose request has a grammar, in place: the host
         fills their bitmasks (the device may still be running the forward), one copy
         takes them over, and one masked fill applies them."""
@@ -267,10 +274,15 @@ def _index(rows: list[int], device: torch.device) -> slice | torch.Tensor:
 def adjusts(state: SamplingState, extra: list[int]) -> bool:
     """Whether a grammar, a logit bias, a penalty or min_tokens changes this row's logits."""
     p = state.params
-    return (state.grammar is not None or state.bias is not None
-            or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-            or (state.num_generated + len(extra) < p.min_tokens
-                and bool(state.banned_before_min_tokens)))
+    return (
+        state.grammar is not None
+        or state.bias is not None
+        or p.presence_penalty != 0.0
+        or p.frequency_penalty != 0.0
+        or (
+            state.num_generated + len(extra) < p.min_tokens and bool(state.banned_before_min_tokens)
+        )
+    )
 
 
 def _apply_penalties(row: torch.Tensor, state: SamplingState, extra: list[int]) -> None:
@@ -289,15 +301,15 @@ def _apply_penalties(row: torch.Tensor, state: SamplingState, extra: list[int]) 
 def _apply_min_tokens(row: torch.Tensor, state: SamplingState, extra: list[int]) -> None:
     if state.num_generated + len(extra) < state.params.min_tokens:
         if state.banned_before_min_tokens:
-            row[_on_device(state.banned_before_min_tokens, torch.long, row.device)] = float(
-                "-inf")
+            row[_on_device(state.banned_before_min_tokens, torch.long, row.device)] = float("-inf")
 
 
 def _apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, min_p, top_k, top_p on rows (R, V); disabled filters are exact no-ops."""
     rows, vocab = x.shape
-    temp = _on_device([max(p.temperature, _MIN_TEMPERATURE) for p in params], torch.float32,
-                      x.device)
+    temp = _on_device(
+        [max(p.temperature, _MIN_TEMPERATURE) for p in params], torch.float32, x.device
+    )
     x = x / temp[:, None]
     if any(p.min_p > 0 for p in params):
         min_p = _on_device([p.min_p for p in params], torch.float32, x.device)
@@ -307,8 +319,9 @@ def _apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tenso
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     top_p = [p.top_p for p in params]
     if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
-        x = _top_k_top_p(x, _on_device(top_k, torch.long, x.device),
-                         _on_device(top_p, torch.float32, x.device))
+        x = _top_k_top_p(
+            x, _on_device(top_k, torch.long, x.device), _on_device(top_p, torch.float32, x.device)
+        )
     return x
 
 

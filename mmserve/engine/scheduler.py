@@ -81,9 +81,15 @@ class _Step:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_waiting: int, prefill_chunk: int | None = None,
-                 policy: AudioPolicy | None = None) -> None:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_waiting: int,
+        prefill_chunk: int | None = None,
+        policy: AudioPolicy | None = None,
+    ) -> None:
         self.blocks = blocks
         self.policy = policy or AudioPolicy()
         self.max_num_seqs = max_num_seqs
@@ -98,7 +104,8 @@ class Scheduler:
     def add(self, req: Request) -> None:
         if len(self.waiting) >= self.max_waiting:
             raise QueueFullError(
-                f"the waiting queue is full ({self.max_waiting} requests); retry later")
+                f"the waiting queue is full ({self.max_waiting} requests); retry later"
+            )
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -125,8 +132,11 @@ class Scheduler:
                 step.add(ScheduledSeq(req, req.num_computed, 1, draft))
 
     def _schedule_prefills(self, step: _Step) -> None:
-        prefilling = [r for r in self.running if r.num_tokens - r.num_computed > 1
-                      and not self.policy.skips(r)]
+        prefilling = [
+            r
+            for r in self.running
+            if r.num_tokens - r.num_computed > 1 and not self.policy.skips(r)
+        ]
         for i, req in enumerate(prefilling):
             if step.budget <= 0:
                 return
@@ -134,7 +144,8 @@ class Scheduler:
                 continue  # preempted for an earlier request this step
             behind = len(prefilling) - i - 1 + self._admissible()
             n = self.policy.chunk(
-                req, self._chunk(req.num_tokens - req.num_computed, step.budget, behind))
+                req, self._chunk(req.num_tokens - req.num_computed, step.budget, behind)
+            )
             if n > 0 and self._reserve(req, n, step):  # 0: it would make an audio stream late
                 step.add(ScheduledSeq(req, req.num_computed, n))
         while self._admissible() and step.budget > 0 and not step.preempted:
@@ -142,8 +153,9 @@ class Scheduler:
             if admitted is None:
                 return
             req = admitted
-            table = self.blocks.allocate(req.request_id, req.all_ids,
-                                         req.extra_keys(self.blocks.block_size))
+            table = self.blocks.allocate(
+                req.request_id, req.all_ids, req.extra_keys(self.blocks.block_size)
+            )
             if table is None:
                 return
             self.waiting.remove(req)
@@ -152,8 +164,8 @@ class Scheduler:
             req.num_cached_tokens = max(req.num_cached_tokens, table.num_cached_tokens)
             self.running.append(req)
             n = self.policy.chunk(
-                req, self._chunk(req.num_tokens - req.num_computed, step.budget,
-                                 self._admissible()))
+                req, self._chunk(req.num_tokens - req.num_computed, step.budget, self._admissible())
+            )
             step.add(ScheduledSeq(req, req.num_computed, n))
 
     def _next_admitted(self) -> Request | None:
@@ -190,8 +202,10 @@ class Scheduler:
             extra = req.num_computed + n - req.table.num_tokens
             if extra <= 0 or self.blocks.append_slots(req.table, extra):
                 return True
-            victim = next((r for r in reversed(self.running)
-                           if r is not req and id(r) not in step.scheduled), None)
+            victim = next(
+                (r for r in reversed(self.running) if r is not req and id(r) not in step.scheduled),
+                None,
+            )
             if victim is None:
                 if step.seqs:
                     return False  # others run this step and free blocks as they finish

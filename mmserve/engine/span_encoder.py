@@ -124,5 +124,5 @@ class SpanMaterializer:
         for sp in todo:
             rows = encoded[sp.source]
             assert sp.offset + sp.length <= rows.shape[0], "span outside its payload's encoding"
-            sp.vectors = rows[sp.offset: sp.offset + sp.length]
+            sp.vectors = rows[sp.offset : sp.offset + sp.length]
             sp.payload = None  # ready now: the input is no longer needed

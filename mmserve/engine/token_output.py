@@ -15,8 +15,13 @@ class TokenAppender:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
-    def append(self, req: Request, tokens: list[int],
-               logprobs: list[list[tuple[int, float]] | None], defer_text: bool = False) -> int:
+    def append(
+        self,
+        req: Request,
+        tokens: list[int],
+        logprobs: list[list[tuple[int, float]] | None],
+        defer_text: bool = False,
+    ) -> int:
         """Append tokens until one finishes the request; returns how many were kept.
 
         ``defer_text`` (a request without stop strings, whose text can finish nothing):
@@ -46,7 +51,7 @@ class TokenAppender:
             req.num_detok = max(req.num_detok, upto)
             return ""
         new = ""
-        for token in req.output_ids[req.num_detok:upto]:
+        for token in req.output_ids[req.num_detok : upto]:
             new = req.detok.add([token])
             if new:
                 req.text += new
@@ -69,8 +74,9 @@ class TokenAppender:
                     req.text = req.text[: hit.truncate_to]
                     req.finish_reason, req.stop_reason = "stop", hit.stop_str
                     return True
-        if (p.max_tokens is not None and n_out >= p.max_tokens) or \
-                req.num_tokens >= req.max_total_len:
+        if (
+            p.max_tokens is not None and n_out >= p.max_tokens
+        ) or req.num_tokens >= req.max_total_len:
             return self._stop(req, "length", None, n_out)
         return False
 
@@ -92,5 +98,9 @@ class TokenAppender:
     def _logprob(self, lps: list[tuple[int, float]]) -> TokenLogprob:
         tok = self.tokenizer
         (tid, lp), top = lps[0], lps[1:]
-        return TokenLogprob(tid, tok.decode([tid], skip_special_tokens=False), lp,
-                            [(i, tok.decode([i], skip_special_tokens=False), v) for i, v in top])
+        return TokenLogprob(
+            tid,
+            tok.decode([tid], skip_special_tokens=False),
+            lp,
+            [(i, tok.decode([i], skip_special_tokens=False), v) for i, v in top],
+        )

@@ -143,7 +143,10 @@ def _copy_rows(cache: torch.Tensor, rows: torch.Tensor, slot_mapping: torch.Tens
 
 
 def paged_attention(
-    q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float,
+    q: torch.Tensor,
+    kv: LayerKV,
+    meta: AttentionMetadata,
+    scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
     """q: (N, Hq, D) -> (N, Hq, D), reading keys/values from the paged cache.
@@ -207,7 +210,11 @@ def attend(
 
 
 def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, scale: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
     """Textbook causal attention in float64 over a contiguous sequence, for tests.

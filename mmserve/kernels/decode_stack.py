@@ -32,9 +32,14 @@ from mmserve.kernels.triton_dispatch import use_triton
 _counts = {"runs": 0}
 
 # (stacked name, attribute path under a layer)
-STACKED = (("qkv", "attn.qkv_weight"), ("o", "attn.o_weight"), ("gate_up", "mlp.gate_up_weight"),
-           ("down", "mlp.down_weight"), ("input_norm", "input_norm"),
-           ("post_norm", "post_attn_norm"))
+STACKED = (
+    ("qkv", "attn.qkv_weight"),
+    ("o", "attn.o_weight"),
+    ("gate_up", "mlp.gate_up_weight"),
+    ("down", "mlp.down_weight"),
+    ("input_norm", "input_norm"),
+    ("post_norm", "post_attn_norm"),
+)
 
 
 def decode_stack_enabled() -> bool:
@@ -88,9 +93,14 @@ def applies(x: torch.Tensor, kv, layers: nn.ModuleList, rows: int | None = None)
     its rows will be gathered from (``run``'s ``ids``)."""
     rows = x.shape[0] if rows is None else rows
     settings = current()
-    if not (settings.decode_stack and 0 < rows <= min(settings.decode_stack_rows, MAX_ROWS)
-            and ready(layers) and use_triton(x) and x.dtype == torch.bfloat16
-            and fused._fused_gemm(x, x.shape[-1])):
+    if not (
+        settings.decode_stack
+        and 0 < rows <= min(settings.decode_stack_rows, MAX_ROWS)
+        and ready(layers)
+        and use_triton(x)
+        and x.dtype == torch.bfloat16
+        and fused._fused_gemm(x, x.shape[-1])
+    ):
         return False
     cache = whole_cache(kv)
     return cache is not None and cache.dtype == x.dtype and cache.is_contiguous()
@@ -125,9 +135,20 @@ def ready(layers: nn.ModuleList) -> bool:
     return layers.__dict__.get("_stacked") is not None
 
 
-def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, kv, rope, *,
-        heads: int, kv_heads: int, eps: float, scale: float,
-        ids: torch.Tensor | None = None) -> torch.Tensor:
+def run(
+    x: torch.Tensor,
+    layers: nn.ModuleList,
+    positions: torch.Tensor,
+    meta,
+    kv,
+    rope,
+    *,
+    heads: int,
+    kv_heads: int,
+    eps: float,
+    scale: float,
+    ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Every layer for the step's tokens x (N, H) -> the residual stream after the last.
     ``ids``: the step's (N,) token ids, x the embedding table they index (the gather runs
     in the stack's input kernel)."""
@@ -138,7 +159,22 @@ def run(x: torch.Tensor, layers: nn.ModuleList, positions: torch.Tensor, meta, k
     assert cache is not None
     _counts["runs"] += 1
     pm = paged_metadata(meta, cache.shape[3])
-    return decode_stack(x, stacked_weights(layers), cache, rope.cos, rope.sin, positions,
-                        pm.slot_mapping, pm.block_tables, pm.context_lens, pm.query_start,
-                        pm.query_lens, pm.max_query_len, heads=heads, kv_heads=kv_heads, eps=eps,
-                        scale=scale, ids=ids)
+    return decode_stack(
+        x,
+        stacked_weights(layers),
+        cache,
+        rope.cos,
+        rope.sin,
+        positions,
+        pm.slot_mapping,
+        pm.block_tables,
+        pm.context_lens,
+        pm.query_start,
+        pm.query_lens,
+        pm.max_query_len,
+        heads=heads,
+        kv_heads=kv_heads,
+        eps=eps,
+        scale=scale,
+        ids=ids,
+    )

@@ -55,12 +55,23 @@ FUSE_MAX_HIDDEN = 2048
 def _fused_gemm(x: torch.Tensor, hidden: int | None) -> bool:
     """Whether the Triton fused GEMM runs; ``hidden`` None: no norm prologue (the residual
     epilogue keeps the plain GEMM's tiles and bits, so it is used at every size)."""
-    return (fused_enabled() and (hidden is None or hidden <= FUSE_MAX_HIDDEN)
-            and batch_invariant() and x.dtype in HALF and use_triton(x))
+    return (
+        fused_enabled()
+        and (hidden is None or hidden <= FUSE_MAX_HIDDEN)
+        and batch_invariant()
+        and x.dtype in HALF
+        and use_triton(x)
+    )
 
 
-def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
-                weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def norm_linear(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``linear(rms_norm(x, norm_weight, eps, offset), weight, bias)``; x (M, K) -> (M, N)."""
     if _fused_gemm(x, x.shape[-1]):
         from mmserve.kernels import triton_fused
@@ -78,8 +89,9 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     return residual + linear(x, weight)
 
 
-def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
-                      gate_up: torch.Tensor) -> torch.Tensor:
+def norm_gate_up_silu(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float, gate_up: torch.Tensor
+) -> torch.Tensor:
     """``silu(gate) * up`` where ``gate, up`` = halves of ``linear(rms_norm(x), gate_up)``.
 
     x: (M, K), gate_up: (2 * inter, K), gate rows first -> (M, inter).
@@ -112,19 +124,36 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
-             weight: torch.Tensor, bias: torch.Tensor | None, heads: int, kv_heads: int,
-             positions: torch.Tensor, rope: RotaryTable, kv: LayerKV,
-             slot_mapping: torch.Tensor) -> torch.Tensor | None:
+def qkv_rope(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    heads: int,
+    kv_heads: int,
+    positions: torch.Tensor,
+    rope: RotaryTable,
+    kv: LayerKV,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor | None:
     """``rope_write_kv`` of the q, k, v heads of ``norm_linear(x, ...)`` -> rotated q
     (N, Hq, D), with k and v in the cache; one launch (the product's epilogue ropes and
     writes), or None where it does not apply: ``KernelConfig.qkv_rope`` off, not CUDA bf16
     in invariant mode with a bf16 cache, or the head dim not a multiple of 16.
     The norm is the product's prologue where ``norm_linear`` fuses it, else its own
     launch before."""
-    if not (current().qkv_rope and x.dtype == torch.bfloat16
-            and _fused_gemm(x, None) and kv.k.dtype == x.dtype and kv.k_scale is None
-            and kv.k.shape[-1] % 16 == 0 and kv.k.is_contiguous() and kv.v.is_contiguous()):
+    if not (
+        current().qkv_rope
+        and x.dtype == torch.bfloat16
+        and _fused_gemm(x, None)
+        and kv.k.dtype == x.dtype
+        and kv.k_scale is None
+        and kv.k.shape[-1] % 16 == 0
+        and kv.k.is_contiguous()
+        and kv.v.is_contiguous()
+    ):
         return None
     from mmserve.kernels import triton_fused
 
@@ -132,12 +161,31 @@ def qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: flo
         norm = (norm_weight, eps, offset)
     else:
         x, norm = rms_norm(x, norm_weight, eps, offset), None
-    return triton_fused.qkv_rope(x, weight, bias, norm, heads, kv_heads, positions, rope.cos,
-                                 rope.sin, kv.k, kv.v, slot_mapping)
+    return triton_fused.qkv_rope(
+        x,
+        weight,
+        bias,
+        norm,
+        heads,
+        kv_heads,
+        positions,
+        rope.cos,
+        rope.sin,
+        kv.k,
+        kv.v,
+        slot_mapping,
+    )
 
 
-def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                  rope: RotaryTable, kv: LayerKV, slot_mapping: torch.Tensor) -> torch.Tensor:
+def rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    rope: RotaryTable,
+    kv: LayerKV,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
     """Rotate q (N, Hq, D) and k (N, Hkv, D), store k and v in the paged cache -> rotated q.
 
     One launch for bf16 on CUDA with the bits of ``rope.rotate`` + ``write_kv`` (so it does
@@ -145,12 +193,17 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: 
     rotated k and v quantised as ``write_kv`` does, the same bytes and scales).
     """
     fp8 = kv.k_scale is not None
-    if (fused_enabled() and q.dtype == torch.bfloat16 and use_triton(q)
-            and (kv.k.dtype == q.dtype or fp8)):
+    if (
+        fused_enabled()
+        and q.dtype == torch.bfloat16
+        and use_triton(q)
+        and (kv.k.dtype == q.dtype or fp8)
+    ):
         from mmserve.kernels import triton_fused
 
-        return triton_fused.rope_write_kv(q, k, v, positions, rope.cos, rope.sin, kv.k, kv.v,
-                                          slot_mapping, kv.k_scale, kv.v_scale)
+        return triton_fused.rope_write_kv(
+            q, k, v, positions, rope.cos, rope.sin, kv.k, kv.v, slot_mapping, kv.k_scale, kv.v_scale
+        )
     q, k = rope.rotate(q, positions), rope.rotate(k, positions)
     write_kv(kv, k, v, slot_mapping)
     return q

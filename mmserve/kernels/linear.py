@@ -63,8 +63,12 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor, q8=None) -> torch.Tenso
     ``triton_matmul.Q8_MAX_ROWS`` rows the product reads it instead (the same bits, 1.125
     bytes a weight instead of 2)."""
     settings = current()
-    if (x.device.type == "cuda" and settings.batch_invariant
-            and x.dtype in (torch.bfloat16, torch.float16) and use_triton(x)):
+    if (
+        x.device.type == "cuda"
+        and settings.batch_invariant
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and use_triton(x)
+    ):
         from mmserve.kernels.triton_matmul import Q8_MAX_ROWS, invariant_linear, q8_linear
 
         if q8 is not None and settings.q8_head and x.numel() <= Q8_MAX_ROWS * x.shape[-1]:

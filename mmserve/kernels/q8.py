@@ -59,13 +59,15 @@ class Q8Weight(NamedTuple):
         if tuple(weight.shape) != self.shape:
             return False
         for r in range(0, self.shape[0], rows):
-            part = Q8Weight(self.q[:, r:r + rows], self.scale[:, r:r + rows])
-            if not torch.equal(_bits(part.dequantize(weight.dtype)), _bits(weight[r:r + rows])):
+            part = Q8Weight(self.q[:, r : r + rows], self.scale[:, r : r + rows])
+            if not torch.equal(_bits(part.dequantize(weight.dtype)), _bits(weight[r : r + rows])):
                 return False
         return True
 
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
 
 def factor_q8(weight: torch.Tensor, rows: int = 8192) -> Q8Weight | None:
     """``weight`` (N, K) float32 as Q8_0 blocks, if it is exactly some: each block of
@@ -79,7 +81,7 @@ def factor_q8(weight: torch.Tensor, rows: int = 8192) -> Q8Weight | None:
     n, k = weight.shape
     qs, ds = [], []
     for r in range(0, n, rows):
-        b = weight[r:r + rows].detach().reshape(-1, k // BLOCK, BLOCK)
+        b = weight[r : r + rows].detach().reshape(-1, k // BLOCK, BLOCK)
         d = b.abs().amax(-1) / 127
         if not bool(torch.isfinite(d).all()) or not torch.equal(d.half().float(), d):
             return None
@@ -92,6 +94,7 @@ def factor_q8(weight: torch.Tensor, rows: int = 8192) -> Q8Weight | None:
         qs.append(q)
         ds.append(d)
     return Q8Weight(torch.cat(qs).permute(1, 0, 2).contiguous(), torch.cat(ds).t().contiguous())
+
 
 def quantize_q8(weight: torch.Tensor) -> Q8Weight:
     """(N, K) float -> Q8_0 blocks as llama.cpp's ``quantize_row_q8_0`` makes them (d the

@@ -44,8 +44,14 @@ class RotaryTable(torch.nn.Module):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int,
-                 scaling: dict | None = None, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        max_positions: int,
+        scaling: dict | None = None,
+        device: torch.device | None = None,
+    ) -> None:
         super().__init__()
         inv = inv_frequencies(head_dim, theta, scaling)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)

@@ -31,8 +31,9 @@ if triton is not None:
     from mmserve.kernels.triton_pdl import wait_previous
 
     @triton.jit
-    def _chunk_kernel(x_ptr, val_ptr, idx_ptr, nan_ptr, V, stride_x, S,
-                      BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _chunk_kernel(
+        x_ptr, val_ptr, idx_ptr, nan_ptr, V, stride_x, S, BLOCK: tl.constexpr, PDL: tl.constexpr
+    ):
         wait_previous(PDL)
         row = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
@@ -51,8 +52,7 @@ if triton is not None:
         tl.store(nan_ptr + out, (first_nan < big).to(tl.int32))
 
     @triton.jit
-    def _rows_kernel(val_ptr, idx_ptr, nan_ptr, o_ptr, S, BLOCK_S: tl.constexpr,
-                     PDL: tl.constexpr):
+    def _rows_kernel(val_ptr, idx_ptr, nan_ptr, o_ptr, S, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
         wait_previous(PDL)
         row = tl.program_id(0).to(tl.int64)
         s = tl.arange(0, BLOCK_S)
@@ -81,8 +81,10 @@ def cuda_argmax(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
         val = torch.empty(rows, s, dtype=torch.float32, device=x.device)
         idx = torch.empty(rows, s, dtype=torch.int32, device=x.device)
         nan = torch.empty(rows, s, dtype=torch.int32, device=x.device)
-        _chunk_kernel[(rows, s)](x2, val, idx, nan, v, x2.stride(0), s, BLOCK=block,
-                                 num_warps=4, **pdl_args(x2))
-        _rows_kernel[(rows,)](val, idx, nan, out, s, BLOCK_S=triton.next_power_of_2(s),
-                              num_warps=1, **pdl_args(x2))
+        _chunk_kernel[(rows, s)](
+            x2, val, idx, nan, v, x2.stride(0), s, BLOCK=block, num_warps=4, **pdl_args(x2)
+        )
+        _rows_kernel[(rows,)](
+            val, idx, nan, out, s, BLOCK_S=triton.next_power_of_2(s), num_warps=1, **pdl_args(x2)
+        )
     return out.view(x.shape[:-1])

@@ -81,6 +81,7 @@ def block_keys(head_dim: int) -> int:
     """Keys per inner step for heads of ``head_dim`` dimensions (divides the split)."""
     return min(BLOCK_N, split_keys(head_dim))
 
+
 # Launch options (speed only: the arithmetic and its order do not depend on them).
 LAUNCH = {"num_warps": 4, "num_stages": 2}
 # Grids of fewer programs than this prefetch the next key step's block ids, so a step waits
@@ -144,12 +145,16 @@ def paged_metadata(meta, block_size: int) -> PagedMetadata:
     slots = torch.nn.utils.rnn.pad_sequence([s.key_slots for s in seqs], batch_first=True)
     # key_slots[j * bs] is the first slot of logical block j: its block id times bs
     tables = torch.div(slots[:, ::block_size], block_size, rounding_mode="floor")
-    host = torch.tensor([[s.start, s.num_queries, s.context_len] for s in seqs],
-                        dtype=torch.int32)
+    host = torch.tensor([[s.start, s.num_queries, s.context_len] for s in seqs], dtype=torch.int32)
     host = host.to(dev, non_blocking=True)
-    out = PagedMetadata(meta.slot_mapping, tables.to(torch.int32).contiguous(),
-                        host[:, 2].contiguous(), host[:, 0].contiguous(),
-                        host[:, 1].contiguous(), max(s.num_queries for s in seqs))
+    out = PagedMetadata(
+        meta.slot_mapping,
+        tables.to(torch.int32).contiguous(),
+        host[:, 2].contiguous(),
+        host[:, 0].contiguous(),
+        host[:, 1].contiguous(),
+        max(s.num_queries for s in seqs),
+    )
     meta.__dict__["_paged"] = (block_size, out)
     return out
 
@@ -160,30 +165,112 @@ if triton is not None:
 
     @triton.jit
     def _paged_attention_kernel(
-        q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-        ks_ptr, vs_ptr, scale_log2,
-        stride_qn, stride_qh, stride_on, stride_oh,
-        stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
-        G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
-        PREFETCH: tl.constexpr, PDL: tl.constexpr,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        o_ptr,
+        tables_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        qlen_ptr,
+        ks_ptr,
+        vs_ptr,
+        scale_log2,
+        stride_qn,
+        stride_qh,
+        stride_on,
+        stride_oh,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_bt,
+        stride_sb,
+        stride_ss,
+        G: tl.constexpr,
+        D: tl.constexpr,
+        PAGE: tl.constexpr,
+        WINDOW: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+        FP8: tl.constexpr,
+        PREFETCH: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         wait_previous(PDL)  # before any exit: a grid never ends before its predecessor
         attention_rows(
-            tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_ptr, v_ptr, o_ptr,
-            tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, ks_ptr, vs_ptr, scale_log2,
-            stride_qn, stride_qh, stride_on, stride_oh, stride_kb, stride_ks, stride_kh,
-            stride_bt, stride_sb, stride_ss, G, D, PAGE, WINDOW, BM, BN, SPLIT, FP8, PREFETCH)
+            tl.program_id(0),
+            tl.program_id(1),
+            tl.program_id(2),
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            o_ptr,
+            tables_ptr,
+            ctx_ptr,
+            qstart_ptr,
+            qlen_ptr,
+            ks_ptr,
+            vs_ptr,
+            scale_log2,
+            stride_qn,
+            stride_qh,
+            stride_on,
+            stride_oh,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_bt,
+            stride_sb,
+            stride_ss,
+            G,
+            D,
+            PAGE,
+            WINDOW,
+            BM,
+            BN,
+            SPLIT,
+            FP8,
+            PREFETCH,
+        )
 
     @triton.jit
     def _paged_attention_spread_kernel(
-        q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-        ks_ptr, vs_ptr, part_ptr, count_ptr, scale_log2, PER, SPLITS,
-        stride_qn, stride_qh, stride_on, stride_oh,
-        stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
-        G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
-        PREFETCH: tl.constexpr, PDL: tl.constexpr,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        o_ptr,
+        tables_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        qlen_ptr,
+        ks_ptr,
+        vs_ptr,
+        part_ptr,
+        count_ptr,
+        scale_log2,
+        PER,
+        SPLITS,
+        stride_qn,
+        stride_qh,
+        stride_on,
+        stride_oh,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_bt,
+        stride_sb,
+        stride_ss,
+        G: tl.constexpr,
+        D: tl.constexpr,
+        PAGE: tl.constexpr,
+        WINDOW: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+        FP8: tl.constexpr,
+        PREFETCH: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """``_paged_attention_kernel`` with ``PER`` programs a (sequence, tile, kv head)
         group: a context of several splits has them spread over the group's programs,
@@ -196,7 +283,8 @@ if triton is not None:
         kvh = tl.program_id(2) // PER
         sub = tl.program_id(2) % PER
         row_ok, tok, head, qpos, lo, hi, qlen, _qs = tile_rows(
-            seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, WINDOW)
+            seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, WINDOW
+        )
         first = lo // SPLIT
         last = tl.cdiv(hi, SPLIT)
         n = last - first
@@ -205,12 +293,35 @@ if triton is not None:
             if n == 1:  # nothing to spread: the whole tile here, as attention_rows
                 if sub == 0:
                     q = load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D)
-                    _, den, acc = attend_keys(q, qpos, table, k_ptr, v_ptr, ks_ptr, vs_ptr,
-                                              kvh, lo, hi, scale_log2, stride_kb, stride_ks,
-                                              stride_sb, stride_ss, D, PAGE, WINDOW, BM, BN,
-                                              SPLIT, FP8, PREFETCH, stride_kh, ks_ptr, False)
-                    store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh,
-                                    D)
+                    _, den, acc = attend_keys(
+                        q,
+                        qpos,
+                        table,
+                        k_ptr,
+                        v_ptr,
+                        ks_ptr,
+                        vs_ptr,
+                        kvh,
+                        lo,
+                        hi,
+                        scale_log2,
+                        stride_kb,
+                        stride_ks,
+                        stride_sb,
+                        stride_ss,
+                        D,
+                        PAGE,
+                        WINDOW,
+                        BM,
+                        BN,
+                        SPLIT,
+                        FP8,
+                        PREFETCH,
+                        stride_kh,
+                        ks_ptr,
+                        False,
+                    )
+                    store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh, D)
             else:
                 run = tl.cdiv(n, PER)
                 j0 = first + sub * run
@@ -219,21 +330,57 @@ if triton is not None:
                     g = (seq * tl.num_programs(1) + tile) * (tl.num_programs(2) // PER) + kvh
                     part = part_ptr + g.to(tl.int64) * SPLITS * (2 * BM + BM * D)
                     q = load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D)
-                    attend_keys(q, qpos, table, k_ptr, v_ptr, ks_ptr, vs_ptr, kvh,
-                                tl.maximum(lo, j0 * SPLIT), tl.minimum(hi, j1 * SPLIT),
-                                scale_log2, stride_kb, stride_ks, stride_sb, stride_ss, D, PAGE,
-                                WINDOW, BM, BN, SPLIT, FP8, PREFETCH, stride_kh, part, True)
+                    attend_keys(
+                        q,
+                        qpos,
+                        table,
+                        k_ptr,
+                        v_ptr,
+                        ks_ptr,
+                        vs_ptr,
+                        kvh,
+                        tl.maximum(lo, j0 * SPLIT),
+                        tl.minimum(hi, j1 * SPLIT),
+                        scale_log2,
+                        stride_kb,
+                        stride_ks,
+                        stride_sb,
+                        stride_ss,
+                        D,
+                        PAGE,
+                        WINDOW,
+                        BM,
+                        BN,
+                        SPLIT,
+                        FP8,
+                        PREFETCH,
+                        stride_kh,
+                        part,
+                        True,
+                    )
                     tl.debug_barrier()  # every thread's states stored, then counted
                     done = tl.atomic_add(count_ptr + g, j1 - j0, sem="acq_rel", scope="gpu")
                     if done + (j1 - j0) == n:  # the group's last run in: merge them all
                         tl.atomic_xchg(count_ptr + g, 0)  # every run has counted: reset
                         _, den, acc = merge_partials(part, first, last, BM, D, 4)
-                        store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on,
-                                        stride_oh, D)
+                        store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh, D)
 
     @triton.jit
-    def _kv_step(k_ptr, v_ptr, blk, kpos, hi, d, kvh, stride_kb, stride_ks, stride_kh,
-                 PAGE: tl.constexpr, V_L1: tl.constexpr = False, KT: tl.constexpr = False):
+    def _kv_step(
+        k_ptr,
+        v_ptr,
+        blk,
+        kpos,
+        hi,
+        d,
+        kvh,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        PAGE: tl.constexpr,
+        V_L1: tl.constexpr = False,
+        KT: tl.constexpr = False,
+    ):
         """Keys and values (BN, D) at positions ``kpos`` of cache blocks ``blk`` (zeros
         from ``hi`` on). ``V_L1`` (speed only): the values' lines asked into L1 before the
         keys are loaded. Triton converts the keys to the QK operand's layout (through
@@ -250,16 +397,30 @@ if triton is not None:
         if V_L1:
             _rows_l1(v_ptr, off, d.shape[0])
         if KT:
-            k = tl.load(k_ptr + off[None, :] + d[:, None], mask=(kpos < hi)[None, :],
-                        other=0.0)
+            k = tl.load(k_ptr + off[None, :] + d[:, None], mask=(kpos < hi)[None, :], other=0.0)
         else:
             k = tl.load(k_ptr + off[:, None] + d[None, :], mask=k_in, other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=k_in, other=0.0)
         return k, v
 
     @triton.jit
-    def _block_update(q, k, v, kpos, k_in, qpos, m_i, l_i, acc, scale_log2, k_s, v_s,
-                      WINDOW: tl.constexpr, FP8: tl.constexpr, KT: tl.constexpr = False):
+    def _block_update(
+        q,
+        k,
+        v,
+        kpos,
+        k_in,
+        qpos,
+        m_i,
+        l_i,
+        acc,
+        scale_log2,
+        k_s,
+        v_s,
+        WINDOW: tl.constexpr,
+        FP8: tl.constexpr,
+        KT: tl.constexpr = False,
+    ):
         """One key block (BN keys at ``kpos``) into a split's online softmax (``KT``: the
         keys come as (D, BN))."""
         kt = k if KT else tl.trans(k)
@@ -297,8 +458,11 @@ if triton is not None:
     @triton.jit
     def empty_softmax(BM: tl.constexpr, D: tl.constexpr):
         """The state before any key: (max -inf, denominator 0, weighted values 0)."""
-        return (tl.full([BM], float("-inf"), tl.float32), tl.zeros([BM], tl.float32),
-                tl.zeros([BM, D], tl.float32))
+        return (
+            tl.full([BM], float("-inf"), tl.float32),
+            tl.zeros([BM], tl.float32),
+            tl.zeros([BM, D], tl.float32),
+        )
 
     @triton.jit
     def seq_meta(seq, qlen_ptr, ctx_ptr, qstart_ptr):
@@ -309,9 +473,22 @@ if triton is not None:
         return qlen, ctx, qstart
 
     @triton.jit
-    def tile_rows(seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr,
-                  PRE: tl.constexpr = False, pre_qlen=0, pre_ctx=0, pre_qstart=0):
+    def tile_rows(
+        seq,
+        tile,
+        kvh,
+        qlen_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        G: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        WINDOW: tl.constexpr,
+        PRE: tl.constexpr = False,
+        pre_qlen=0,
+        pre_ctx=0,
+        pre_qstart=0,
+    ):
         """Query tile ``tile`` of (sequence ``seq``, kv head ``kvh``) -> (rows in use,
         their flat token rows, query heads and absolute positions, the first and the end
         key position the tile visits, the sequence's query count and first flat row).
@@ -327,16 +504,34 @@ if triton is not None:
         lo = ctx * 0
         if WINDOW > 0:  # skip whole aligned blocks no row of the tile can see
             lo = tl.maximum(0, ctx - qlen + (tile * BM) // G - WINDOW + 1) // BN * BN
-        return (rows < qlen * G, qstart + tok, kvh * G + rows % G, ctx - qlen + tok, lo, hi,
-                qlen, qstart)
+        return (
+            rows < qlen * G,
+            qstart + tok,
+            kvh * G + rows % G,
+            ctx - qlen + tok,
+            lo,
+            hi,
+            qlen,
+            qstart,
+        )
 
     @triton.jit
-    def kv_lines_l1(k_ptr, v_ptr, blk, k_lo, kvh, stride_kb, stride_ks, stride_kh,
-                    D: tl.constexpr, BN: tl.constexpr, PAGE: tl.constexpr):
+    def kv_lines_l1(
+        k_ptr,
+        v_ptr,
+        blk,
+        k_lo,
+        kvh,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        D: tl.constexpr,
+        BN: tl.constexpr,
+        PAGE: tl.constexpr,
+    ):
         """Ask L1 for the key step at ``k_lo``'s keys and values (cache blocks ``blk``)
         (speed only)."""
-        off = _kv_rows(blk, k_lo + tl.arange(0, BN), kvh, stride_kb, stride_ks, stride_kh,
-                       PAGE)
+        off = _kv_rows(blk, k_lo + tl.arange(0, BN), kvh, stride_kb, stride_ks, stride_kh, PAGE)
         _rows_l1(k_ptr, off, D)
         _rows_l1(v_ptr, off, D)
 
@@ -358,13 +553,39 @@ if triton is not None:
         return tl.load(table + kpos // PAGE, mask=kpos < k_hi, other=0)
 
     @triton.jit
-    def attend_keys(q, qpos, table, k_ptr, v_ptr, ks_ptr, vs_ptr, kvh, k_lo, k_hi,
-                    scale_log2, stride_kb, stride_ks, stride_sb, stride_ss, D: tl.constexpr,
-                    PAGE: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr,
-                    BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
-                    PREFETCH: tl.constexpr, stride_kh, part, STORE: tl.constexpr,
-                    STAGES: tl.constexpr = 0, V_L1: tl.constexpr = False,
-                    KT: tl.constexpr = False, BLK0: tl.constexpr = False, blk0=0):
+    def attend_keys(
+        q,
+        qpos,
+        table,
+        k_ptr,
+        v_ptr,
+        ks_ptr,
+        vs_ptr,
+        kvh,
+        k_lo,
+        k_hi,
+        scale_log2,
+        stride_kb,
+        stride_ks,
+        stride_sb,
+        stride_ss,
+        D: tl.constexpr,
+        PAGE: tl.constexpr,
+        WINDOW: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+        FP8: tl.constexpr,
+        PREFETCH: tl.constexpr,
+        stride_kh,
+        part,
+        STORE: tl.constexpr,
+        STAGES: tl.constexpr = 0,
+        V_L1: tl.constexpr = False,
+        KT: tl.constexpr = False,
+        BLK0: tl.constexpr = False,
+        blk0=0,
+    ):
         """Keys ``k_lo .. k_hi - 1`` (block-aligned start) for the query tile ``q`` ->
         its softmax state, each ``SPLIT``-aligned run of keys an online softmax of its own,
         merged in ascending order (``merge_split``). ``STORE``: each split's own state goes
@@ -390,8 +611,21 @@ if triton is not None:
             else:
                 blk = first_ids(table, k_lo, k_hi, BN, PAGE)
             if PREFETCH == 2:  # and the first step's keys and values, then the next ids
-                k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb,
-                                      stride_ks, stride_kh, PAGE, V_L1, KT)
+                k_nx, v_nx = _kv_step(
+                    k_ptr,
+                    v_ptr,
+                    blk,
+                    kpos,
+                    k_hi,
+                    d,
+                    kvh,
+                    stride_kb,
+                    stride_ks,
+                    stride_kh,
+                    PAGE,
+                    V_L1,
+                    KT,
+                )
                 blk = tl.load(table + (kpos + BN) // PAGE, mask=kpos + BN < k_hi, other=0)
         for start in tl.range(k_lo, k_hi, BN, num_stages=STAGES if STAGES > 0 else None):
             kpos = start + tl.arange(0, BN)
@@ -399,16 +633,42 @@ if triton is not None:
             if PREFETCH == 2:  # this step's keys and values arrived during the last
                 # step's math; the next step's are asked for before this one's
                 k, v = k_nx, v_nx
-                k_nx, v_nx = _kv_step(k_ptr, v_ptr, blk, kpos + BN, k_hi, d, kvh, stride_kb,
-                                      stride_ks, stride_kh, PAGE, V_L1, KT)
+                k_nx, v_nx = _kv_step(
+                    k_ptr,
+                    v_ptr,
+                    blk,
+                    kpos + BN,
+                    k_hi,
+                    d,
+                    kvh,
+                    stride_kb,
+                    stride_ks,
+                    stride_kh,
+                    PAGE,
+                    V_L1,
+                    KT,
+                )
                 nxt = kpos + 2 * BN
                 blk = tl.load(table + nxt // PAGE, mask=nxt < k_hi, other=0)
             else:
                 if PREFETCH == 0:
                     blk = tl.load(table + kpos // PAGE, mask=k_in, other=0)
                 # keys and values in flight together (a decode step is a chain of waits)
-                k, v = _kv_step(k_ptr, v_ptr, blk, kpos, k_hi, d, kvh, stride_kb, stride_ks,
-                                stride_kh, PAGE, V_L1, KT)
+                k, v = _kv_step(
+                    k_ptr,
+                    v_ptr,
+                    blk,
+                    kpos,
+                    k_hi,
+                    d,
+                    kvh,
+                    stride_kb,
+                    stride_ks,
+                    stride_kh,
+                    PAGE,
+                    V_L1,
+                    KT,
+                )
             if FP8:
                 soff = blk.to(tl.int64) * stride_sb + (kpos % PAGE) * stride_ss + kvh
                 k_s = tl.load(ks_ptr + soff, mask=k_in, other=0.0) * scale_log2  # (BN,)
@@ -416,8 +676,9 @@ if triton is not None:
             if PREFETCH == 1:
                 nxt = kpos + BN
                 blk = tl.load(table + nxt // PAGE, mask=nxt < k_hi, other=0)
-            m_i, l_i, acc = _block_update(q, k, v, kpos, k_in, qpos, m_i, l_i, acc, scale_log2,
-                                          k_s, v_s, WINDOW, FP8, KT)
+            m_i, l_i, acc = _block_update(
+                q, k, v, kpos, k_in, qpos, m_i, l_i, acc, scale_log2, k_s, v_s, WINDOW, FP8, KT
+            )
             if ((start + BN) % SPLIT == 0) | (start + BN >= k_hi):  # a split ends
                 if STORE:
                     store_split(part, start // SPLIT, m_i, l_i, acc, BM, D)
@@ -441,8 +702,7 @@ if triton is not None:
         tl.store(pa, acc)
 
     @triton.jit
-    def merge_partials(part, first, last, BM: tl.constexpr, D: tl.constexpr,
-                        CHUNK: tl.constexpr):
+    def merge_partials(part, first, last, BM: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
         """The split states ``first .. last - 1`` in ``part`` (written by other programs of
         the launch, read from L2) merged in ascending order from the empty state, as
         ``attend_keys`` merges them; ``CHUNK`` splits' loads in flight together."""
@@ -462,17 +722,20 @@ if triton is not None:
         return m, den, acc
 
     @triton.jit
-    def store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh,
-                        D: tl.constexpr):
+    def store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh, D: tl.constexpr):
         """The tile's rows ``acc / den`` in the output's dtype."""
         d = tl.arange(0, D)
         out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
-        tl.store(o_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(
+            o_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + d[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
 
     @triton.jit
-    def load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D: tl.constexpr,
-                     L2: tl.constexpr = False):
+    def load_queries(
+        q_ptr, row_ok, tok, head, stride_qn, stride_qh, D: tl.constexpr, L2: tl.constexpr = False
+    ):
         """The tile's query rows (BM, D) (``L2``: written by other programs of a
         persistent launch, read from L2)."""
         d = tl.arange(0, D)
@@ -483,12 +746,38 @@ if triton is not None:
 
     @triton.jit
     def attention_rows(
-        seq, tile, kvh, q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-        ks_ptr, vs_ptr, scale_log2,
-        stride_qn, stride_qh, stride_on, stride_oh,
-        stride_kb, stride_ks, stride_kh, stride_bt, stride_sb, stride_ss,
-        G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WINDOW: tl.constexpr,
-        BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
+        seq,
+        tile,
+        kvh,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        o_ptr,
+        tables_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        qlen_ptr,
+        ks_ptr,
+        vs_ptr,
+        scale_log2,
+        stride_qn,
+        stride_qh,
+        stride_on,
+        stride_oh,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_bt,
+        stride_sb,
+        stride_ss,
+        G: tl.constexpr,
+        D: tl.constexpr,
+        PAGE: tl.constexpr,
+        WINDOW: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+        FP8: tl.constexpr,
         PREFETCH: tl.constexpr,
     ):
         """Query rows ``tile`` of (sequence ``seq``, kv head ``kvh``): the kernel above, or
@@ -496,18 +785,52 @@ if triton is not None:
         in order (``attend_keys``)."""
         # (Triton types a name once per scope: ``_`` below holds attend_keys' row maxima)
         row_ok, tok, head, qpos, lo, hi, qlen, _qs = tile_rows(
-            seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, WINDOW)
+            seq, tile, kvh, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, WINDOW
+        )
         if tile * BM < qlen * G:
             q = load_queries(q_ptr, row_ok, tok, head, stride_qn, stride_qh, D)
-            _, den, acc = attend_keys(q, qpos, tables_ptr + seq * stride_bt, k_ptr, v_ptr,
-                                    ks_ptr, vs_ptr, kvh, lo, hi, scale_log2, stride_kb,
-                                    stride_ks, stride_sb, stride_ss, D, PAGE, WINDOW, BM, BN,
-                                    SPLIT, FP8, PREFETCH, stride_kh, ks_ptr, False)
+            _, den, acc = attend_keys(
+                q,
+                qpos,
+                tables_ptr + seq * stride_bt,
+                k_ptr,
+                v_ptr,
+                ks_ptr,
+                vs_ptr,
+                kvh,
+                lo,
+                hi,
+                scale_log2,
+                stride_kb,
+                stride_ks,
+                stride_sb,
+                stride_ss,
+                D,
+                PAGE,
+                WINDOW,
+                BM,
+                BN,
+                SPLIT,
+                FP8,
+                PREFETCH,
+                stride_kh,
+                ks_ptr,
+                False,
+            )
             store_attention(o_ptr, den, acc, row_ok, tok, head, stride_on, stride_oh, D)
 
     @triton.jit
-    def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kn, stride_vn,
-                         ROW: tl.constexpr, BLOCK: tl.constexpr):
+    def _write_kv_kernel(
+        k_ptr,
+        v_ptr,
+        kc_ptr,
+        vc_ptr,
+        slot_ptr,
+        stride_kn,
+        stride_vn,
+        ROW: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         n = tl.program_id(0)
         slot = tl.load(slot_ptr + n).to(tl.int64)
         if slot < 0:  # a padding token: write nothing
@@ -515,14 +838,21 @@ if triton is not None:
         for c in tl.static_range(0, ROW, BLOCK):
             i = c + tl.arange(0, BLOCK)
             ok = i < ROW
-            tl.store(kc_ptr + slot * ROW + i, tl.load(k_ptr + n * stride_kn + i, mask=ok),
-                     mask=ok)
-            tl.store(vc_ptr + slot * ROW + i, tl.load(v_ptr + n * stride_vn + i, mask=ok),
-                     mask=ok)
+            tl.store(kc_ptr + slot * ROW + i, tl.load(k_ptr + n * stride_kn + i, mask=ok), mask=ok)
+            tl.store(vc_ptr + slot * ROW + i, tl.load(v_ptr + n * stride_vn + i, mask=ok), mask=ok)
 
     @triton.jit
-    def _quantize_store(src_ptr, dst_ptr, scale_ptr, h, d, HKV: tl.constexpr, D: tl.constexpr,
-                        BH: tl.constexpr, BD: tl.constexpr):
+    def _quantize_store(
+        src_ptr,
+        dst_ptr,
+        scale_ptr,
+        h,
+        d,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        BH: tl.constexpr,
+        BD: tl.constexpr,
+    ):
         """One token's (HKV, D) vectors -> e4m3 at ``dst_ptr``, scales (HKV,) at ``scale_ptr``.
 
         The reference's arithmetic (``kernels.fp8.quantize_fp8``): ``div_rn`` is IEEE
@@ -539,25 +869,61 @@ if triton is not None:
         tl.store(scale_ptr + h, scale, mask=h < HKV)
 
     @triton.jit
-    def _write_kv_fp8_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
-                             stride_kn, stride_vn, HKV: tl.constexpr, D: tl.constexpr,
-                             BH: tl.constexpr, BD: tl.constexpr):
+    def _write_kv_fp8_kernel(
+        k_ptr,
+        v_ptr,
+        kc_ptr,
+        vc_ptr,
+        ks_ptr,
+        vs_ptr,
+        slot_ptr,
+        stride_kn,
+        stride_vn,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        BH: tl.constexpr,
+        BD: tl.constexpr,
+    ):
         n = tl.program_id(0)
         slot = tl.load(slot_ptr + n).to(tl.int64)
         if slot < 0:  # a padding token: write nothing
             return
         h = tl.arange(0, BH)
         d = tl.arange(0, BD)
-        _quantize_store(k_ptr + n * stride_kn, kc_ptr + slot * (HKV * D), ks_ptr + slot * HKV,
-                        h, d, HKV, D, BH, BD)
-        _quantize_store(v_ptr + n * stride_vn, vc_ptr + slot * (HKV * D), vs_ptr + slot * HKV,
-                        h, d, HKV, D, BH, BD)
+        _quantize_store(
+            k_ptr + n * stride_kn,
+            kc_ptr + slot * (HKV * D),
+            ks_ptr + slot * HKV,
+            h,
+            d,
+            HKV,
+            D,
+            BH,
+            BD,
+        )
+        _quantize_store(
+            v_ptr + n * stride_vn,
+            vc_ptr + slot * (HKV * D),
+            vs_ptr + slot * HKV,
+            h,
+            d,
+            HKV,
+            D,
+            BH,
+            BD,
+        )
 
 
-def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         meta, scale: float, window: int | None = None,
-                         k_scale: torch.Tensor | None = None,
-                         v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def cuda_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta,
+    scale: float,
+    window: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q: (N, Hq, D) -> (N, Hq, D); caches (blocks, bs, Hkv, D). ``meta``: either form.
 
     ``k_scale``/``v_scale`` (blocks, bs, Hkv) float32: the caches hold e4m3 (fp8 path).
@@ -581,36 +947,84 @@ def cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     tiles = -(-pm.max_query_len * g // BLOCK_M)
     groups = b * tiles * hkv
     prefetch = prefetch_mode(fp8) if groups < PREFETCH_MAX_PROGRAMS else 0
-    strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), pm.block_tables.stride(0),
-               k_scale.stride(0), k_scale.stride(1))
-    consts = dict(G=g, D=d, PAGE=page, WINDOW=window or 0, BM=BLOCK_M, BN=block_keys(d),
-                  SPLIT=split_keys(d),
-                  FP8=fp8, PREFETCH=prefetch, **pdl_args(q), **LAUNCH)
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        pm.block_tables.stride(0),
+        k_scale.stride(0),
+        k_scale.stride(1),
+    )
+    consts = dict(
+        G=g,
+        D=d,
+        PAGE=page,
+        WINDOW=window or 0,
+        BM=BLOCK_M,
+        BN=block_keys(d),
+        SPLIT=split_keys(d),
+        FP8=fp8,
+        PREFETCH=prefetch,
+        **pdl_args(q),
+        **LAUNCH,
+    )
     per = spread_programs(groups, q.device)
     counts = _spread_counts(q.device) if per > 1 else None
     if counts is None:
         _paged_attention_kernel[(b, tiles, hkv)](
-            q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
-            pm.query_lens, k_scale, v_scale, scale * 1.4426950408889634, *strides, **consts)
+            q,
+            k_cache,
+            v_cache,
+            out,
+            pm.block_tables,
+            pm.context_lens,
+            pm.query_start,
+            pm.query_lens,
+            k_scale,
+            v_scale,
+            scale * 1.4426950408889634,
+            *strides,
+            **consts,
+        )
         return out
     SPREAD["runs"] += 1
     splits, part = split_states(groups, pm.block_tables, page, d, q.device)
     _paged_attention_spread_kernel[(b, tiles, hkv * per)](
-        q, k_cache, v_cache, out, pm.block_tables, pm.context_lens, pm.query_start,
-        pm.query_lens, k_scale, v_scale, part, counts, scale * 1.4426950408889634, per,
-        splits, *strides, **consts)
+        q,
+        k_cache,
+        v_cache,
+        out,
+        pm.block_tables,
+        pm.context_lens,
+        pm.query_start,
+        pm.query_lens,
+        k_scale,
+        v_scale,
+        part,
+        counts,
+        scale * 1.4426950408889634,
+        per,
+        splits,
+        *strides,
+        **consts,
+    )
     return out
 
 
-def split_states(groups: int, block_tables: torch.Tensor, page: int, d: int,
-                 device: torch.device) -> tuple[int, torch.Tensor]:
+def split_states(
+    groups: int, block_tables: torch.Tensor, page: int, d: int, device: torch.device
+) -> tuple[int, torch.Tensor]:
     """The most splits a tile can have (what the block tables hold) and a scratch for every
     group's split states at that many (``split_state``'s layout, float32; one element
     for no groups, a pointer a kernel that never stores a state may still be given)."""
     splits = -(-block_tables.shape[1] * page // split_keys(d))
-    return splits, torch.empty(max(1, groups * splits * (2 * BLOCK_M + BLOCK_M * d)),
-                               dtype=torch.float32, device=device)
+    return splits, torch.empty(
+        max(1, groups * splits * (2 * BLOCK_M + BLOCK_M * d)), dtype=torch.float32, device=device
+    )
 
 
 def spread_programs(groups: int, device: torch.device) -> int:
@@ -623,7 +1037,9 @@ def spread_programs(groups: int, device: torch.device) -> int:
     if sms is None:  # (the interpreter's CPU tensors: a small GPU's worth)
         sms = SPREAD["sms"][device.index] = (
             torch.cuda.get_device_properties(device).multi_processor_count
-            if device.type == "cuda" else 8)
+            if device.type == "cuda"
+            else 8
+        )
     return max(1, min(SPREAD_MAX_PROGRAMS, sms // groups))
 
 
@@ -635,14 +1051,21 @@ def _spread_counts(device: torch.device) -> torch.Tensor | None:
     if counts is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        counts = SPREAD["counts"][device.index] = torch.zeros(SPREAD_MAX_GROUPS,
-                                                              dtype=torch.int32, device=device)
+        counts = SPREAD["counts"][device.index] = torch.zeros(
+            SPREAD_MAX_GROUPS, dtype=torch.int32, device=device
+        )
     return counts
 
 
-def cuda_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
-                  v: torch.Tensor, slot_mapping: torch.Tensor,
-                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+def cuda_write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
     """Store k, v (N, Hkv, D) at their flat slots; negative slots (padding) are skipped.
 
     With ``k_scale``/``v_scale`` (blocks, bs, Hkv) float32 the caches are e4m3: each token's
@@ -657,11 +1080,33 @@ def cuda_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
         assert k_scale is not None and v_scale is not None, "an fp8 cache has both scales"
         assert k_scale.is_contiguous() and v_scale.is_contiguous()
         _write_kv_fp8_kernel[(n,)](
-            k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, k.stride(0), v.stride(0),
-            HKV=hkv, D=d, BH=triton.next_power_of_2(hkv), BD=triton.next_power_of_2(d),
-            num_warps=4)
+            k,
+            v,
+            k_cache,
+            v_cache,
+            k_scale,
+            v_scale,
+            slot_mapping,
+            k.stride(0),
+            v.stride(0),
+            HKV=hkv,
+            D=d,
+            BH=triton.next_power_of_2(hkv),
+            BD=triton.next_power_of_2(d),
+            num_warps=4,
+        )
         return
     row = hkv * d
     block = min(1024, triton.next_power_of_2(row))
-    _write_kv_kernel[(n,)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0),
-                           ROW=row, BLOCK=block, num_warps=4)
+    _write_kv_kernel[(n,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        v.stride(0),
+        ROW=row,
+        BLOCK=block,
+        num_warps=4,
+    )

@@ -43,8 +43,9 @@ def launches() -> int:
 if triton is not None:
 
     @triton.jit(do_not_specialize=["n", "n_head"])
-    def _copy_kernel(dst_ptr, src_ptr, head_ptr, out_ptr, n, n_head, BLOCK: tl.constexpr,
-                     OUT: tl.constexpr):
+    def _copy_kernel(
+        dst_ptr, src_ptr, head_ptr, out_ptr, n, n_head, BLOCK: tl.constexpr, OUT: tl.constexpr
+    ):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = offs < n
         head = offs < n_head
@@ -55,8 +56,12 @@ if triton is not None:
             tl.store(out_ptr + offs, hv, mask=head & inside)
 
 
-def copy_flat(dst: torch.Tensor, src: torch.Tensor, head: torch.Tensor | None = None,
-              head_out: torch.Tensor | None = None) -> None:
+def copy_flat(
+    dst: torch.Tensor,
+    src: torch.Tensor,
+    head: torch.Tensor | None = None,
+    head_out: torch.Tensor | None = None,
+) -> None:
     """``dst[:] = src``, then ``dst[:len(head)] = head`` and ``head_out[:] = head``, in the
     current stream's order (1-D, contiguous, one dtype; a host side must be pinned)."""
     n = dst.numel()
@@ -70,8 +75,12 @@ def copy_flat(dst: torch.Tensor, src: torch.Tensor, head: torch.Tensor | None = 
         assert head_out.dtype == head.dtype and head_out.is_contiguous()
     extra = [t for t in (head, head_out) if t is not None]
     device_side = dst if dst.is_cuda else src
-    kernel = current().copy_kernel and triton is not None and use_triton(device_side) and all(
-        t.is_cuda or t.is_pinned() for t in (dst, src, *extra))
+    kernel = (
+        current().copy_kernel
+        and triton is not None
+        and use_triton(device_side)
+        and all(t.is_cuda or t.is_pinned() for t in (dst, src, *extra))
+    )
     if not kernel:
         dst.copy_(src, non_blocking=True)
         if head is not None:
@@ -85,6 +94,13 @@ def copy_flat(dst: torch.Tensor, src: torch.Tensor, head: torch.Tensor | None = 
     _counts["launches"] += 1
     with torch.cuda.device(device_side.device):
         _copy_kernel[(triton.cdiv(n, BLOCK),)](
-            dst, src, h, head_out if head_out is not None else h, n,
-            h.numel() if head is not None else 0, BLOCK=BLOCK, num_warps=4,
-            OUT=head_out is not None)
+            dst,
+            src,
+            h,
+            head_out if head_out is not None else h,
+            n,
+            h.numel() if head is not None else 0,
+            BLOCK=BLOCK,
+            num_warps=4,
+            OUT=head_out is not None,
+        )

@@ -146,24 +146,53 @@ if triton is not None:
     from mmserve.kernels.triton_rope_attention import attend_group, group_pre, rope_write_tile
 
     @triton.jit
-    def _prefetch_layer(lw, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr, worker,
-                        workers, H: tl.constexpr, Q: tl.constexpr, QKV: tl.constexpr,
-                        INTER: tl.constexpr, LINE: tl.constexpr, LQKV: tl.constexpr,
-                        LO: tl.constexpr, LGU: tl.constexpr, LD: tl.constexpr,
-                        LN: tl.constexpr):
+    def _prefetch_layer(
+        lw,
+        wqkv_ptr,
+        wo_ptr,
+        wgu_ptr,
+        wd_ptr,
+        n1_ptr,
+        n2_ptr,
+        worker,
+        workers,
+        H: tl.constexpr,
+        Q: tl.constexpr,
+        QKV: tl.constexpr,
+        INTER: tl.constexpr,
+        LINE: tl.constexpr,
+        LQKV: tl.constexpr,
+        LO: tl.constexpr,
+        LGU: tl.constexpr,
+        LD: tl.constexpr,
+        LN: tl.constexpr,
+    ):
         """Layer ``lw``'s weights into L2, ``worker``'s share of their lines."""
         prefetch_share(n1_ptr + lw * H, H, worker, workers, LINE, LN)
         prefetch_share(n2_ptr + lw * H, H, worker, workers, LINE, LN)
         prefetch_share(wqkv_ptr + lw * QKV * H, QKV * H, worker, workers, LINE, LQKV)
         prefetch_share(wo_ptr + lw * H * Q, H * Q, worker, workers, LINE, LO)
-        prefetch_share(wgu_ptr + lw * 2 * INTER * H, 2 * INTER * H, worker, workers, LINE,
-                       LGU)
+        prefetch_share(wgu_ptr + lw * 2 * INTER * H, 2 * INTER * H, worker, workers, LINE, LGU)
         prefetch_share(wd_ptr + lw * H * INTER, H * INTER, worker, workers, LINE, LD)
 
     @triton.jit
-    def _prefetch_kv(kc, vc, tables_ptr, ctx_ptr, B, worker, workers, stride_kb, stride_ks,
-                     stride_bt, ROW: tl.constexpr, PAGE: tl.constexpr, LINE: tl.constexpr,
-                     ROWS: tl.constexpr, LINES: tl.constexpr):
+    def _prefetch_kv(
+        kc,
+        vc,
+        tables_ptr,
+        ctx_ptr,
+        B,
+        worker,
+        workers,
+        stride_kb,
+        stride_ks,
+        stride_bt,
+        ROW: tl.constexpr,
+        PAGE: tl.constexpr,
+        LINE: tl.constexpr,
+        ROWS: tl.constexpr,
+        LINES: tl.constexpr,
+    ):
         """A layer's cached keys and values of the B sequences (every kv head: ``ROW``
         elements a position) into L2. Each sequence has ``workers // B`` workers of its
         own (with fewer workers than sequences, a worker takes every ``workers``-th), each
@@ -184,16 +213,54 @@ if triton is not None:
                     prefetch_l2(vc + off)
 
     @triton.jit
-    def _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
-                         slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr,
-                         count_ptr, B, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks,
-                         stride_kh, stride_bt, HQ: tl.constexpr, HKV: tl.constexpr,
-                         D: tl.constexpr, PAGE: tl.constexpr, P_ATT: tl.constexpr,
-                         BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
-                         TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
-                         SPREAD: tl.constexpr, ROPED: tl.constexpr, ATT_STAGES: tl.constexpr,
-                         V_L1: tl.constexpr, KT: tl.constexpr, HOIST: tl.constexpr,
-                         pre_qlen, pre_ctx, pre_qstart, pre_blk):
+    def _attention_phase(
+        pid,
+        layer,
+        qkv,
+        qrot,
+        attn,
+        kc,
+        vc,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        tables_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        qlen_ptr,
+        part_ptr,
+        count_ptr,
+        B,
+        att_tiles,
+        SPLITS,
+        scale_log2,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_bt,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        PAGE: tl.constexpr,
+        P_ATT: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+        TK: tl.constexpr,
+        ROUND: tl.constexpr,
+        ATT_PREFETCH: tl.constexpr,
+        SPREAD: tl.constexpr,
+        ROPED: tl.constexpr,
+        ATT_STAGES: tl.constexpr,
+        V_L1: tl.constexpr,
+        KT: tl.constexpr,
+        HOIST: tl.constexpr,
+        pre_qlen,
+        pre_ctx,
+        pre_qstart,
+        pre_blk,
+    ):
         """Phase B on programs 0 .. P_ATT - 1. Each (sequence, kv head, query tile) group
         gets ``P_ATT // groups`` programs, each taking a run of the tile's ``SPLIT``-key
         splits: rope and cache write of what the run reads, then each split's own online
@@ -208,48 +275,258 @@ if triton is not None:
             # ``pre_*`` (without HOIST the plain loop below: written as one loop, its compiled
             # code and spills are those measured, 48 B against 12 B in this form)
             if pid < groups:
-                attend_group(pid, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
-                             pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-                             part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
-                             stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1,
-                             KT, HOIST, pre_qlen, pre_ctx, pre_qstart, pre_blk)
+                attend_group(
+                    pid,
+                    0,
+                    1,
+                    layer,
+                    qkv,
+                    qrot,
+                    attn,
+                    kc,
+                    vc,
+                    cos_ptr,
+                    sin_ptr,
+                    pos_ptr,
+                    slot_ptr,
+                    tables_ptr,
+                    ctx_ptr,
+                    qstart_ptr,
+                    qlen_ptr,
+                    part_ptr,
+                    count_ptr,
+                    groups,
+                    att_tiles,
+                    SPLITS,
+                    scale_log2,
+                    stride_kb,
+                    stride_ks,
+                    stride_kh,
+                    stride_bt,
+                    HQ,
+                    HKV,
+                    D,
+                    PAGE,
+                    BM,
+                    BN,
+                    SPLIT,
+                    TK,
+                    ROUND,
+                    ATT_PREFETCH,
+                    False,
+                    ROPED,
+                    ATT_STAGES,
+                    V_L1,
+                    KT,
+                    HOIST,
+                    pre_qlen,
+                    pre_ctx,
+                    pre_qstart,
+                    pre_blk,
+                )
             for g in range(pid + P_ATT, groups, P_ATT):  # then every P_ATT-th after it
-                attend_group(g, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
-                             pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-                             part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
-                             stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1,
-                             KT)
+                attend_group(
+                    g,
+                    0,
+                    1,
+                    layer,
+                    qkv,
+                    qrot,
+                    attn,
+                    kc,
+                    vc,
+                    cos_ptr,
+                    sin_ptr,
+                    pos_ptr,
+                    slot_ptr,
+                    tables_ptr,
+                    ctx_ptr,
+                    qstart_ptr,
+                    qlen_ptr,
+                    part_ptr,
+                    count_ptr,
+                    groups,
+                    att_tiles,
+                    SPLITS,
+                    scale_log2,
+                    stride_kb,
+                    stride_ks,
+                    stride_kh,
+                    stride_bt,
+                    HQ,
+                    HKV,
+                    D,
+                    PAGE,
+                    BM,
+                    BN,
+                    SPLIT,
+                    TK,
+                    ROUND,
+                    ATT_PREFETCH,
+                    False,
+                    ROPED,
+                    ATT_STAGES,
+                    V_L1,
+                    KT,
+                )
         elif per <= 1:  # each group whole in one program
             for g in range(pid, groups, P_ATT):
-                attend_group(g, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
-                             pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-                             part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
-                             stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM,
-                             BN, SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1,
-                             KT)
+                attend_group(
+                    g,
+                    0,
+                    1,
+                    layer,
+                    qkv,
+                    qrot,
+                    attn,
+                    kc,
+                    vc,
+                    cos_ptr,
+                    sin_ptr,
+                    pos_ptr,
+                    slot_ptr,
+                    tables_ptr,
+                    ctx_ptr,
+                    qstart_ptr,
+                    qlen_ptr,
+                    part_ptr,
+                    count_ptr,
+                    groups,
+                    att_tiles,
+                    SPLITS,
+                    scale_log2,
+                    stride_kb,
+                    stride_ks,
+                    stride_kh,
+                    stride_bt,
+                    HQ,
+                    HKV,
+                    D,
+                    PAGE,
+                    BM,
+                    BN,
+                    SPLIT,
+                    TK,
+                    ROUND,
+                    ATT_PREFETCH,
+                    False,
+                    ROPED,
+                    ATT_STAGES,
+                    V_L1,
+                    KT,
+                )
         elif pid < groups * per:  # the group's splits spread over its programs
-            attend_group(pid // per, pid % per, per, layer, qkv, qrot, attn, kc, vc, cos_ptr,
-                         sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
-                         qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
-                         stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                         SPLIT, TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT,
-                         HOIST, pre_qlen, pre_ctx, pre_qstart, pre_blk)
+            attend_group(
+                pid // per,
+                pid % per,
+                per,
+                layer,
+                qkv,
+                qrot,
+                attn,
+                kc,
+                vc,
+                cos_ptr,
+                sin_ptr,
+                pos_ptr,
+                slot_ptr,
+                tables_ptr,
+                ctx_ptr,
+                qstart_ptr,
+                qlen_ptr,
+                part_ptr,
+                count_ptr,
+                groups,
+                att_tiles,
+                SPLITS,
+                scale_log2,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                stride_bt,
+                HQ,
+                HKV,
+                D,
+                PAGE,
+                BM,
+                BN,
+                SPLIT,
+                TK,
+                ROUND,
+                ATT_PREFETCH,
+                False,
+                ROPED,
+                ATT_STAGES,
+                V_L1,
+                KT,
+                HOIST,
+                pre_qlen,
+                pre_ctx,
+                pre_qstart,
+                pre_blk,
+            )
 
     @triton.jit
-    def _attention_o_phase(pid, layer, lw, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
-                           slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr,
-                           count_ptr, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks,
-                           stride_kh, stride_bt, x_in, mid, wo, po_ptr, co_ptr, ysm, g_ptr, psm,
-                           M, G, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                           H: tl.constexpr, PAGE: tl.constexpr, P_ATT: tl.constexpr,
-                           BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
-                           TK: tl.constexpr, ROUND: tl.constexpr, ATT_PREFETCH: tl.constexpr,
-                           ROPED: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
-                           KT: tl.constexpr, SEGO: tl.constexpr, BNO: tl.constexpr,
-                           BKO: tl.constexpr, KS: tl.constexpr, DEFER: tl.constexpr,
-                           SUM_IN_D: tl.constexpr = False, REGS: tl.constexpr = False):
+    def _attention_o_phase(
+        pid,
+        layer,
+        lw,
+        qkv,
+        qrot,
+        attn,
+        kc,
+        vc,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        tables_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        qlen_ptr,
+        part_ptr,
+        count_ptr,
+        att_tiles,
+        SPLITS,
+        scale_log2,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_bt,
+        x_in,
+        mid,
+        wo,
+        po_ptr,
+        co_ptr,
+        ysm,
+        g_ptr,
+        psm,
+        M,
+        G,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        H: tl.constexpr,
+        PAGE: tl.constexpr,
+        P_ATT: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+        TK: tl.constexpr,
+        ROUND: tl.constexpr,
+        ATT_PREFETCH: tl.constexpr,
+        ROPED: tl.constexpr,
+        ATT_STAGES: tl.constexpr,
+        V_L1: tl.constexpr,
+        KT: tl.constexpr,
+        SEGO: tl.constexpr,
+        BNO: tl.constexpr,
+        BKO: tl.constexpr,
+        KS: tl.constexpr,
+        DEFER: tl.constexpr,
+        SUM_IN_D: tl.constexpr = False,
+        REGS: tl.constexpr = False,
+    ):
         """Phases B and C as one, for a step of one sequence whose queries fit one tile
         (the o product summed by kv-head group, ``SEGO`` = its K a group). Item (h, j) of
         ``HKV`` x ``H // BNO``: kv head h's attention (``attend_group``, whole in order;
@@ -278,16 +555,67 @@ if triton is not None:
                 GQ: tl.constexpr = HQ // HKV
                 tl.static_assert(SEGO == GQ * D)
                 row_ok_a, tok, head, qpos, lo, hi, qlen, qstart = tile_rows(
-                    0, 0, h, qlen_ptr, ctx_ptr, qstart_ptr, GQ, BM, BN, 0)
+                    0, 0, h, qlen_ptr, ctx_ptr, qstart_ptr, GQ, BM, BN, 0
+                )
                 if not ROPED:
-                    rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-                                    qstart, qlen, 0, h, lo, hi, HQ, HKV, D, GQ, BM, TK, ROUND)
+                    rope_write_tile(
+                        qkv,
+                        qrot,
+                        kc,
+                        vc,
+                        cos_ptr,
+                        sin_ptr,
+                        pos_ptr,
+                        slot_ptr,
+                        qstart,
+                        qlen,
+                        0,
+                        h,
+                        lo,
+                        hi,
+                        HQ,
+                        HKV,
+                        D,
+                        GQ,
+                        BM,
+                        TK,
+                        ROUND,
+                    )
                     tl.debug_barrier()
                 q = load_queries(qrot, row_ok_a, tok, head, Q, D, D, ROPED)
-                _, den, o = attend_keys(q, qpos, tables_ptr, kc, vc, kc, vc, h, lo, hi,
-                                        scale_log2, stride_kb, stride_ks, 0, 0, D, PAGE, 0, BM,
-                                        BN, SPLIT, False, ATT_PREFETCH, stride_kh, part_ptr,
-                                        False, ATT_STAGES, V_L1, KT, 0, 0)
+                _, den, o = attend_keys(
+                    q,
+                    qpos,
+                    tables_ptr,
+                    kc,
+                    vc,
+                    kc,
+                    vc,
+                    h,
+                    lo,
+                    hi,
+                    scale_log2,
+                    stride_kb,
+                    stride_ks,
+                    0,
+                    0,
+                    D,
+                    PAGE,
+                    0,
+                    BM,
+                    BN,
+                    SPLIT,
+                    False,
+                    ATT_PREFETCH,
+                    stride_kh,
+                    part_ptr,
+                    False,
+                    ATT_STAGES,
+                    V_L1,
+                    KT,
+                    0,
+                    0,
+                )
                 store_attention(attn, den, o, row_ok_a, tok, head, Q, D, D)
                 o = (o / tl.where(den == 0.0, 1.0, den)[:, None]).to(attn.dtype.element_ty)
                 acc = tl.zeros([TK, BNO], dtype=tl.float32)
@@ -300,18 +628,76 @@ if triton is not None:
                     w = tl.load(w_rows + g * D + d[None, :])
                     acc = tl.dot(a, tl.trans(w), acc)
             else:
-                attend_group(h, 0, 1, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
-                             pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-                             part_ptr, count_ptr, HKV, att_tiles, SPLITS, scale_log2, stride_kb,
-                             stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN, SPLIT,
-                             TK, ROUND, ATT_PREFETCH, False, ROPED, ATT_STAGES, V_L1, KT)
+                attend_group(
+                    h,
+                    0,
+                    1,
+                    layer,
+                    qkv,
+                    qrot,
+                    attn,
+                    kc,
+                    vc,
+                    cos_ptr,
+                    sin_ptr,
+                    pos_ptr,
+                    slot_ptr,
+                    tables_ptr,
+                    ctx_ptr,
+                    qstart_ptr,
+                    qlen_ptr,
+                    part_ptr,
+                    count_ptr,
+                    HKV,
+                    att_tiles,
+                    SPLITS,
+                    scale_log2,
+                    stride_kb,
+                    stride_ks,
+                    stride_kh,
+                    stride_bt,
+                    HQ,
+                    HKV,
+                    D,
+                    PAGE,
+                    BM,
+                    BN,
+                    SPLIT,
+                    TK,
+                    ROUND,
+                    ATT_PREFETCH,
+                    False,
+                    ROPED,
+                    ATT_STAGES,
+                    V_L1,
+                    KT,
+                )
                 tl.debug_barrier()  # the program's own attention rows, read back below
                 a_rows = attn + rm.to(tl.int64)[:, None] * Q + h * SEGO
-                acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, H, SEGO, wo, 0.0,
-                                        False, False, TK, BNO, BKO, ".cg", KS)
+                acc, _ = _tile_products(
+                    a_rows,
+                    w_rows,
+                    w_rows,
+                    row_ok,
+                    rn,
+                    H,
+                    SEGO,
+                    wo,
+                    0.0,
+                    False,
+                    False,
+                    TK,
+                    BNO,
+                    BKO,
+                    ".cg",
+                    KS,
+                )
             po = po_ptr + (lw * HKV * TK) * H
-            tl.store(po + (h * TK + rm.to(tl.int64))[:, None] * H + rn[None, :], acc,
-                     mask=row_ok[:, None])
+            tl.store(
+                po + (h * TK + rm.to(tl.int64))[:, None] * H + rn[None, :],
+                acc,
+                mask=row_ok[:, None],
+            )
             tl.debug_barrier()  # every thread's chain stored, then counted
             if SUM_IN_D:
                 tl.atomic_add(co_ptr + layer * NT + j, 1, sem="relaxed", scope="gpu")
@@ -322,26 +708,58 @@ if triton is not None:
                         cols = j * BNO + c * 16 + tl.arange(0, 16)
                         ok = row_ok[:, None] & (cols[None, :] < H)
                         gw = tl.load(g_ptr + cols)
-                        r = tl.load(x_in + rm.to(tl.int64)[:, None] * H + cols[None, :],
-                                    mask=ok, other=0.0, cache_modifier=".cg")
+                        r = tl.load(
+                            x_in + rm.to(tl.int64)[:, None] * H + cols[None, :],
+                            mask=ok,
+                            other=0.0,
+                            cache_modifier=".cg",
+                        )
                         tot = tl.zeros([TK, 16], dtype=tl.float32)
                         for h2 in tl.static_range(HKV):
                             tot = tot + tl.load(
                                 po + (h2 * TK + rm.to(tl.int64))[:, None] * H + cols[None, :],
-                                mask=ok, other=0.0, cache_modifier=".cg")
-                        out = (_round(tot, ROUND) + r.to(tl.float32)).to(
-                            mid.dtype.element_ty)
-                        tl.store(mid + rm.to(tl.int64)[:, None] * H + cols[None, :], out,
-                                 mask=ok)
+                                mask=ok,
+                                other=0.0,
+                                cache_modifier=".cg",
+                            )
+                        out = (_round(tot, ROUND) + r.to(tl.float32)).to(mid.dtype.element_ty)
+                        tl.store(mid + rm.to(tl.int64)[:, None] * H + cols[None, :], out, mask=ok)
                         if DEFER:
-                            norm_partials(out.to(tl.float32), ysm, gw, psm, rm, cols, row_ok,
-                                          ok, j * (BNO // 16) + c, G, H, 0.0)
+                            norm_partials(
+                                out.to(tl.float32),
+                                ysm,
+                                gw,
+                                psm,
+                                rm,
+                                cols,
+                                row_ok,
+                                ok,
+                                j * (BNO // 16) + c,
+                                G,
+                                H,
+                                0.0,
+                            )
 
     @triton.jit
-    def _gate_up_from_chains(t, po_ptr, x_in, mid, nw_ptr, w_ptr, act, M, eps,
-                             H: tl.constexpr, INTER: tl.constexpr, HKV: tl.constexpr,
-                             TK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                             KS: tl.constexpr, ROUND: tl.constexpr):
+    def _gate_up_from_chains(
+        t,
+        po_ptr,
+        x_in,
+        mid,
+        nw_ptr,
+        w_ptr,
+        act,
+        M,
+        eps,
+        H: tl.constexpr,
+        INTER: tl.constexpr,
+        HKV: tl.constexpr,
+        TK: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        KS: tl.constexpr,
+        ROUND: tl.constexpr,
+    ):
         """Phase D's tile ``t`` (``BN`` gate and as many up columns, one product) from the o
         product's kv-head chains at ``po_ptr`` (``_attention_o_phase`` with SUM_IN_D): each
         K step adds the step's columns of the chains in head order, rounds, adds the
@@ -373,21 +791,28 @@ if triton is not None:
         for k in tl.range(0, H, BK, num_stages=KS if KS > 0 else None):
             kk = k + rk
             ok = row_ok[:, None] & (kk[None, :] < H)
-            r = tl.load(x_in + rm64[:, None] * H + kk[None, :], mask=ok, other=0.0,
-                        cache_modifier=".cg")
+            r = tl.load(
+                x_in + rm64[:, None] * H + kk[None, :], mask=ok, other=0.0, cache_modifier=".cg"
+            )
             tot = tl.zeros([TK, BK], dtype=tl.float32)
             for h in tl.static_range(HKV):
-                tot = tot + tl.load(po_ptr + (h * TK + rm64)[:, None] * H + kk[None, :],
-                                    mask=ok, other=0.0, cache_modifier=".cg")
+                tot = tot + tl.load(
+                    po_ptr + (h * TK + rm64)[:, None] * H + kk[None, :],
+                    mask=ok,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
             m = (_round(tot, ROUND) + r.to(tl.float32)).to(mid.dtype.element_ty)
             tl.store(mid + rm64[:, None] * H + kk[None, :], m, mask=ok & (k // BK == t))
             mf = m.to(tl.float32)
-            s0, s1, s2, s3, s4, s5, s6, s7 = tree_push(pair_sum(mf * mf, BK), k // BK, s0, s1,
-                                                       s2, s3, s4, s5, s6, s7)
+            s0, s1, s2, s3, s4, s5, s6, s7 = tree_push(
+                pair_sum(mf * mf, BK), k // BK, s0, s1, s2, s3, s4, s5, s6, s7
+            )
             g = tl.load(nw_ptr + kk, mask=kk < H, other=0.0).to(tl.float32)
             a = (mf * g[None, :]).to(mid.dtype.element_ty)
-            w = tl.load(w_rows + kk[None, :], mask=(rn_w[:, None] < INTER) & (kk[None, :] < H),
-                        other=0.0)
+            w = tl.load(
+                w_rows + kk[None, :], mask=(rn_w[:, None] < INTER) & (kk[None, :] < H), other=0.0
+            )
             acc2 = tl.dot(a, tl.trans(w), acc2)
         n = (H + BK - 1) // BK  # subtrees pushed, folded as ``row_sumsq`` folds them
         rstd = rstd_of(tree_fold(n, s0, s1, s2, s3, s4, s5, s6, s7), H, eps)
@@ -397,8 +822,11 @@ if triton is not None:
         gate = tl.where(row_ok[:, None], _round(acc, ROUND), 1.0)
         out = _round(_silu(gate), ROUND) * _round(acc_u, ROUND)
         cols = t * BN + tl.arange(0, BN)
-        tl.store(act + rm64[:, None] * INTER + cols[None, :], out.to(act.dtype.element_ty),
-                 mask=row_ok[:, None] & (cols[None, :] < INTER))
+        tl.store(
+            act + rm64[:, None] * INTER + cols[None, :],
+            out.to(act.dtype.element_ty),
+            mask=row_ok[:, None] & (cols[None, :] < INTER),
+        )
 
     @triton.jit
     def _att_split(B, att_tiles, HKV: tl.constexpr, P_ATT: tl.constexpr, SPREAD: tl.constexpr):
@@ -415,16 +843,24 @@ if triton is not None:
         ``idx`` of its own row (``timing_ptr`` already offset to it; phase timing)."""
         if TIMING:
             if NS:
-                t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid],
-                                              dtype=tl.int64, is_pure=False, pack=1)
+                t = tl.inline_asm_elementwise(
+                    "mov.u64 $0, %globaltimer;",
+                    "=l,r",
+                    [pid],
+                    dtype=tl.int64,
+                    is_pure=False,
+                    pack=1,
+                )
             else:
-                t = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [pid],
-                                              dtype=tl.int64, is_pure=False, pack=1)
+                t = tl.inline_asm_elementwise(
+                    "mov.u64 $0, %clock64;", "=l,r", [pid], dtype=tl.int64, is_pure=False, pack=1
+                )
             tl.store(timing_ptr + idx, t)
 
     @triton.jit
-    def _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING: tl.constexpr,
-                    POLL: tl.constexpr):
+    def _phase_done(
+        counter_ptr, timing_ptr, phase, pid, P, TIMING: tl.constexpr, POLL: tl.constexpr
+    ):
         """End phase number ``phase`` (0, 1, ...): the grid barrier after it (``POLL``:
         ``grid_sync``'s), the program's clock stamped before (its work done) and after
         (every program arrived) -> the next phase's number."""
@@ -434,9 +870,23 @@ if triton is not None:
         return phase + 1
 
     @triton.jit
-    def _stack_input_kernel(x_ptr, ids_ptr, xs_ptr, y_ptr, ps_ptr, nw_ptr, zero_ptr, H, G,
-                            stride_x, n_zero, GP: tl.constexpr, IDS: tl.constexpr,
-                            ZB: tl.constexpr, TRIGGER: tl.constexpr):
+    def _stack_input_kernel(
+        x_ptr,
+        ids_ptr,
+        xs_ptr,
+        y_ptr,
+        ps_ptr,
+        nw_ptr,
+        zero_ptr,
+        H,
+        G,
+        stride_x,
+        n_zero,
+        GP: tl.constexpr,
+        IDS: tl.constexpr,
+        ZB: tl.constexpr,
+        TRIGGER: tl.constexpr,
+    ):
         """Row ``program_id`` of the stack's input x: copied into the residual stream, and
         handed to layer 0's phase A as phase E hands a layer's output to the next
         (``norm_partials``' arithmetic): times the first input norm's weight, rounded, and
@@ -468,28 +918,103 @@ if triton is not None:
     # for each of these equal to 1 or divisible by 16
     @triton.jit(do_not_specialize=["L", "M", "B", "att_tiles", "SPLITS"])
     def _decode_stack_kernel(
-        xs_ptr, mids_ptr, qkv_ptr, qrot_ptr, attn_ptr, act_ptr,
-        wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr, n2_ptr,
-        kv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
-        qlen_ptr, counter_ptr, timing_ptr, part_ptr, count_ptr, ysi_ptr, ysm_ptr, psi_ptr,
-        psm_ptr, po_ptr, co_ptr, L, M, B, att_tiles, SPLITS, eps, scale_log2,
-        stride_kvl, stride_kv2, stride_kb, stride_ks, stride_kh, stride_bt,
-        H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-        INTER: tl.constexpr, PAGE: tl.constexpr, P: tl.constexpr, BN: tl.constexpr,
-        BK: tl.constexpr, BKG: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
-        ROUND: tl.constexpr, TK: tl.constexpr, ATT_BM: tl.constexpr,
-        ATT_BN: tl.constexpr, SPLIT: tl.constexpr, TIMING: tl.constexpr,
+        xs_ptr,
+        mids_ptr,
+        qkv_ptr,
+        qrot_ptr,
+        attn_ptr,
+        act_ptr,
+        wqkv_ptr,
+        wo_ptr,
+        wgu_ptr,
+        wd_ptr,
+        n1_ptr,
+        n2_ptr,
+        kv_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        tables_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        qlen_ptr,
+        counter_ptr,
+        timing_ptr,
+        part_ptr,
+        count_ptr,
+        ysi_ptr,
+        ysm_ptr,
+        psi_ptr,
+        psm_ptr,
+        po_ptr,
+        co_ptr,
+        L,
+        M,
+        B,
+        att_tiles,
+        SPLITS,
+        eps,
+        scale_log2,
+        stride_kvl,
+        stride_kv2,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_bt,
+        H: tl.constexpr,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        INTER: tl.constexpr,
+        PAGE: tl.constexpr,
+        P: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        BKG: tl.constexpr,
+        CH: tl.constexpr,
+        UNROLL: tl.constexpr,
+        ROUND: tl.constexpr,
+        TK: tl.constexpr,
+        ATT_BM: tl.constexpr,
+        ATT_BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+        TIMING: tl.constexpr,
         WORKERS: tl.constexpr,
-        LINE: tl.constexpr, LQKV: tl.constexpr, LO: tl.constexpr, LGU: tl.constexpr,
-        LD: tl.constexpr, LN: tl.constexpr, KV_ROWS: tl.constexpr, KV_LINES: tl.constexpr,
-        ATT_PREFETCH: tl.constexpr, SPREAD: tl.constexpr, ONE_DOT: tl.constexpr,
-        QKV_ROPE: tl.constexpr, EARLY: tl.constexpr, BKH: tl.constexpr, BKQ: tl.constexpr,
-        TWICE: tl.constexpr, DEFER: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-        KS: tl.constexpr, ATT_STAGES: tl.constexpr, V_L1: tl.constexpr,
-        KT: tl.constexpr, ATT_HOIST: tl.constexpr, LATE_RSTD: tl.constexpr,
-        QKV_HOIST: tl.constexpr, PDL: tl.constexpr, POLL: tl.constexpr,
-        NO_C: tl.constexpr = 0, SEGO: tl.constexpr = 0, OFUSE: tl.constexpr = 0,
-        BNO: tl.constexpr = 64, BKO: tl.constexpr = 64, BKC: tl.constexpr = 64,
+        LINE: tl.constexpr,
+        LQKV: tl.constexpr,
+        LO: tl.constexpr,
+        LGU: tl.constexpr,
+        LD: tl.constexpr,
+        LN: tl.constexpr,
+        KV_ROWS: tl.constexpr,
+        KV_LINES: tl.constexpr,
+        ATT_PREFETCH: tl.constexpr,
+        SPREAD: tl.constexpr,
+        ONE_DOT: tl.constexpr,
+        QKV_ROPE: tl.constexpr,
+        EARLY: tl.constexpr,
+        BKH: tl.constexpr,
+        BKQ: tl.constexpr,
+        TWICE: tl.constexpr,
+        DEFER: tl.constexpr,
+        G: tl.constexpr,
+        GP: tl.constexpr,
+        KS: tl.constexpr,
+        ATT_STAGES: tl.constexpr,
+        V_L1: tl.constexpr,
+        KT: tl.constexpr,
+        ATT_HOIST: tl.constexpr,
+        LATE_RSTD: tl.constexpr,
+        QKV_HOIST: tl.constexpr,
+        PDL: tl.constexpr,
+        POLL: tl.constexpr,
+        NO_C: tl.constexpr = 0,
+        SEGO: tl.constexpr = 0,
+        OFUSE: tl.constexpr = 0,
+        BNO: tl.constexpr = 64,
+        BKO: tl.constexpr = 64,
+        BKC: tl.constexpr = 64,
         O_REGS: tl.constexpr = False,
     ):
         pid = tl.program_id(0)
@@ -509,8 +1034,22 @@ if triton is not None:
         groups, per = _att_split(B, att_tiles, HKV, P - WORKERS, SPREAD)
         per1 = tl.maximum(per, 1)
         pre_qlen, pre_ctx, pre_qstart, pre_blk = group_pre(
-            tl.minimum(pid // per1, groups - 1), pid % per1, per1, tables_ptr, ctx_ptr,
-            qstart_ptr, qlen_ptr, att_tiles, stride_bt, HQ, HKV, PAGE, ATT_BM, ATT_BN, SPLIT)
+            tl.minimum(pid // per1, groups - 1),
+            pid % per1,
+            per1,
+            tables_ptr,
+            ctx_ptr,
+            qstart_ptr,
+            qlen_ptr,
+            att_tiles,
+            stride_bt,
+            HQ,
+            HKV,
+            PAGE,
+            ATT_BM,
+            ATT_BN,
+            SPLIT,
+        )
         # QKV_HOIST: phase A's rows (the step's first TK) have the same positions and cache
         # slots every layer
         rows = tl.arange(0, TK)
@@ -518,9 +1057,27 @@ if triton is not None:
         pre_slot = tl.load(slot_ptr + rows, mask=rows < M, other=-1)
         if WORKERS > 0:
             if worker >= 0:
-                _prefetch_layer(tl.cast(0, tl.int64), wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
-                                n1_ptr, n2_ptr, worker, WORKERS, H, Q, QKV, INTER, LINE,
-                                LQKV, LO, LGU, LD, LN)
+                _prefetch_layer(
+                    tl.cast(0, tl.int64),
+                    wqkv_ptr,
+                    wo_ptr,
+                    wgu_ptr,
+                    wd_ptr,
+                    n1_ptr,
+                    n2_ptr,
+                    worker,
+                    WORKERS,
+                    H,
+                    Q,
+                    QKV,
+                    INTER,
+                    LINE,
+                    LQKV,
+                    LO,
+                    LGU,
+                    LD,
+                    LN,
+                )
         # PDL: launched while the input kernel runs; what is read above (the step's
         # metadata, the weights) was written before it, what is read below (the inputs,
         # the zeroed counters) by it
@@ -542,17 +1099,92 @@ if triton is not None:
             a_qkv = ysi_ptr + lw * M * H if DEFER else x_in
             for t in range(pid, (QKV + BN - 1) // BN, P):
                 if QKV_ROPE:
-                    qkv_rope_tile(t, a_qkv, wqkv_ptr + lw * QKV * H, x_in, n1_ptr + lw * H,
-                                  qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, H, H, H,
-                                  eps, 0.0, HQ, HKV, D, not DEFER, False, ROUND, 16, BN, BKH, 8,
-                                  CH, UNROLL, ".cg", EARLY, TWICE, DEFER, psi_ptr + lw * M * G,
-                                  G, GP, KS, LATE_RSTD, QKV_HOIST, pre_pos, pre_slot)
+                    qkv_rope_tile(
+                        t,
+                        a_qkv,
+                        wqkv_ptr + lw * QKV * H,
+                        x_in,
+                        n1_ptr + lw * H,
+                        qrot,
+                        kc,
+                        vc,
+                        cos_ptr,
+                        sin_ptr,
+                        pos_ptr,
+                        slot_ptr,
+                        M,
+                        H,
+                        H,
+                        H,
+                        eps,
+                        0.0,
+                        HQ,
+                        HKV,
+                        D,
+                        not DEFER,
+                        False,
+                        ROUND,
+                        16,
+                        BN,
+                        BKH,
+                        8,
+                        CH,
+                        UNROLL,
+                        ".cg",
+                        EARLY,
+                        TWICE,
+                        DEFER,
+                        psi_ptr + lw * M * G,
+                        G,
+                        GP,
+                        KS,
+                        LATE_RSTD,
+                        QKV_HOIST,
+                        pre_pos,
+                        pre_slot,
+                    )
                 else:
-                    fused_tile(t, a_qkv, wqkv_ptr + lw * QKV * H, qkv, qkv, qkv,
-                               n1_ptr + lw * H, M, QKV, H, QKV, H, H, QKV, QKV, eps, 0.0,
-                               not DEFER, False, False, False, ROUND, 16, BN, BKH, 8, CH, UNROLL,
-                               ".cg", False, False, TWICE, DEFER, qkv, qkv,
-                               psi_ptr + lw * M * G, G, GP, KS)
+                    fused_tile(
+                        t,
+                        a_qkv,
+                        wqkv_ptr + lw * QKV * H,
+                        qkv,
+                        qkv,
+                        qkv,
+                        n1_ptr + lw * H,
+                        M,
+                        QKV,
+                        H,
+                        QKV,
+                        H,
+                        H,
+                        QKV,
+                        QKV,
+                        eps,
+                        0.0,
+                        not DEFER,
+                        False,
+                        False,
+                        False,
+                        ROUND,
+                        16,
+                        BN,
+                        BKH,
+                        8,
+                        CH,
+                        UNROLL,
+                        ".cg",
+                        False,
+                        False,
+                        TWICE,
+                        DEFER,
+                        qkv,
+                        qkv,
+                        psi_ptr + lw * M * G,
+                        G,
+                        GP,
+                        KS,
+                    )
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # B: per (sequence, kv head, query tile): attention over the cache, a long
             # context's splits spread over the group's programs; without QKV_ROPE first the
@@ -567,44 +1199,204 @@ if triton is not None:
                 ofuse = False
             if pid < P - WORKERS:
                 if ofuse:
-                    _attention_o_phase(pid, layer, lw, qkv, qrot, attn, kc, vc, cos_ptr,
-                                       sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr,
-                                       qstart_ptr, qlen_ptr, part_ptr, count_ptr, att_tiles,
-                                       SPLITS, scale_log2, stride_kb, stride_ks, stride_kh,
-                                       stride_bt, x_in, mid, wo_ptr + lw * H * Q, po_ptr,
-                                       co_ptr, ysm_ptr + lw * M * H, n2_ptr + lw * H,
-                                       psm_ptr + lw * M * G, M, G, HQ, HKV, D, H, PAGE,
-                                       P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK, ROUND,
-                                       ATT_PREFETCH, QKV_ROPE, ATT_STAGES, V_L1, KT, SEGO,
-                                       BNO, BKO, KS, DEFER, OFUSE == 2, O_REGS)
+                    _attention_o_phase(
+                        pid,
+                        layer,
+                        lw,
+                        qkv,
+                        qrot,
+                        attn,
+                        kc,
+                        vc,
+                        cos_ptr,
+                        sin_ptr,
+                        pos_ptr,
+                        slot_ptr,
+                        tables_ptr,
+                        ctx_ptr,
+                        qstart_ptr,
+                        qlen_ptr,
+                        part_ptr,
+                        count_ptr,
+                        att_tiles,
+                        SPLITS,
+                        scale_log2,
+                        stride_kb,
+                        stride_ks,
+                        stride_kh,
+                        stride_bt,
+                        x_in,
+                        mid,
+                        wo_ptr + lw * H * Q,
+                        po_ptr,
+                        co_ptr,
+                        ysm_ptr + lw * M * H,
+                        n2_ptr + lw * H,
+                        psm_ptr + lw * M * G,
+                        M,
+                        G,
+                        HQ,
+                        HKV,
+                        D,
+                        H,
+                        PAGE,
+                        P - WORKERS,
+                        ATT_BM,
+                        ATT_BN,
+                        SPLIT,
+                        TK,
+                        ROUND,
+                        ATT_PREFETCH,
+                        QKV_ROPE,
+                        ATT_STAGES,
+                        V_L1,
+                        KT,
+                        SEGO,
+                        BNO,
+                        BKO,
+                        KS,
+                        DEFER,
+                        OFUSE == 2,
+                        O_REGS,
+                    )
                 else:
-                    _attention_phase(pid, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr,
-                                     pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
-                                     qlen_ptr, part_ptr, count_ptr, B, att_tiles, SPLITS,
-                                     scale_log2, stride_kb, stride_ks, stride_kh, stride_bt,
-                                     HQ, HKV, D, PAGE, P - WORKERS, ATT_BM, ATT_BN, SPLIT, TK,
-                                     ROUND, ATT_PREFETCH, SPREAD, QKV_ROPE, ATT_STAGES, V_L1,
-                                     KT, ATT_HOIST, pre_qlen, pre_ctx, pre_qstart, pre_blk)
+                    _attention_phase(
+                        pid,
+                        layer,
+                        qkv,
+                        qrot,
+                        attn,
+                        kc,
+                        vc,
+                        cos_ptr,
+                        sin_ptr,
+                        pos_ptr,
+                        slot_ptr,
+                        tables_ptr,
+                        ctx_ptr,
+                        qstart_ptr,
+                        qlen_ptr,
+                        part_ptr,
+                        count_ptr,
+                        B,
+                        att_tiles,
+                        SPLITS,
+                        scale_log2,
+                        stride_kb,
+                        stride_ks,
+                        stride_kh,
+                        stride_bt,
+                        HQ,
+                        HKV,
+                        D,
+                        PAGE,
+                        P - WORKERS,
+                        ATT_BM,
+                        ATT_BN,
+                        SPLIT,
+                        TK,
+                        ROUND,
+                        ATT_PREFETCH,
+                        SPREAD,
+                        QKV_ROPE,
+                        ATT_STAGES,
+                        V_L1,
+                        KT,
+                        ATT_HOIST,
+                        pre_qlen,
+                        pre_ctx,
+                        pre_qstart,
+                        pre_blk,
+                    )
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
-                        _prefetch_layer(lw + 1, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, n1_ptr,
-                                        n2_ptr, worker, WORKERS, H, Q, QKV, INTER, LINE, LQKV,
-                                        LO, LGU, LD, LN)
-                        _prefetch_kv(kc + stride_kvl, vc + stride_kvl, tables_ptr, ctx_ptr, B,
-                                     worker, WORKERS, stride_kb, stride_ks, stride_bt, HKV * D,
-                                     PAGE, LINE, KV_ROWS, KV_LINES)
+                        _prefetch_layer(
+                            lw + 1,
+                            wqkv_ptr,
+                            wo_ptr,
+                            wgu_ptr,
+                            wd_ptr,
+                            n1_ptr,
+                            n2_ptr,
+                            worker,
+                            WORKERS,
+                            H,
+                            Q,
+                            QKV,
+                            INTER,
+                            LINE,
+                            LQKV,
+                            LO,
+                            LGU,
+                            LD,
+                            LN,
+                        )
+                        _prefetch_kv(
+                            kc + stride_kvl,
+                            vc + stride_kvl,
+                            tables_ptr,
+                            ctx_ptr,
+                            B,
+                            worker,
+                            WORKERS,
+                            stride_kb,
+                            stride_ks,
+                            stride_bt,
+                            HKV * D,
+                            PAGE,
+                            LINE,
+                            KV_ROWS,
+                            KV_LINES,
+                        )
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # C: mid = x + attn @ Wo.T (DEFER: and phase D's operand and subtree sums)
             # (NO_C, a timing probe with wrong bits: phase C and its barrier skipped)
             # (SEGO: the product's K summed by kv-head group, ``_tile_products``' SEG)
             if (NO_C == 0) and not ofuse:
                 for t in range(pid, (H + BN - 1) // BN, P):
-                    fused_tile(t, attn, wo_ptr + lw * H * Q, mid, mid, x_in, mid, M, H, Q, H,
-                               Q, Q, H, H, eps, 0.0, False, False, True, False, ROUND, 16, BN,
-                               BKQ, 8, CH, UNROLL, ".cg", False, EARLY, TWICE, 2 * DEFER,
-                               ysm_ptr + lw * M * H, n2_ptr + lw * H, psm_ptr + lw * M * G, G,
-                               GP, KS, SEG=SEGO)
+                    fused_tile(
+                        t,
+                        attn,
+                        wo_ptr + lw * H * Q,
+                        mid,
+                        mid,
+                        x_in,
+                        mid,
+                        M,
+                        H,
+                        Q,
+                        H,
+                        Q,
+                        Q,
+                        H,
+                        H,
+                        eps,
+                        0.0,
+                        False,
+                        False,
+                        True,
+                        False,
+                        ROUND,
+                        16,
+                        BN,
+                        BKQ,
+                        8,
+                        CH,
+                        UNROLL,
+                        ".cg",
+                        False,
+                        EARLY,
+                        TWICE,
+                        2 * DEFER,
+                        ysm_ptr + lw * M * H,
+                        n2_ptr + lw * H,
+                        psm_ptr + lw * M * G,
+                        G,
+                        GP,
+                        KS,
+                        SEG=SEGO,
+                    )
                 phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T (NO_C 2: the norm from
             # the row itself, as a phase D summing the o product's partials would)
@@ -617,26 +1409,114 @@ if triton is not None:
                 chains = False
             if chains:
                 for t in range(pid, (INTER + BN - 1) // BN, P):
-                    _gate_up_from_chains(t, po_ptr + (lw * HKV * TK) * H, x_in, mid,
-                                         n2_ptr + lw * H, wgu_ptr + lw * 2 * INTER * H, act,
-                                         M, eps, H, INTER, HKV, TK, BN, BKC, KS, ROUND)
+                    _gate_up_from_chains(
+                        t,
+                        po_ptr + (lw * HKV * TK) * H,
+                        x_in,
+                        mid,
+                        n2_ptr + lw * H,
+                        wgu_ptr + lw * 2 * INTER * H,
+                        act,
+                        M,
+                        eps,
+                        H,
+                        INTER,
+                        HKV,
+                        TK,
+                        BN,
+                        BKC,
+                        KS,
+                        ROUND,
+                    )
             else:
                 for t in range(pid, (INTER + BN - 1) // BN, P):
-                    fused_tile(t, a_gu, wgu_ptr + lw * 2 * INTER * H, act, act, act,
-                               n2_ptr + lw * H, M, INTER, H, INTER, H, H, INTER, INTER, eps,
-                               0.0, not D_DEFER, False, False, True, ROUND, 16, BN, BKG, 8, CH,
-                               UNROLL, ".cg", ONE_DOT, False, TWICE, D_DEFER, act, act,
-                               psm_ptr + lw * M * G, G, GP, KS, LATE_RSTD)
+                    fused_tile(
+                        t,
+                        a_gu,
+                        wgu_ptr + lw * 2 * INTER * H,
+                        act,
+                        act,
+                        act,
+                        n2_ptr + lw * H,
+                        M,
+                        INTER,
+                        H,
+                        INTER,
+                        H,
+                        H,
+                        INTER,
+                        INTER,
+                        eps,
+                        0.0,
+                        not D_DEFER,
+                        False,
+                        False,
+                        True,
+                        ROUND,
+                        16,
+                        BN,
+                        BKG,
+                        8,
+                        CH,
+                        UNROLL,
+                        ".cg",
+                        ONE_DOT,
+                        False,
+                        TWICE,
+                        D_DEFER,
+                        act,
+                        act,
+                        psm_ptr + lw * M * G,
+                        G,
+                        GP,
+                        KS,
+                        LATE_RSTD,
+                    )
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # E: x_next = mid + act @ Wd.T (DEFER: and the next phase A's operand and subtree
             # sums; after the last layer unread, made with its own norm weight)
             for t in range(pid, (H + BN - 1) // BN, P):
-                fused_tile(t, act, wd_ptr + lw * H * INTER, x_in + M * H, x_in, mid, x_in, M,
-                           H, INTER, H, INTER, INTER, H, H, eps, 0.0, False, False, True, False,
-                           ROUND, 16, BN, BK, 8, CH, UNROLL, ".cg", False, EARLY, TWICE,
-                           2 * DEFER, ysi_ptr + (lw + 1) * M * H,
-                           n1_ptr + tl.minimum(lw + 1, L - 1) * H, psi_ptr + (lw + 1) * M * G,
-                           G, GP, KS)
+                fused_tile(
+                    t,
+                    act,
+                    wd_ptr + lw * H * INTER,
+                    x_in + M * H,
+                    x_in,
+                    mid,
+                    x_in,
+                    M,
+                    H,
+                    INTER,
+                    H,
+                    INTER,
+                    INTER,
+                    H,
+                    H,
+                    eps,
+                    0.0,
+                    False,
+                    False,
+                    True,
+                    False,
+                    ROUND,
+                    16,
+                    BN,
+                    BK,
+                    8,
+                    CH,
+                    UNROLL,
+                    ".cg",
+                    False,
+                    EARLY,
+                    TWICE,
+                    2 * DEFER,
+                    ysi_ptr + (lw + 1) * M * H,
+                    n1_ptr + tl.minimum(lw + 1, L - 1) * H,
+                    psi_ptr + (lw + 1) * M * G,
+                    G,
+                    GP,
+                    KS,
+                )
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
         _stamp(timing_ptr, 3 + 10 * L, pid, TIMING, True)
 
@@ -699,24 +1579,40 @@ def stack_programs(hidden: int, qkv: int, inter: int, kv_heads: int, sms: int) -
     return max(1, min(sms, widest_phase(hidden, qkv, inter, kv_heads)))
 
 
-def default_programs(weights: dict[str, torch.Tensor], kv_heads: int,
-                     device: torch.device) -> int:
+def default_programs(weights: dict[str, torch.Tensor], kv_heads: int, device: torch.device) -> int:
     """The stack's grid for stacked ``weights`` on ``device`` (``stack_programs``)."""
     _, qkv_n, hidden = weights["qkv"].shape
-    sms = torch.cuda.get_device_properties(device).multi_processor_count \
-        if device.type == "cuda" else 1
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 1
+    )
     return stack_programs(hidden, qkv_n, weights["down"].shape[-1], kv_heads, sms)
 
 
-def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                 slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor, query_start: torch.Tensor,
-                 query_lens: torch.Tensor, max_query_len: int, *, heads: int, kv_heads: int,
-                 eps: float, scale: float, programs: int | None = None,
-                 timing: torch.Tensor | None = None,
-                 scratch: dict[str, torch.Tensor] | None = None,
-                 ids: torch.Tensor | None = None) -> torch.Tensor:
+def decode_stack(
+    x: torch.Tensor,
+    weights: dict[str, torch.Tensor],
+    kv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start: torch.Tensor,
+    query_lens: torch.Tensor,
+    max_query_len: int,
+    *,
+    heads: int,
+    kv_heads: int,
+    eps: float,
+    scale: float,
+    programs: int | None = None,
+    timing: torch.Tensor | None = None,
+    scratch: dict[str, torch.Tensor] | None = None,
+    ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Every layer for a step of at most ``MAX_ROWS`` tokens: x (N, H) -> the residual
     stream after the last layer (N, H). ``ids``: the step's (N,) token ids, and x the
     embedding table (V, H) whose rows ``x[ids]`` are the input (gathered by the stack's
@@ -797,51 +1693,134 @@ def decode_stack(x: torch.Tensor, weights: dict[str, torch.Tensor], kv: torch.Te
     po = xs  # never read
     # zeroed by the input kernel (with "defer"; else here)
     counts = (torch.empty if defer else torch.zeros)(
-        1 + n_layers * groups + n_layers * o_tiles, dtype=torch.int32, device=dev)
+        1 + n_layers * groups + n_layers * o_tiles, dtype=torch.int32, device=dev
+    )
     counter = counts[:1]  # the grid barrier's
     if scratch is not None and ofuse:  # after the launch: the items each o tile counted
-        scratch["o_counts"] = counts[1 + n_layers * groups:].view(n_layers, o_tiles)
+        scratch["o_counts"] = counts[1 + n_layers * groups :].view(n_layers, o_tiles)
     if defer:
-        _stack_input_kernel[(n,)](x, ids if ids is not None else counts, xs, ysi, psi,
-                                  weights["input_norm"], counts, hidden, groups_h, x.stride(0),
-                                  counts.numel(), GP=triton.next_power_of_2(groups_h),
-                                  IDS=ids is not None, ZB=256, TRIGGER=pdl["PDL"])
+        _stack_input_kernel[(n,)](
+            x,
+            ids if ids is not None else counts,
+            xs,
+            ysi,
+            psi,
+            weights["input_norm"],
+            counts,
+            hidden,
+            groups_h,
+            x.stride(0),
+            counts.numel(),
+            GP=triton.next_power_of_2(groups_h),
+            IDS=ids is not None,
+            ZB=256,
+            TRIGGER=pdl["PDL"],
+        )
     line = 128 // x.element_size()  # elements a 128-byte L2 line holds
 
     def lines(numel: int) -> int:  # a prefetching program's share of a matrix's lines
         return triton.next_power_of_2(triton.cdiv(triton.cdiv(numel, line), max(1, workers)))
 
     _decode_stack_kernel[(programs,)](
-        xs, mids, qkv, qrot, attn, act, weights["qkv"], weights["o"], weights["gate_up"],
-        weights["down"], weights["input_norm"], weights["post_norm"], kv, cos, sin,
-        positions, slot_mapping, block_tables, context_lens, query_start, query_lens, counter,
-        timing if timing is not None else counter, part, counts[1:], ysi, ysm, psi, psm, po,
-        counts[1 + n_layers * groups:], n_layers, n, context_lens.shape[0], att_tiles, splits,
-        eps, scale * 1.4426950408889634,
-        kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), kv.stride(4),
+        xs,
+        mids,
+        qkv,
+        qrot,
+        attn,
+        act,
+        weights["qkv"],
+        weights["o"],
+        weights["gate_up"],
+        weights["down"],
+        weights["input_norm"],
+        weights["post_norm"],
+        kv,
+        cos,
+        sin,
+        positions,
+        slot_mapping,
+        block_tables,
+        context_lens,
+        query_start,
+        query_lens,
+        counter,
+        timing if timing is not None else counter,
+        part,
+        counts[1:],
+        ysi,
+        ysm,
+        psi,
+        psm,
+        po,
+        counts[1 + n_layers * groups :],
+        n_layers,
+        n,
+        context_lens.shape[0],
+        att_tiles,
+        splits,
+        eps,
+        scale * 1.4426950408889634,
+        kv.stride(0),
+        kv.stride(1),
+        kv.stride(2),
+        kv.stride(3),
+        kv.stride(4),
         block_tables.stride(0),
-        H=hidden, HQ=heads, HKV=kv_heads, D=d, INTER=inter, PAGE=kv.shape[3], P=programs,
-        BN=BN, BK=k_step(inter, tuning.bk), BKG=k_step(hidden, tuning.bk_gated),
-        CH=NORM_CHUNK, UNROLL=norm_rounds(hidden),
-        ROUND=_round_mode(dt), TK=MAX_ROWS,
-        ATT_BM=BLOCK_M_ATT, ATT_BN=block_keys(d), SPLIT=split_keys(d),
+        H=hidden,
+        HQ=heads,
+        HKV=kv_heads,
+        D=d,
+        INTER=inter,
+        PAGE=kv.shape[3],
+        P=programs,
+        BN=BN,
+        BK=k_step(inter, tuning.bk),
+        BKG=k_step(hidden, tuning.bk_gated),
+        CH=NORM_CHUNK,
+        UNROLL=norm_rounds(hidden),
+        ROUND=_round_mode(dt),
+        TK=MAX_ROWS,
+        ATT_BM=BLOCK_M_ATT,
+        ATT_BN=block_keys(d),
+        SPLIT=split_keys(d),
         TIMING=timing is not None,
-        WORKERS=workers, LINE=line, LQKV=lines(qkv_n * hidden),
-        LO=lines(hidden * heads * d), LGU=lines(2 * inter * hidden), LD=lines(hidden * inter),
+        WORKERS=workers,
+        LINE=line,
+        LQKV=lines(qkv_n * hidden),
+        LO=lines(hidden * heads * d),
+        LGU=lines(2 * inter * hidden),
+        LD=lines(hidden * inter),
         LN=lines(hidden),
-        KV_ROWS=KV_ROWS, KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
-        ATT_PREFETCH=tuning.att_prefetch, SPREAD=spread,
-        ONE_DOT=tuning.gated_one_dot, QKV_ROPE=roped, EARLY=tuning.early,
-        BKH=k_step(hidden, tuning.bk), BKQ=o_step,
-        TWICE=0, DEFER=defer, G=groups_h,
-        GP=triton.next_power_of_2(max(groups_h, 2)), KS=tuning.gemm_stages or 0,
-        ATT_STAGES=tuning.att_stages or 0, V_L1=_serial_only(tuning.v_l1),
+        KV_ROWS=KV_ROWS,
+        KV_LINES=triton.next_power_of_2(triton.cdiv(kv_heads * d, line)),
+        ATT_PREFETCH=tuning.att_prefetch,
+        SPREAD=spread,
+        ONE_DOT=tuning.gated_one_dot,
+        QKV_ROPE=roped,
+        EARLY=tuning.early,
+        BKH=k_step(hidden, tuning.bk),
+        BKQ=o_step,
+        TWICE=0,
+        DEFER=defer,
+        G=groups_h,
+        GP=triton.next_power_of_2(max(groups_h, 2)),
+        KS=tuning.gemm_stages or 0,
+        ATT_STAGES=tuning.att_stages or 0,
+        V_L1=_serial_only(tuning.v_l1),
         KT=_serial_only(tuning.k_t),
-        ATT_HOIST=0, LATE_RSTD=False,
-        QKV_HOIST=tuning.qkv_hoist, POLL=_poll(x, spread),
-        NO_C=0, SEGO=sego, OFUSE=ofuse, BNO=O_COLS,
-        BKO=o_step, BKC=min(k_step(hidden, tuning.bk_gated), 128),
-        O_REGS=False, num_warps=4,
+        ATT_HOIST=0,
+        LATE_RSTD=False,
+        QKV_HOIST=tuning.qkv_hoist,
+        POLL=_poll(x, spread),
+        NO_C=0,
+        SEGO=sego,
+        OFUSE=ofuse,
+        BNO=O_COLS,
+        BKO=o_step,
+        BKC=min(k_step(hidden, tuning.bk_gated), 128),
+        O_REGS=False,
+        num_warps=4,
         **pdl,
-        num_stages=tuning.num_stages)
+        num_stages=tuning.num_stages,
+    )
     return xs[n_layers]

@@ -171,8 +171,10 @@ if triton is not None:
         (left + right) when the level's bit is set, else it becomes the pending one."""
         reached = ((i + 1) & ((1 << LEVEL) - 1)) == 0
         bit = (i >> LEVEL) & 1
-        return (tl.where(reached & (bit == 1), s + carry, carry),
-                tl.where(reached & (bit == 0), carry, s))
+        return (
+            tl.where(reached & (bit == 1), s + carry, carry),
+            tl.where(reached & (bit == 0), carry, s),
+        )
 
     @triton.jit
     def tree_push(c, i, s0, s1, s2, s3, s4, s5, s6, s7):
@@ -206,14 +208,29 @@ if triton is not None:
         return tl.rsqrt(total / K + eps)
 
     @triton.jit
-    def _row_rstd(a_rows, row_ok, K, eps, BM: tl.constexpr, CH: tl.constexpr,
-                  UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
+    def _row_rstd(
+        a_rows,
+        row_ok,
+        K,
+        eps,
+        BM: tl.constexpr,
+        CH: tl.constexpr,
+        UNROLL: tl.constexpr,
+        ACT_CACHE: tl.constexpr,
+    ):
         """The RMSNorm prologue: (BM,) 1 / rms of the rows (``row_sumsq``)."""
         return rstd_of(row_sumsq(a_rows, row_ok, K, BM, CH, UNROLL, ACT_CACHE), K, eps)
 
     @triton.jit
-    def row_sumsq(a_rows, row_ok, K, BM: tl.constexpr, CH: tl.constexpr,
-                  UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr):
+    def row_sumsq(
+        a_rows,
+        row_ok,
+        K,
+        BM: tl.constexpr,
+        CH: tl.constexpr,
+        UNROLL: tl.constexpr,
+        ACT_CACHE: tl.constexpr,
+    ):
         """(BM,) the rows' squares summed by the perfect pairwise tree over K padded to a
         power of two: a chunk of CH columns (a power of two) by ``pair_sum``, the chunks by a
         binary counter of ``NORM_LEVELS`` levels, folded smallest subtree first (the tree's
@@ -234,10 +251,15 @@ if triton is not None:
         for k in range(0, K, CH * UNROLL):
             for u in tl.static_range(UNROLL):
                 kk = k + u * CH + ck
-                x = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < K),
-                            other=0.0, cache_modifier=ACT_CACHE).to(tl.float32)
+                x = tl.load(
+                    a_rows + kk[None, :],
+                    mask=row_ok[:, None] & (kk[None, :] < K),
+                    other=0.0,
+                    cache_modifier=ACT_CACHE,
+                ).to(tl.float32)
                 s0, s1, s2, s3, s4, s5, s6, s7 = tree_push(
-                    pair_sum(x * x, CH), k // CH + u, s0, s1, s2, s3, s4, s5, s6, s7)
+                    pair_sum(x * x, CH), k // CH + u, s0, s1, s2, s3, s4, s5, s6, s7
+                )
         n = tl.cdiv(K, CH * UNROLL) * UNROLL  # subtrees pushed
         return tree_fold(n, s0, s1, s2, s3, s4, s5, s6, s7)
 
@@ -252,42 +274,109 @@ if triton is not None:
     def partials_load(ps_ptr, rm, row_ok, G, GP: tl.constexpr, CACHE: tl.constexpr):
         """Rows ``rm``'s ``G`` subtree sums (BM, GP), zeros past G (``partials_rstd``'s)."""
         gi = tl.arange(0, GP)
-        return tl.load(ps_ptr + rm.to(tl.int64)[:, None] * G + gi[None, :],
-                       mask=row_ok[:, None] & (gi[None, :] < G), other=0.0,
-                       cache_modifier=CACHE)
+        return tl.load(
+            ps_ptr + rm.to(tl.int64)[:, None] * G + gi[None, :],
+            mask=row_ok[:, None] & (gi[None, :] < G),
+            other=0.0,
+            cache_modifier=CACHE,
+        )
 
     @triton.jit
-    def norm_partials(xo, y_ptr, gw, ps_ptr, rm, rn, row_ok, out_ok, group, G, stride_ym,
-                      offset):
+    def norm_partials(xo, y_ptr, gw, ps_ptr, rm, rn, row_ok, out_ok, group, G, stride_ym, offset):
         """A producer's hand-over to the next normed product: its 16 stored columns ``xo``
         (BM, 16) (fp32 holding the stored values) times the next norm's weight ``gw`` (16,),
         rounded as the K loop rounds its operand, to ``y_ptr`` (row stride ``stride_ym``), and
         the 16-column subtree of their squares to ``ps_ptr`` (row stride G) at ``group``."""
         g = offset + gw.to(tl.float32)
-        tl.store(y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :],
-                 (xo * g[None, :]).to(y_ptr.dtype.element_ty), mask=out_ok)
+        tl.store(
+            y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :],
+            (xo * g[None, :]).to(y_ptr.dtype.element_ty),
+            mask=out_ok,
+        )
         tl.store(ps_ptr + rm.to(tl.int64) * G + group, pair_sum(xo * xo, 16), mask=row_ok)
 
     @triton.jit
-    def _fused_gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
-                           stride_am, stride_wn, stride_om, stride_rm, eps, offset,
-                           NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                           GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
-                           BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                           CH: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr,
-                           LATE: tl.constexpr, SEG: tl.constexpr = 0):
+    def _fused_gemm_kernel(
+        a_ptr,
+        w_ptr,
+        o_ptr,
+        bias_ptr,
+        res_ptr,
+        nw_ptr,
+        M,
+        N,
+        K,
+        UP,
+        stride_am,
+        stride_wn,
+        stride_om,
+        stride_rm,
+        eps,
+        offset,
+        NORM: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        RESIDUAL: tl.constexpr,
+        GATED: tl.constexpr,
+        ROUND: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        CH: tl.constexpr,
+        UNROLL: tl.constexpr,
+        PDL: tl.constexpr,
+        LATE: tl.constexpr,
+        SEG: tl.constexpr = 0,
+    ):
         wait_only(PDL)
         if not LATE:  # else the next kernel launches once this program's tile is done
             launch_next(PDL)
-        fused_tile(tl.program_id(0), a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K,
-                   UP, stride_am, stride_wn, stride_om, stride_rm, eps, offset, NORM, HAS_BIAS,
-                   RESIDUAL, GATED, ROUND, BM, BN, BK, GROUP_M, CH, UNROLL, "", SEG=SEG)
+        fused_tile(
+            tl.program_id(0),
+            a_ptr,
+            w_ptr,
+            o_ptr,
+            bias_ptr,
+            res_ptr,
+            nw_ptr,
+            M,
+            N,
+            K,
+            UP,
+            stride_am,
+            stride_wn,
+            stride_om,
+            stride_rm,
+            eps,
+            offset,
+            NORM,
+            HAS_BIAS,
+            RESIDUAL,
+            GATED,
+            ROUND,
+            BM,
+            BN,
+            BK,
+            GROUP_M,
+            CH,
+            UNROLL,
+            "",
+            SEG=SEG,
+        )
         if LATE:
             launch_next(PDL)
 
     @triton.jit
-    def _silu_mul_kernel(x_ptr, o_ptr, INTER, stride_x, stride_o, ROUND: tl.constexpr,
-                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _silu_mul_kernel(
+        x_ptr,
+        o_ptr,
+        INTER,
+        stride_x,
+        stride_o,
+        ROUND: tl.constexpr,
+        BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         """``F.silu(gate) * up`` of one row's ``BLOCK`` columns, gate/up the row's halves."""
         wait_previous(PDL)
         row = tl.program_id(0).to(tl.int64)
@@ -295,14 +384,32 @@ if triton is not None:
         ok = col < INTER
         g = tl.load(x_ptr + row * stride_x + col, mask=ok, other=0.0).to(tl.float32)
         u = tl.load(x_ptr + row * stride_x + INTER + col, mask=ok, other=0.0).to(tl.float32)
-        tl.store(o_ptr + row * stride_o + col,
-                 (_round(_silu(g), ROUND) * u).to(o_ptr.dtype.element_ty), mask=ok)
+        tl.store(
+            o_ptr + row * stride_o + col,
+            (_round(_silu(g), ROUND) * u).to(o_ptr.dtype.element_ty),
+            mask=ok,
+        )
 
     @triton.jit
-    def _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, nw_ptr, offset,
-                       NORM: tl.constexpr, GATED: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr, ACT_CACHE: tl.constexpr,
-                       STAGES: tl.constexpr = 0, SEG: tl.constexpr = 0):
+    def _tile_products(
+        a_rows,
+        w_rows,
+        u_rows,
+        row_ok,
+        rn,
+        N,
+        K,
+        nw_ptr,
+        offset,
+        NORM: tl.constexpr,
+        GATED: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        ACT_CACHE: tl.constexpr,
+        STAGES: tl.constexpr = 0,
+        SEG: tl.constexpr = 0,
+    ):
         """The K loop of a tile: (BM, BN) fp32 products of the rows at ``a_rows`` (with
         NORM times ``offset`` + the norm weight, rounded to the activations' dtype; the
         row's 1 / rms is the caller's, on the accumulator) with the weight rows at
@@ -323,8 +430,12 @@ if triton is not None:
                 acc = tl.where(new, 0.0, acc)
             kk = k + rk
             k_ok = kk < K
-            a = tl.load(a_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-                        cache_modifier=ACT_CACHE)
+            a = tl.load(
+                a_rows + kk[None, :],
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+                cache_modifier=ACT_CACHE,
+            )
             if NORM:  # the operand norm_partials hands over: round(x * (offset + w))
                 nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
                 a = (a.to(tl.float32) * (offset + nw)[None, :]).to(a_rows.dtype.element_ty)
@@ -350,22 +461,40 @@ if triton is not None:
     @triton.jit
     def _load_tile(ptr, rm, rn, stride_m, ok, CACHE: tl.constexpr):
         """Rows ``rm`` and columns ``rn`` of a row-major matrix (zeros where not ``ok``)."""
-        return tl.load(ptr + rm.to(tl.int64)[:, None] * stride_m + rn[None, :], mask=ok,
-                       other=0.0, cache_modifier=CACHE)
+        return tl.load(
+            ptr + rm.to(tl.int64)[:, None] * stride_m + rn[None, :],
+            mask=ok,
+            other=0.0,
+            cache_modifier=CACHE,
+        )
 
     @triton.jit
-    def _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM: tl.constexpr,
-                   DEFER: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr,
-                   UNROLL: tl.constexpr, GP: tl.constexpr, ACT_CACHE: tl.constexpr,
-                   TWICE: tl.constexpr):
+    def _tile_rstd(
+        a_rows,
+        ps_ptr,
+        rm,
+        row_ok,
+        K,
+        G,
+        eps,
+        NORM: tl.constexpr,
+        DEFER: tl.constexpr,
+        BM: tl.constexpr,
+        CH: tl.constexpr,
+        UNROLL: tl.constexpr,
+        GP: tl.constexpr,
+        ACT_CACHE: tl.constexpr,
+        TWICE: tl.constexpr,
+    ):
         """The rows' 1 / rms for the accumulator: NORM from the rows (``_row_rstd``; TWICE
         1 runs it twice, a timing probe), DEFER 1 from their producers' subtree sums
         (``partials_rstd``, the same bits), else ones."""
         if NORM:
             rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
             if TWICE == 1:
-                rstd = _row_rstd(twice_rows(a_rows, rstd), row_ok, K, eps, BM, CH, UNROLL,
-                                 ACT_CACHE)
+                rstd = _row_rstd(
+                    twice_rows(a_rows, rstd), row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE
+                )
         elif DEFER == 1:
             rstd = partials_rstd(ps_ptr, rm, row_ok, G, K, eps, GP, ACT_CACHE)
         else:
@@ -373,16 +502,49 @@ if triton is not None:
         return rstd
 
     @triton.jit
-    def fused_tile(pid, a_ptr, w_ptr, o_ptr, bias_ptr, res_ptr, nw_ptr, M, N, K, UP,
-                   stride_am, stride_wn, stride_om, stride_rm, eps, offset,
-                   NORM: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                   GATED: tl.constexpr, ROUND: tl.constexpr, BM: tl.constexpr,
-                   BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                   CH: tl.constexpr, UNROLL: tl.constexpr, ACT_CACHE: tl.constexpr,
-                   ONE_DOT: tl.constexpr = False, EARLY: tl.constexpr = False,
-                   TWICE: tl.constexpr = 0, DEFER: tl.constexpr = 0, y_ptr=None, g_ptr=None,
-                   ps_ptr=None, G=1, GP: tl.constexpr = 64, STAGES: tl.constexpr = 0,
-                   LATE_RSTD: tl.constexpr = False, SEG: tl.constexpr = 0):
+    def fused_tile(
+        pid,
+        a_ptr,
+        w_ptr,
+        o_ptr,
+        bias_ptr,
+        res_ptr,
+        nw_ptr,
+        M,
+        N,
+        K,
+        UP,
+        stride_am,
+        stride_wn,
+        stride_om,
+        stride_rm,
+        eps,
+        offset,
+        NORM: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        RESIDUAL: tl.constexpr,
+        GATED: tl.constexpr,
+        ROUND: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        CH: tl.constexpr,
+        UNROLL: tl.constexpr,
+        ACT_CACHE: tl.constexpr,
+        ONE_DOT: tl.constexpr = False,
+        EARLY: tl.constexpr = False,
+        TWICE: tl.constexpr = 0,
+        DEFER: tl.constexpr = 0,
+        y_ptr=None,
+        g_ptr=None,
+        ps_ptr=None,
+        G=1,
+        GP: tl.constexpr = 64,
+        STAGES: tl.constexpr = 0,
+        LATE_RSTD: tl.constexpr = False,
+        SEG: tl.constexpr = 0,
+    ):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
         written by other programs of the launch, from L2). ``ONE_DOT`` (GATED): the gate
@@ -414,8 +576,23 @@ if triton is not None:
         if LATE_RSTD and DEFER == 1:  # the sums asked for now, their tree after the K loop
             ps = partials_load(ps_ptr, rm, row_ok, G, GP, ACT_CACHE)
         else:
-            rstd = _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH,
-                              UNROLL, GP, ACT_CACHE, TWICE)
+            rstd = _tile_rstd(
+                a_rows,
+                ps_ptr,
+                rm,
+                row_ok,
+                K,
+                G,
+                eps,
+                NORM,
+                DEFER,
+                BM,
+                CH,
+                UNROLL,
+                GP,
+                ACT_CACHE,
+                TWICE,
+            )
         if GATED and ONE_DOT:
             _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
             j = tl.arange(0, 2 * BN)
@@ -428,17 +605,65 @@ if triton is not None:
             u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: up rows
         WN: tl.constexpr = 2 * BN if GATED and ONE_DOT else BN  # the weight tile's rows
         if TWICE == 2:
-            first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, nw_ptr,
-                                      offset, NORM, False, BM, WN, BK, ACT_CACHE, STAGES)
+            first, _ = _tile_products(
+                a_rows,
+                w_rows,
+                w_rows,
+                row_ok,
+                rn_w,
+                N,
+                K,
+                nw_ptr,
+                offset,
+                NORM,
+                False,
+                BM,
+                WN,
+                BK,
+                ACT_CACHE,
+                STAGES,
+            )
             a_rows = twice_rows(a_rows, tl.max(first, 1))
         if GATED and ONE_DOT:
-            acc2, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn_w, N, K, nw_ptr,
-                                     offset, NORM, False, BM, WN, BK, ACT_CACHE, STAGES)
+            acc2, _ = _tile_products(
+                a_rows,
+                w_rows,
+                w_rows,
+                row_ok,
+                rn_w,
+                N,
+                K,
+                nw_ptr,
+                offset,
+                NORM,
+                False,
+                BM,
+                WN,
+                BK,
+                ACT_CACHE,
+                STAGES,
+            )
             acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [BM, 2, BN]), (0, 2, 1)))
         else:
-            acc, acc_u = _tile_products(a_rows, w_rows, u_rows, row_ok, rn, N, K, nw_ptr,
-                                        offset, NORM, GATED, BM, BN, BK, ACT_CACHE, STAGES,
-                                        SEG)
+            acc, acc_u = _tile_products(
+                a_rows,
+                w_rows,
+                u_rows,
+                row_ok,
+                rn,
+                N,
+                K,
+                nw_ptr,
+                offset,
+                NORM,
+                GATED,
+                BM,
+                BN,
+                BK,
+                ACT_CACHE,
+                STAGES,
+                SEG,
+            )
         if LATE_RSTD and DEFER == 1:
             rstd = rstd_of(pair_sum(ps, GP), K, eps)
         if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
@@ -459,37 +684,136 @@ if triton is not None:
         tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :], out, mask=out_ok)
         if DEFER == 2:
             _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
-            norm_partials(out.to(tl.float32), y_ptr, gw, ps_ptr, rm, rn, row_ok, out_ok, pid_n,
-                          G, stride_om, offset)
+            norm_partials(
+                out.to(tl.float32),
+                y_ptr,
+                gw,
+                ps_ptr,
+                rm,
+                rn,
+                row_ok,
+                out_ok,
+                pid_n,
+                G,
+                stride_om,
+                offset,
+            )
 
     @triton.jit
-    def _qkv_rope_kernel(a_ptr, w_ptr, bias_ptr, nw_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr,
-                         sin_ptr, pos_ptr, slot_ptr, M, K, stride_am, stride_wn, eps, offset,
-                         HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                         NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                         GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
-                         PDL: tl.constexpr):
+    def _qkv_rope_kernel(
+        a_ptr,
+        w_ptr,
+        bias_ptr,
+        nw_ptr,
+        qo_ptr,
+        kc_ptr,
+        vc_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        M,
+        K,
+        stride_am,
+        stride_wn,
+        eps,
+        offset,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        NORM: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ROUND: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        CH: tl.constexpr,
+        UNROLL: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         """A tile of ``qkv_rope_tile`` a program."""
         wait_only(PDL)
         launch_next(PDL)
-        qkv_rope_tile(tl.program_id(0), a_ptr, w_ptr, bias_ptr, nw_ptr, qo_ptr, kc_ptr, vc_ptr,
-                      cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, K, stride_am, stride_wn, eps,
-                      offset, HQ, HKV, D, NORM, HAS_BIAS, ROUND, BM, BN, BK, GROUP_M, CH,
-                      UNROLL, "")
+        qkv_rope_tile(
+            tl.program_id(0),
+            a_ptr,
+            w_ptr,
+            bias_ptr,
+            nw_ptr,
+            qo_ptr,
+            kc_ptr,
+            vc_ptr,
+            cos_ptr,
+            sin_ptr,
+            pos_ptr,
+            slot_ptr,
+            M,
+            K,
+            stride_am,
+            stride_wn,
+            eps,
+            offset,
+            HQ,
+            HKV,
+            D,
+            NORM,
+            HAS_BIAS,
+            ROUND,
+            BM,
+            BN,
+            BK,
+            GROUP_M,
+            CH,
+            UNROLL,
+            "",
+        )
 
     @triton.jit
-    def qkv_rope_tile(pid, a_ptr, w_ptr, bias_ptr, nw_ptr, qo_ptr, kc_ptr, vc_ptr, cos_ptr,
-                      sin_ptr, pos_ptr, slot_ptr, M, K, stride_am, stride_wn, eps, offset,
-                      HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                      NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      GROUP_M: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
-                      ACT_CACHE: tl.constexpr, EARLY: tl.constexpr = False,
-                      TWICE: tl.constexpr = 0, DEFER: tl.constexpr = 0, ps_ptr=None, G=1,
-                      GP: tl.constexpr = 64, STAGES: tl.constexpr = 0,
-                      LATE_RSTD: tl.constexpr = False, PRE_ROWS: tl.constexpr = False,
-                      pre_pos=0, pre_slot=0):
+    def qkv_rope_tile(
+        pid,
+        a_ptr,
+        w_ptr,
+        bias_ptr,
+        nw_ptr,
+        qo_ptr,
+        kc_ptr,
+        vc_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        M,
+        K,
+        stride_am,
+        stride_wn,
+        eps,
+        offset,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        NORM: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ROUND: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        CH: tl.constexpr,
+        UNROLL: tl.constexpr,
+        ACT_CACHE: tl.constexpr,
+        EARLY: tl.constexpr = False,
+        TWICE: tl.constexpr = 0,
+        DEFER: tl.constexpr = 0,
+        ps_ptr=None,
+        G=1,
+        GP: tl.constexpr = 64,
+        STAGES: tl.constexpr = 0,
+        LATE_RSTD: tl.constexpr = False,
+        PRE_ROWS: tl.constexpr = False,
+        pre_pos=0,
+        pre_slot=0,
+    ):
         """Tile ``pid`` of the QKV product (with the RMSNorm prologue when NORM) and, in its
         epilogue, the rope of its q and k columns and the cache write of k and v: a q or k
         tile holds dims ``i .. i + BN/2 - 1`` of one head's first half and the same of its
@@ -515,8 +839,9 @@ if triton is not None:
         i0 = (c0 % D) // BN * HB
         i = i0 + tl.arange(0, HB)  # a rotated tile's first-half dims
         j = tl.arange(0, BN)
-        rn = tl.where(roped, head * D + (j // HB) * HALF + i0 + j % HB,
-                      c0 + j)  # the weight rows (product columns) of the tile
+        rn = tl.where(
+            roped, head * D + (j // HB) * HALF + i0 + j % HB, c0 + j
+        )  # the weight rows (product columns) of the tile
         if PRE_ROWS:
             pos = pre_pos.to(tl.int64)
         else:
@@ -531,14 +856,61 @@ if triton is not None:
         if LATE_RSTD and DEFER == 1:  # the sums asked for now, their tree after the K loop
             ps = partials_load(ps_ptr, rm, row_ok, G, GP, ACT_CACHE)
         else:
-            rstd = _tile_rstd(a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH,
-                              UNROLL, GP, ACT_CACHE, TWICE)
+            rstd = _tile_rstd(
+                a_rows,
+                ps_ptr,
+                rm,
+                row_ok,
+                K,
+                G,
+                eps,
+                NORM,
+                DEFER,
+                BM,
+                CH,
+                UNROLL,
+                GP,
+                ACT_CACHE,
+                TWICE,
+            )
         if TWICE == 2:
-            first, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, nw_ptr,
-                                      offset, NORM, False, BM, BN, BK, ACT_CACHE, STAGES)
+            first, _ = _tile_products(
+                a_rows,
+                w_rows,
+                w_rows,
+                row_ok,
+                rn,
+                Q + 2 * KV,
+                K,
+                nw_ptr,
+                offset,
+                NORM,
+                False,
+                BM,
+                BN,
+                BK,
+                ACT_CACHE,
+                STAGES,
+            )
             a_rows = twice_rows(a_rows, tl.max(first, 1))
-        acc, _ = _tile_products(a_rows, w_rows, w_rows, row_ok, rn, Q + 2 * KV, K, nw_ptr,
-                                offset, NORM, False, BM, BN, BK, ACT_CACHE, STAGES)
+        acc, _ = _tile_products(
+            a_rows,
+            w_rows,
+            w_rows,
+            row_ok,
+            rn,
+            Q + 2 * KV,
+            K,
+            nw_ptr,
+            offset,
+            NORM,
+            False,
+            BM,
+            BN,
+            BK,
+            ACT_CACHE,
+            STAGES,
+        )
         if LATE_RSTD and DEFER == 1:
             rstd = rstd_of(pair_sum(ps, GP), K, eps)
         if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
@@ -561,12 +933,16 @@ if triton is not None:
             tl.store(dst, o1.to(qo_ptr.dtype.element_ty), mask=ok)
             tl.store(dst + HALF, o2.to(qo_ptr.dtype.element_ty), mask=ok)
         else:
-            tl.store(vc_ptr + slot[:, None] * KV + (c0 - Q - KV) + j[None, :],
-                     y.to(vc_ptr.dtype.element_ty), mask=cached)
+            tl.store(
+                vc_ptr + slot[:, None] * KV + (c0 - Q - KV) + j[None, :],
+                y.to(vc_ptr.dtype.element_ty),
+                mask=cached,
+            )
 
     @triton.jit
-    def _rotated_at(src, ok, c1, s1, c2, s2, HALF: tl.constexpr, ROUND: tl.constexpr,
-                    X_CACHE: tl.constexpr):
+    def _rotated_at(
+        src, ok, c1, s1, c2, s2, HALF: tl.constexpr, ROUND: tl.constexpr, X_CACHE: tl.constexpr
+    ):
         """Heads starting at the pointers ``src`` (R, 1) (rows where ``ok`` (R, 1)) rotated
         by the cos/sin halves (R or 1, HALF), rounding as torch does -> the two halves
         (R, HALF) as fp32 holding activation-dtype values. Elementwise, so a head's bits do
@@ -585,8 +961,18 @@ if triton is not None:
         return o1, o2
 
     @triton.jit
-    def _rotated(x_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-                 ROUND: tl.constexpr, X_CACHE: tl.constexpr):
+    def _rotated(
+        x_ptr,
+        H,
+        c1,
+        s1,
+        c2,
+        s2,
+        HALF: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        ROUND: tl.constexpr,
+        X_CACHE: tl.constexpr,
+    ):
         """H heads at x_ptr (head stride 2*HALF) rotated (``_rotated_at``)."""
         h = tl.arange(0, BLOCK_H)[:, None]
         return _rotated_at(x_ptr + h * 2 * HALF, h < H, c1, s1, c2, s2, HALF, ROUND, X_CACHE)
@@ -605,16 +991,38 @@ if triton is not None:
         store_halves_at(o_ptr + h * 2 * HALF, o1, o2, h < H, HALF)
 
     @triton.jit
-    def _rotate_heads(x_ptr, o_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr,
-                      BLOCK_H: tl.constexpr, ROUND: tl.constexpr, X_CACHE: tl.constexpr):
+    def _rotate_heads(
+        x_ptr,
+        o_ptr,
+        H,
+        c1,
+        s1,
+        c2,
+        s2,
+        HALF: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        ROUND: tl.constexpr,
+        X_CACHE: tl.constexpr,
+    ):
         """Rotate H heads at x_ptr into o_ptr (same layout), rounding as torch does
         (``X_CACHE``: the load's cache modifier, ".cg" in a persistent kernel)."""
         o1, o2 = _rotated(x_ptr, H, c1, s1, c2, s2, HALF, BLOCK_H, ROUND, X_CACHE)
         _store_halves(o_ptr, o1, o2, H, HALF, BLOCK_H)
 
     @triton.jit
-    def _rotate_quantize_heads(x_ptr, o_ptr, scale_ptr, H, c1, s1, c2, s2, HALF: tl.constexpr,
-                               BLOCK_H: tl.constexpr, ROUND: tl.constexpr):
+    def _rotate_quantize_heads(
+        x_ptr,
+        o_ptr,
+        scale_ptr,
+        H,
+        c1,
+        s1,
+        c2,
+        s2,
+        HALF: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        ROUND: tl.constexpr,
+    ):
         """``_rotate_heads`` into an e4m3 cache: each rotated head (rounded as torch rounds
         it) is quantised with ``_quantize_store``'s arithmetic (per-head max|x| / 448,
         IEEE divisions, clamp, round to nearest even), so the bytes equal rotate + write."""
@@ -629,8 +1037,9 @@ if triton is not None:
         tl.store(scale_ptr + h, scale, mask=h < H)
 
     @triton.jit
-    def rope_rows(cos_ptr, sin_ptr, pos, HALF: tl.constexpr, LANES: tl.constexpr,
-                  ROUND: tl.constexpr):
+    def rope_rows(
+        cos_ptr, sin_ptr, pos, HALF: tl.constexpr, LANES: tl.constexpr, ROUND: tl.constexpr
+    ):
         """cos and sin halves (R, LANES) of the token positions ``pos`` (R, 1), rounded to
         the activation dtype: dims 0 .. LANES - 1 of each half after the pointers (the table
         repeats its frequencies, but both halves are read as the reference does)."""
@@ -649,40 +1058,112 @@ if triton is not None:
         return rope_rows(cos_ptr, sin_ptr, pos, HALF, HALF, ROUND)
 
     @triton.jit
-    def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
-                              cos_ptr, sin_ptr, pos_ptr, slot_ptr, HQ, HKV: tl.constexpr,
-                              stride_qn,
-                              stride_kn, stride_vn, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                              BLOCK_HKV: tl.constexpr, ROUND: tl.constexpr, FP8: tl.constexpr,
-                              PDL: tl.constexpr):
+    def _rope_write_kv_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        qo_ptr,
+        kc_ptr,
+        vc_ptr,
+        ks_ptr,
+        vs_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        HQ,
+        HKV: tl.constexpr,
+        stride_qn,
+        stride_kn,
+        stride_vn,
+        HALF: tl.constexpr,
+        BLOCK_HQ: tl.constexpr,
+        BLOCK_HKV: tl.constexpr,
+        ROUND: tl.constexpr,
+        FP8: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         wait_previous(PDL)
         n = tl.program_id(0).to(tl.int64)
         c1, s1, c2, s2 = rope_row(cos_ptr, sin_ptr, pos_ptr + n, HALF, ROUND)
-        _rotate_heads(q_ptr + n * stride_qn, qo_ptr + n * HQ * 2 * HALF, HQ, c1, s1, c2, s2,
-                      HALF, BLOCK_HQ, ROUND, "")
+        _rotate_heads(
+            q_ptr + n * stride_qn,
+            qo_ptr + n * HQ * 2 * HALF,
+            HQ,
+            c1,
+            s1,
+            c2,
+            s2,
+            HALF,
+            BLOCK_HQ,
+            ROUND,
+            "",
+        )
         slot = tl.load(slot_ptr + n).to(tl.int64)
         if slot >= 0:  # negative: a padding token, nothing written
             row = slot * HKV * 2 * HALF
             if FP8:  # e4m3 cache: per-token, per-head scales at slot * HKV
-                _rotate_quantize_heads(k_ptr + n * stride_kn, kc_ptr + row, ks_ptr + slot * HKV,
-                                       HKV, c1, s1, c2, s2, HALF, BLOCK_HKV, ROUND)
-                _quantize_store(v_ptr + n * stride_vn, vc_ptr + row, vs_ptr + slot * HKV,
-                                tl.arange(0, BLOCK_HKV), tl.arange(0, 2 * HALF), HKV,
-                                2 * HALF, BLOCK_HKV, 2 * HALF)
+                _rotate_quantize_heads(
+                    k_ptr + n * stride_kn,
+                    kc_ptr + row,
+                    ks_ptr + slot * HKV,
+                    HKV,
+                    c1,
+                    s1,
+                    c2,
+                    s2,
+                    HALF,
+                    BLOCK_HKV,
+                    ROUND,
+                )
+                _quantize_store(
+                    v_ptr + n * stride_vn,
+                    vc_ptr + row,
+                    vs_ptr + slot * HKV,
+                    tl.arange(0, BLOCK_HKV),
+                    tl.arange(0, 2 * HALF),
+                    HKV,
+                    2 * HALF,
+                    BLOCK_HKV,
+                    2 * HALF,
+                )
             else:
-                _rotate_heads(k_ptr + n * stride_kn, kc_ptr + row, HKV, c1, s1, c2, s2,
-                              HALF, BLOCK_HKV, ROUND, "")
+                _rotate_heads(
+                    k_ptr + n * stride_kn,
+                    kc_ptr + row,
+                    HKV,
+                    c1,
+                    s1,
+                    c2,
+                    s2,
+                    HALF,
+                    BLOCK_HKV,
+                    ROUND,
+                    "",
+                )
                 h = tl.arange(0, BLOCK_HKV)[:, None]
                 d = tl.arange(0, 2 * HALF)[None, :]
                 ok = h < HKV
-                tl.store(vc_ptr + row + h * 2 * HALF + d,
-                         tl.load(v_ptr + n * stride_vn + h * 2 * HALF + d, mask=ok), mask=ok)
+                tl.store(
+                    vc_ptr + row + h * 2 * HALF + d,
+                    tl.load(v_ptr + n * stride_vn + h * 2 * HALF + d, mask=ok),
+                    mask=ok,
+                )
 
 
-def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None, *,
-          norm: tuple[torch.Tensor, float, float] | None = None,
-          bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-          gated: bool = False, late: bool = False, segments: int = 1) -> torch.Tensor:
+def _gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    n: int,
+    cfg: TileConfig | None,
+    *,
+    norm: tuple[torch.Tensor, float, float] | None = None,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    late: bool = False,
+    segments: int = 1,
+) -> torch.Tensor:
     """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated);
     ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits;
     ``segments`` > 1 (not gated): K in that many equal chains added in order
@@ -720,45 +1201,89 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, n: int, cfg: TileConfig | None,
         cfg = cfg._replace(bk=bk)
     tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
     _fused_gemm_kernel[(tiles,)](
-        a, weight, out, bias if bias is not None else out, res, nw, m, n, k, n,
-        a.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps, offset,
-        NORM=norm is not None, HAS_BIAS=bias is not None, RESIDUAL=residual is not None,
-        GATED=gated, ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GROUP_M=8,
-        CH=NORM_CHUNK, UNROLL=norm_unroll(cfg.bm), SEG=seg, num_warps=cfg.warps,
-        num_stages=cfg.stages, **gemm_pdl_args(a, late))
+        a,
+        weight,
+        out,
+        bias if bias is not None else out,
+        res,
+        nw,
+        m,
+        n,
+        k,
+        n,
+        a.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        res.stride(0),
+        eps,
+        offset,
+        NORM=norm is not None,
+        HAS_BIAS=bias is not None,
+        RESIDUAL=residual is not None,
+        GATED=gated,
+        ROUND=_round_mode(x.dtype),
+        BM=cfg.bm,
+        BN=cfg.bn,
+        BK=cfg.bk,
+        GROUP_M=8,
+        CH=NORM_CHUNK,
+        UNROLL=norm_unroll(cfg.bm),
+        SEG=seg,
+        num_warps=cfg.warps,
+        num_stages=cfg.stages,
+        **gemm_pdl_args(a, late),
+    )
     return out.view(*x.shape[:-1], n)
 
 
-def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
-                weight: torch.Tensor, bias: torch.Tensor | None = None,
-                config: TileConfig | None = None) -> torch.Tensor:
+def norm_linear(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
     """``linear(rms_norm(x, norm_weight, eps, offset), weight, bias)`` in one launch.
 
     x: (..., K), weight: (N, K) -> (..., N). ``config``: tile shape (tests; bits do not move).
     """
-    return _gemm(x, weight, weight.shape[0], config, norm=(norm_weight, eps, offset),
-                 bias=bias)
+    return _gemm(x, weight, weight.shape[0], config, norm=(norm_weight, eps, offset), bias=bias)
 
 
-def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                    config: TileConfig | None = None, late: bool = False,
-                    segments: int = 1) -> torch.Tensor:
+def linear_residual(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    config: TileConfig | None = None,
+    late: bool = False,
+    segments: int = 1,
+) -> torch.Tensor:
     """``residual + linear(x, weight)`` in one launch; x (..., K), residual (..., N).
     ``late``: the PDL trigger after the tile (``_gemm``); ``segments``: K summed in that
     many chains (``_gemm``'s; the o product by kv-head group, ``fused.o_segments``)."""
-    return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late,
-                 segments=segments)
+    return _gemm(
+        x, weight, weight.shape[0], config, residual=residual, late=late, segments=segments
+    )
 
 
-def norm_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, offset: float,
-                      gate_up: torch.Tensor, config: TileConfig | None = None) -> torch.Tensor:
+def norm_gate_up_silu(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    gate_up: torch.Tensor,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
     """``silu(gate) * up`` of ``linear(rms_norm(x), gate_up)`` split in halves, one launch.
 
     x: (..., K), gate_up: (2 * inter, K) (gate rows first) -> (..., inter).
     """
     assert gate_up.shape[0] % 2 == 0
-    return _gemm(x, gate_up, gate_up.shape[0] // 2, config, norm=(norm_weight, eps, offset),
-                 gated=True)
+    return _gemm(
+        x, gate_up, gate_up.shape[0] // 2, config, norm=(norm_weight, eps, offset), gated=True
+    )
 
 
 # The gated epilogue's thin tile for a wide model's gate_up (widths 16,384 to
@@ -779,8 +1304,9 @@ def thin_gated_config(m: int, width: int) -> TileConfig | None:
     return None
 
 
-def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, config: TileConfig | None = None,
-                 late: bool = False) -> torch.Tensor:
+def gate_up_silu(
+    x: torch.Tensor, gate_up: torch.Tensor, config: TileConfig | None = None, late: bool = False
+) -> torch.Tensor:
     """``silu(gate) * up`` of ``linear(x, gate_up)`` split in halves, in one launch: the
     gated epilogue without the norm prologue, so the bits of the plain GEMM followed by
     ``silu_mul`` (tests). x: (..., K) already normed -> (..., inter).
@@ -811,16 +1337,34 @@ def silu_mul(x: torch.Tensor, block: int = SILU_BLOCK) -> torch.Tensor:
     out = torch.empty(x2.shape[0], inter, dtype=x.dtype, device=x.device)
     if x2.shape[0] and inter:
         _silu_mul_kernel[(x2.shape[0], triton.cdiv(inter, block))](
-            x2, out, inter, x2.stride(0), out.stride(0), ROUND=_round_mode(x.dtype),
-            BLOCK=block, num_warps=4, **pdl_args(x2))
+            x2,
+            out,
+            inter,
+            x2.stride(0),
+            out.stride(0),
+            ROUND=_round_mode(x.dtype),
+            BLOCK=block,
+            num_warps=4,
+            **pdl_args(x2),
+        )
     return out.view(*x.shape[:-1], inter)
 
 
-def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-             norm: tuple[torch.Tensor, float, float] | None, heads: int, kv_heads: int,
-             positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-             config: TileConfig | None = None) -> torch.Tensor:
+def qkv_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    norm: tuple[torch.Tensor, float, float] | None,
+    heads: int,
+    kv_heads: int,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
     """``rope_write_kv`` of the q, k, v columns of ``linear(x, weight, bias)`` (of
     ``norm_linear`` with ``norm`` = (weight, eps, offset)) in one launch -> rotated q
     (M, heads, D); k rotated and v stored at their slots of the bf16 caches (blocks, bs,
@@ -848,20 +1392,55 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
     tiles = triton.cdiv(m, cfg.bm) * (n // bn)
     _qkv_rope_kernel[(tiles,)](
-        a, weight, bias if bias is not None else out, nw, out, k_cache, v_cache, cos, sin,
-        positions, slot_mapping, m, k, a.stride(0), weight.stride(0), eps, offset,
-        HQ=heads, HKV=kv_heads, D=d, NORM=norm is not None, HAS_BIAS=bias is not None,
-        ROUND=_round_mode(x.dtype), BM=cfg.bm, BN=bn, BK=cfg.bk, GROUP_M=8, CH=NORM_CHUNK,
-        UNROLL=norm_unroll(cfg.bm), num_warps=cfg.warps, num_stages=cfg.stages,
-        **pdl_args(a))
+        a,
+        weight,
+        bias if bias is not None else out,
+        nw,
+        out,
+        k_cache,
+        v_cache,
+        cos,
+        sin,
+        positions,
+        slot_mapping,
+        m,
+        k,
+        a.stride(0),
+        weight.stride(0),
+        eps,
+        offset,
+        HQ=heads,
+        HKV=kv_heads,
+        D=d,
+        NORM=norm is not None,
+        HAS_BIAS=bias is not None,
+        ROUND=_round_mode(x.dtype),
+        BM=cfg.bm,
+        BN=bn,
+        BK=cfg.bk,
+        GROUP_M=8,
+        CH=NORM_CHUNK,
+        UNROLL=norm_unroll(cfg.bm),
+        num_warps=cfg.warps,
+        num_stages=cfg.stages,
+        **pdl_args(a),
+    )
     return out
 
 
-def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                  cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                  k_scale: torch.Tensor | None = None,
-                  v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Rotate q (N, Hq, D) and k (N, Hkv, D) at ``positions``; store rotated k and v at their
     slots of the caches (blocks, bs, Hkv, D) (negative slot: skipped); -> rotated q.
 
@@ -882,9 +1461,29 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: 
     out = torch.empty(n, hq, d, dtype=q.dtype, device=q.device)
     if n:
         _rope_write_kv_kernel[(n,)](
-            q, k, v, out, k_cache, v_cache, k_scale if fp8 else k_cache,
-            v_scale if fp8 else v_cache, cos, sin, positions, slot_mapping, hq, hkv,
-            q.stride(0), k.stride(0), v.stride(0), HALF=d // 2,
-            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HKV=triton.next_power_of_2(hkv),
-            ROUND=_round_mode(q.dtype), FP8=fp8, num_warps=4, **pdl_args(q))
+            q,
+            k,
+            v,
+            out,
+            k_cache,
+            v_cache,
+            k_scale if fp8 else k_cache,
+            v_scale if fp8 else v_cache,
+            cos,
+            sin,
+            positions,
+            slot_mapping,
+            hq,
+            hkv,
+            q.stride(0),
+            k.stride(0),
+            v.stride(0),
+            HALF=d // 2,
+            BLOCK_HQ=triton.next_power_of_2(hq),
+            BLOCK_HKV=triton.next_power_of_2(hkv),
+            ROUND=_round_mode(q.dtype),
+            FP8=fp8,
+            num_warps=4,
+            **pdl_args(q),
+        )
     return out

@@ -52,14 +52,27 @@ def poll_asm(polls: int, spacing: int, acquire: bool, gap: int = 0) -> str:
     load = [f"ld.{sem}.gpu.global.b32 %c{i}, [$1];" for i in range(polls)]
 
     def spin(label: str, cycles: int) -> list[str]:  # thread 0 idles ``cycles`` SM cycles
-        return ["mov.u64 %k0, %clock64;", f"$${label}${{:uid}}:", "mov.u64 %k1, %clock64;",
-                "sub.s64 %k1, %k1, %k0;", f"setp.lt.s64 %p1, %k1, {cycles};",
-                f"@%p1 bra $${label}${{:uid}};"]
+        return [
+            "mov.u64 %k0, %clock64;",
+            f"$${label}${{:uid}}:",
+            "mov.u64 %k1, %clock64;",
+            "sub.s64 %k1, %k1, %k0;",
+            f"setp.lt.s64 %p1, %k1, {cycles};",
+            f"@%p1 bra $${label}${{:uid}};",
+        ]
 
     regs = ", ".join(f"%c{i}" for i in range(polls))
-    lines = ["{", ".reg .pred %p<2>;", ".reg .b32 %t;", f".reg .b32 {regs};",
-             ".reg .b64 %k<2>;", "mov.u32 $0, 0;", "mov.u32 %t, %tid.x;",
-             "setp.ne.u32 %p0, %t, 0;", "@%p0 bra $$D${:uid};"]
+    lines = [
+        "{",
+        ".reg .pred %p<2>;",
+        ".reg .b32 %t;",
+        f".reg .b32 {regs};",
+        ".reg .b64 %k<2>;",
+        "mov.u32 $0, 0;",
+        "mov.u32 %t, %tid.x;",
+        "setp.ne.u32 %p0, %t, 0;",
+        "@%p0 bra $$D${:uid};",
+    ]
     for i in range(polls):  # ``spacing`` cycles between the first loads
         lines += (spin(f"S{i}", spacing) if i else []) + [load[i]]
     lines.append("$$L${:uid}:")
@@ -81,18 +94,39 @@ def last_release_asm(lines: int, rel: bool = False) -> str:
     program's writes after the wait is ``.cg`` and follows the loaded value). Output
     ``$0``: 0 (unused)."""
     st = "st.release.gpu.global.b32" if rel else "st.relaxed.gpu.global.b32"
-    return "\n".join([
-        "{", ".reg .pred %p<6>;", ".reg .b32 %t, %o, %w;", ".reg .b64 %a;", "mov.u32 $0, 0;",
-        "mov.u32 %t, %tid.x;", "mov.u32 %o, 0;", "setp.eq.u32 %p0, %t, 0;",
-        "@%p0 atom.release.gpu.global.add.u32 %o, [$1], 1;",
-        "setp.eq.and.u32 %p1, %o, $3, %p0;", "bar.red.or.pred %p2, 0, %p1;",
-        "@!%p2 bra $$W${:uid};",
-        f"setp.lt.u32 %p3, %t, {lines};", f"setp.lt.u32 %p4, %t, {max(lines - 128, 0)};",
-        "mul.wide.u32 %a, %t, 128;", "add.s64 %a, %a, $2;",
-        f"@%p3 {st} [%a], $4;", f"@%p4 {st} [%a+16384], $4;", "bra $$D${:uid};",
-        "$$W${:uid}:", "@!%p0 bra $$B${:uid};", "$$L${:uid}:",
-        "ld.relaxed.gpu.global.b32 %w, [$5];", "setp.lt.s32 %p5, %w, $4;",
-        "@%p5 bra $$L${:uid};", "$$B${:uid}:", "bar.sync 0;", "$$D${:uid}:", "}"])
+    return "\n".join(
+        [
+            "{",
+            ".reg .pred %p<6>;",
+            ".reg .b32 %t, %o, %w;",
+            ".reg .b64 %a;",
+            "mov.u32 $0, 0;",
+            "mov.u32 %t, %tid.x;",
+            "mov.u32 %o, 0;",
+            "setp.eq.u32 %p0, %t, 0;",
+            "@%p0 atom.release.gpu.global.add.u32 %o, [$1], 1;",
+            "setp.eq.and.u32 %p1, %o, $3, %p0;",
+            "bar.red.or.pred %p2, 0, %p1;",
+            "@!%p2 bra $$W${:uid};",
+            f"setp.lt.u32 %p3, %t, {lines};",
+            f"setp.lt.u32 %p4, %t, {max(lines - 128, 0)};",
+            "mul.wide.u32 %a, %t, 128;",
+            "add.s64 %a, %a, $2;",
+            f"@%p3 {st} [%a], $4;",
+            f"@%p4 {st} [%a+16384], $4;",
+            "bra $$D${:uid};",
+            "$$W${:uid}:",
+            "@!%p0 bra $$B${:uid};",
+            "$$L${:uid}:",
+            "ld.relaxed.gpu.global.b32 %w, [$5];",
+            "setp.lt.s32 %p5, %w, $4;",
+            "@%p5 bra $$L${:uid};",
+            "$$B${:uid}:",
+            "bar.sync 0;",
+            "$$D${:uid}:",
+            "}",
+        ]
+    )
 
 
 if triton is not None:
@@ -111,8 +145,9 @@ if triton is not None:
                 seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
             tl.debug_barrier()
         else:
-            tl.inline_asm_elementwise(POLL, "=r,l,r", [counter_ptr, target], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+            tl.inline_asm_elementwise(
+                POLL, "=r,l,r", [counter_ptr, target], dtype=tl.int32, is_pure=False, pack=1
+            )
 
     @triton.jit
     def _release_flags(flags_ptr, phase, LINES: tl.constexpr, NP: tl.constexpr):
@@ -120,13 +155,27 @@ if triton is not None:
         thread a word, relaxed (the waiters' reads of other programs' writes are ``.cg``
         and issued after they see the word)."""
         ptrs = flags_ptr + tl.minimum(tl.arange(0, NP), LINES - 1) * 32
-        tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tst.relaxed.gpu.global.b32 [$1], $2;",
-                                  "=r,l,r", [ptrs, tl.full([NP], phase, tl.int32)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "mov.u32 $0, 0;\n\tst.relaxed.gpu.global.b32 [$1], $2;",
+            "=r,l,r",
+            [ptrs, tl.full([NP], phase, tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @triton.jit
-    def grid_sync_flags(counter_ptr, flags_ptr, phase, programs, pid, POLL: tl.constexpr,
-                        MODE: tl.constexpr, LINES: tl.constexpr, NP: tl.constexpr):
+    def grid_sync_flags(
+        counter_ptr,
+        flags_ptr,
+        phase,
+        programs,
+        pid,
+        POLL: tl.constexpr,
+        MODE: tl.constexpr,
+        LINES: tl.constexpr,
+        NP: tl.constexpr,
+    ):
         """``grid_sync`` with the wait moved off the counter's line: the programs poll
         release words (``flags_ptr``: ``LINES`` words 128 bytes apart, program p polls
         word p % LINES) that one program writes once every program has arrived, so the
@@ -144,19 +193,26 @@ if triton is not None:
         target = phase * programs
         mine = flags_ptr + (pid % LINES) * 32
         if MODE == 1:  # POLL: ``last_release_asm``'s block
-            tl.inline_asm_elementwise(POLL, "=r,l,l,r,r,l",
-                                      [counter_ptr, flags_ptr, target - 1, phase, mine],
-                                      dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise(
+                POLL,
+                "=r,l,l,r,r,l",
+                [counter_ptr, flags_ptr, target - 1, phase, mine],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
         else:
             tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
             if pid == 0:
-                tl.inline_asm_elementwise(POLL, "=r,l,r", [counter_ptr, target],
-                                          dtype=tl.int32, is_pure=False, pack=1)
+                tl.inline_asm_elementwise(
+                    POLL, "=r,l,r", [counter_ptr, target], dtype=tl.int32, is_pure=False, pack=1
+                )
                 _release_flags(flags_ptr, phase, LINES, NP)
                 tl.debug_barrier()
             else:
-                tl.inline_asm_elementwise(POLL, "=r,l,r", [mine, phase], dtype=tl.int32,
-                                          is_pure=False, pack=1)
+                tl.inline_asm_elementwise(
+                    POLL, "=r,l,r", [mine, phase], dtype=tl.int32, is_pure=False, pack=1
+                )
 
     if os.environ.get("TRITON_INTERPRET") == "1":  # no inline PTX there; a hint changes nothing
 
@@ -174,16 +230,28 @@ if triton is not None:
             """Ask L2 for the lines holding ``ptrs`` (any shape of pointers) and go on: no
             register waits for them (``prefetch.global.L2``), so a program can fetch what a
             later phase reads while it works or waits at a barrier."""
-            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
-                                      [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise(
+                "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];",
+                "=r,l",
+                [ptrs],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
 
         @triton.jit
         def prefetch_l1(ptrs):
             """Ask the SM's L1 for the lines holding ``ptrs`` and go on (``prefetch.global.L1``):
             a later load of them in this phase hits L1 instead of waiting on L2. Only for lines
             no program writes while they may sit in L1 (an L1 line is not kept coherent)."""
-            tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L1 [$1];", "=r,l",
-                                      [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise(
+                "mov.u32 $0, 0;\n\tprefetch.global.L1 [$1];",
+                "=r,l",
+                [ptrs],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
 
     @triton.jit
     def prefetch_share(ptr, numel, worker, workers, LINE: tl.constexpr, LINES: tl.constexpr):

@@ -116,10 +116,26 @@ if triton is not None:
         return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
 
     @triton.jit
-    def _gemm_kernel(a_ptr, w_ptr, o_ptr, bias_ptr, M, N, K, stride_am, stride_wn, stride_om,
-                     HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
-                     PDL: tl.constexpr, LATE: tl.constexpr):
+    def _gemm_kernel(
+        a_ptr,
+        w_ptr,
+        o_ptr,
+        bias_ptr,
+        M,
+        N,
+        K,
+        stride_am,
+        stride_wn,
+        stride_om,
+        HAS_BIAS: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        UPCAST: tl.constexpr,
+        PDL: tl.constexpr,
+        LATE: tl.constexpr,
+    ):
         rm, rn = tile_rows_cols(tl.program_id(0), M, N, BM, BN, GROUP_M)
         rk = tl.arange(0, BK)
         a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
@@ -130,10 +146,8 @@ if triton is not None:
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k in range(0, K, BK):
             kk = k + rk
-            a = tl.load(a_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K),
-                        other=0.0)
-            w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K),
-                        other=0.0)
+            a = tl.load(a_rows + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=(rn[:, None] < N) & (kk[None, :] < K), other=0.0)
             acc = tl.dot(a, tl.trans(w), acc)
         if LATE:
             launch_next(PDL)
@@ -141,9 +155,11 @@ if triton is not None:
             acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         if UPCAST:  # rounded to the input's dtype, stored wider: ``linear(...).float()``
             acc = acc.to(a_ptr.dtype.element_ty)
-        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
-                 acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
-
+        tl.store(
+            o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
+            acc.to(o_ptr.dtype.element_ty),
+            mask=(rm[:, None] < M) & (rn[None, :] < N),
+        )
 
     @triton.jit
     def _q8_dequant(q, d, dtype: tl.constexpr, FMA: tl.constexpr):
@@ -170,16 +186,36 @@ if triton is not None:
             w = (f - 12582912.0) * d[:, None]
         w = w.to(dtype, fp_downcast_rounding="rtne")
         if FMA:  # 32 bits a register: two halves, or one float32
-            w = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=w.dtype,
-                                          is_pure=False,
-                                          pack=32 // w.dtype.primitive_bitwidth)
+            w = tl.inline_asm_elementwise(
+                "mov.b32 $0, $1;",
+                "=r,r",
+                [w],
+                dtype=w.dtype,
+                is_pure=False,
+                pack=32 // w.dtype.primitive_bitwidth,
+            )
         return w
 
     @triton.jit
-    def _gemm_q8_kernel(a_ptr, q_ptr, s_ptr, o_ptr, M, N, K, stride_am, stride_om,
-                        BM: tl.constexpr, BN: tl.constexpr, QB: tl.constexpr,
-                        GROUP_M: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-                        LATE: tl.constexpr, FMA: tl.constexpr):
+    def _gemm_q8_kernel(
+        a_ptr,
+        q_ptr,
+        s_ptr,
+        o_ptr,
+        M,
+        N,
+        K,
+        stride_am,
+        stride_om,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        QB: tl.constexpr,
+        GROUP_M: tl.constexpr,
+        UPCAST: tl.constexpr,
+        PDL: tl.constexpr,
+        LATE: tl.constexpr,
+        FMA: tl.constexpr,
+    ):
         """``_gemm_kernel`` over a ``q8.Q8Weight`` (q (K / QB, N, QB) int8, s (K / QB, N)
         float32 holding fp16 values): a K step a block, its weights ``d * q`` in float32
         (exact) rounded to a's dtype (nearest even) before the product, so the product's
@@ -205,8 +241,12 @@ if triton is not None:
             launch_next(PDL)
         if UPCAST:
             acc = acc.to(a_ptr.dtype.element_ty)
-        tl.store(o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
-                 acc.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+        tl.store(
+            o_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :],
+            acc.to(o_ptr.dtype.element_ty),
+            mask=(rm[:, None] < M) & (rn[None, :] < N),
+        )
+
 
 def _rows_and_out(x: torch.Tensor, n: int, float_out: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """x (..., K) as (M, K) rows with unit column stride, and the (M, n) output (float32 with
@@ -214,14 +254,18 @@ def _rows_and_out(x: torch.Tensor, n: int, float_out: bool) -> tuple[torch.Tenso
     a = x.reshape(-1, x.shape[-1])
     if a.stride(-1) != 1:
         a = a.contiguous()
-    out = torch.empty(a.shape[0], n, dtype=torch.float32 if float_out else x.dtype,
-                      device=x.device)
+    out = torch.empty(a.shape[0], n, dtype=torch.float32 if float_out else x.dtype, device=x.device)
     return a, out
 
 
-def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                     config: TileConfig | None = None, float_out: bool = False,
-                     late: bool = False) -> torch.Tensor:
+def invariant_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+    float_out: bool = False,
+    late: bool = False,
+) -> torch.Tensor:
     """x: (..., K), weight: (N, K) -> (..., N); a row's bits do not depend on the row count.
 
     ``config`` overrides the tile shape (tests and benchmarks: the bits must not move).
@@ -239,10 +283,26 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         cfg = config or pick_config(m, n, k)
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
         _gemm_kernel[(tiles,)](
-            a, weight, out, bias if bias is not None else out, m, n, k, a.stride(0),
-            weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, BM=cfg.bm, BN=cfg.bn,
-            BK=cfg.bk, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
-            num_warps=cfg.warps, num_stages=cfg.stages, **gemm_pdl_args(a, late))
+            a,
+            weight,
+            out,
+            bias if bias is not None else out,
+            m,
+            n,
+            k,
+            a.stride(0),
+            weight.stride(0),
+            out.stride(0),
+            HAS_BIAS=bias is not None,
+            BM=cfg.bm,
+            BN=cfg.bn,
+            BK=cfg.bk,
+            GROUP_M=8,
+            UPCAST=float_out and x.dtype != torch.float32,
+            num_warps=cfg.warps,
+            num_stages=cfg.stages,
+            **gemm_pdl_args(a, late),
+        )
     return out.view(*x.shape[:-1], n)
 
 
@@ -272,8 +332,11 @@ def q8_tile(n: int, device: torch.device) -> TileConfig:
     fixed = current().q8_tile
     if fixed is not None:
         return TileConfig(*fixed)
-    sms = (torch.cuda.get_device_properties(device).multi_processor_count
-           if device.type == "cuda" else CPU_SMS)
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else CPU_SMS
+    )
     few = -(-n // Q8_TILE_MANY.bn) <= Q8_FEW_PER_SM * sms
     return Q8_TILE_FEW if few else Q8_TILE_MANY
 
@@ -283,8 +346,13 @@ def q8_tile(n: int, device: torch.device) -> TileConfig:
 Q8_MAX_ROWS = 16
 
 
-def q8_linear(x: torch.Tensor, weight: Q8Weight, config: TileConfig | None = None,
-              float_out: bool = False, late: bool = False) -> torch.Tensor:
+def q8_linear(
+    x: torch.Tensor,
+    weight: Q8Weight,
+    config: TileConfig | None = None,
+    float_out: bool = False,
+    late: bool = False,
+) -> torch.Tensor:
     """``invariant_linear(x, weight.dequantize(x.dtype))`` from a ``q8.Q8Weight``: the same
     bits, reading 1.125 bytes a weight instead of 2. ``config``: the tile (its ``bk`` must
     be the block, 32)."""
@@ -297,8 +365,23 @@ def q8_linear(x: torch.Tensor, weight: Q8Weight, config: TileConfig | None = Non
         assert cfg.bk == BLOCK and cfg.bn * BLOCK % 128 == 0
         tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
         _gemm_q8_kernel[(tiles,)](
-            a, weight.q, weight.scale, out, m, n, k, a.stride(0), out.stride(0), BM=cfg.bm,
-            BN=cfg.bn, QB=BLOCK, GROUP_M=8, UPCAST=float_out and x.dtype != torch.float32,
-            FMA=not _interpreting(), num_warps=cfg.warps,
-            num_stages=cfg.stages, **gemm_pdl_args(a, late))
+            a,
+            weight.q,
+            weight.scale,
+            out,
+            m,
+            n,
+            k,
+            a.stride(0),
+            out.stride(0),
+            BM=cfg.bm,
+            BN=cfg.bn,
+            QB=BLOCK,
+            GROUP_M=8,
+            UPCAST=float_out and x.dtype != torch.float32,
+            FMA=not _interpreting(),
+            num_warps=cfg.warps,
+            num_stages=cfg.stages,
+            **gemm_pdl_args(a, late),
+        )
     return out.view(*x.shape[:-1], n)

@@ -30,8 +30,18 @@ if triton is not None:
         return u.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _rope_kernel(x_ptr, o_ptr, cos_ptr, sin_ptr, pos_ptr, H, stride_xn, stride_xh,
-                     HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    def _rope_kernel(
+        x_ptr,
+        o_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        H,
+        stride_xn,
+        stride_xh,
+        HALF: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
         n = tl.program_id(0)
         pos = tl.load(pos_ptr + n).to(tl.int64)
         h = tl.arange(0, BLOCK_H)
@@ -54,14 +64,26 @@ if triton is not None:
         tl.store(out + HALF + i[None, :], o2.to(tl.bfloat16), mask=ok)
 
 
-def cuda_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              positions: torch.Tensor) -> torch.Tensor:
+def cuda_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
     """x: (N, H, D) bfloat16; cos/sin: (P, D) float32 tables -> rotated (N, H, D)."""
     n, h, d = x.shape
     assert x.dtype == torch.bfloat16 and x.stride(-1) == 1
     assert cos.is_contiguous() and sin.is_contiguous() and d % 2 == 0
     out = torch.empty(n, h, d, dtype=x.dtype, device=x.device)
     if n:
-        _rope_kernel[(n,)](x, out, cos, sin, positions, h, x.stride(0), x.stride(1),
-                           HALF=d // 2, BLOCK_H=triton.next_power_of_2(h), num_warps=4)
+        _rope_kernel[(n,)](
+            x,
+            out,
+            cos,
+            sin,
+            positions,
+            h,
+            x.stride(0),
+            x.stride(1),
+            HALF=d // 2,
+            BLOCK_H=triton.next_power_of_2(h),
+            num_warps=4,
+        )
     return out

@@ -56,10 +56,29 @@ if triton is not None:
     from mmserve.kernels.triton_pdl import wait_previous
 
     @triton.jit
-    def rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr, qstart, qlen,
-                         tile, h, k_lo, k_hi, HQ: tl.constexpr, HKV: tl.constexpr,
-                         D: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, TK: tl.constexpr,
-                         ROUND: tl.constexpr):
+    def rope_write_tile(
+        qkv,
+        qrot,
+        kc,
+        vc,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        qstart,
+        qlen,
+        tile,
+        h,
+        k_lo,
+        k_hi,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        G: tl.constexpr,
+        BM: tl.constexpr,
+        TK: tl.constexpr,
+        ROUND: tl.constexpr,
+    ):
         """What attention tile ``tile`` of kv head ``h`` reads of keys ``k_lo .. k_hi - 1``,
         for the sequence of ``qlen`` tokens from flat row ``qstart``: its ``BM`` query rows
         (``attention_rows``' layout, row = token * G + head) rotated into ``qrot``; the keys
@@ -77,10 +96,10 @@ if triton is not None:
         head = h * G + rows % G
         pos = tl.load(pos_ptr + tq, mask=ok_q, other=0)[:, None]
         c1, s1, c2, s2 = rope_rows(cos_ptr, sin_ptr, pos, HALF, HALF, ROUND)
-        o1, o2 = _rotated_at(qkv + (tq * QKV + head * D)[:, None], ok_q[:, None], c1, s1, c2,
-                             s2, HALF, ROUND, ".cg")
-        store_halves_at(qrot + (tq * (HQ * D) + head * D)[:, None], o1, o2, ok_q[:, None],
-                        HALF)
+        o1, o2 = _rotated_at(
+            qkv + (tq * QKV + head * D)[:, None], ok_q[:, None], c1, s1, c2, s2, HALF, ROUND, ".cg"
+        )
+        store_halves_at(qrot + (tq * (HQ * D) + head * D)[:, None], o1, o2, ok_q[:, None], HALF)
         t = tl.arange(0, TK)
         ok_t = t <= tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
         tk = qstart + t
@@ -93,13 +112,28 @@ if triton is not None:
         row = (slot * HKV * D + h * D)[:, None]
         store_halves_at(kc + row, o1, o2, ok_k, HALF)
         d = tl.arange(0, D)[None, :]
-        tl.store(vc + row + d, tl.load(src + HKV * D + d, mask=ok_k, cache_modifier=".cg"),
-                 mask=ok_k)
+        tl.store(
+            vc + row + d, tl.load(src + HKV * D + d, mask=ok_k, cache_modifier=".cg"), mask=ok_k
+        )
 
     @triton.jit
-    def group_pre(g, sub, per, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, att_tiles, stride_bt,
-                  HQ: tl.constexpr, HKV: tl.constexpr, PAGE: tl.constexpr, BM: tl.constexpr,
-                  BN: tl.constexpr, SPLIT: tl.constexpr):
+    def group_pre(
+        g,
+        sub,
+        per,
+        tables_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        qlen_ptr,
+        att_tiles,
+        stride_bt,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        PAGE: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+    ):
         """What ``attend_group(g, sub, per, ...)`` loads before its first keys: the
         sequence's (query count, context length, first flat row) and the first key step's
         block ids, for its ``PRE``."""
@@ -107,8 +141,9 @@ if triton is not None:
         seq = g // (HKV * att_tiles)
         tile = g % att_tiles
         qlen, ctx, qstart = seq_meta(seq, qlen_ptr, ctx_ptr, qstart_ptr)
-        _, _, _, _, lo, hi, _, _ = tile_rows(seq, tile, 0, qlen_ptr, ctx_ptr, qstart_ptr, G, BM,
-                                             BN, 0, True, qlen, ctx, qstart)
+        _, _, _, _, lo, hi, _, _ = tile_rows(
+            seq, tile, 0, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, 0, True, qlen, ctx, qstart
+        )
         _, _, _, _, _, k_lo, k_hi = split_run(lo, hi, sub, per, SPLIT)
         return qlen, ctx, qstart, first_ids(tables_ptr + seq * stride_bt, k_lo, k_hi, BN, PAGE)
 
@@ -130,17 +165,55 @@ if triton is not None:
         return first, last, whole, j0, j1, k_lo, k_hi
 
     @triton.jit
-    def attend_group(g, sub, per, layer, qkv, qrot, attn, kc, vc, cos_ptr, sin_ptr, pos_ptr,
-                      slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr, part_ptr, count_ptr,
-                      groups, att_tiles, SPLITS, scale_log2, stride_kb, stride_ks, stride_kh,
-                      stride_bt, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                      PAGE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      SPLIT: tl.constexpr, TK: tl.constexpr, ROUND: tl.constexpr,
-                      ATT_PREFETCH: tl.constexpr, RESET: tl.constexpr,
-                      ROPED: tl.constexpr = False, STAGES: tl.constexpr = 0,
-                      V_L1: tl.constexpr = False, KT: tl.constexpr = False,
-                      PRE: tl.constexpr = 0, pre_qlen=0, pre_ctx=0, pre_qstart=0,
-                      pre_blk=0):
+    def attend_group(
+        g,
+        sub,
+        per,
+        layer,
+        qkv,
+        qrot,
+        attn,
+        kc,
+        vc,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        tables_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        qlen_ptr,
+        part_ptr,
+        count_ptr,
+        groups,
+        att_tiles,
+        SPLITS,
+        scale_log2,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_bt,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        PAGE: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+        TK: tl.constexpr,
+        ROUND: tl.constexpr,
+        ATT_PREFETCH: tl.constexpr,
+        RESET: tl.constexpr,
+        ROPED: tl.constexpr = False,
+        STAGES: tl.constexpr = 0,
+        V_L1: tl.constexpr = False,
+        KT: tl.constexpr = False,
+        PRE: tl.constexpr = 0,
+        pre_qlen=0,
+        pre_ctx=0,
+        pre_qstart=0,
+        pre_blk=0,
+    ):
         """Program ``sub`` of ``per`` on group ``g``: with one program or one split, the
         whole tile in order; else a run of consecutive splits (the block loop goes on
         across them, each split's state to ``part_ptr``), and the program that finishes
@@ -163,47 +236,160 @@ if triton is not None:
         h = g // att_tiles % HKV
         tile = g % att_tiles
         row_ok, tok, head, qpos, lo, hi, qlen, qstart = tile_rows(
-            seq, tile, h, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, 0, PRE, pre_qlen, pre_ctx,
-            pre_qstart)
+            seq,
+            tile,
+            h,
+            qlen_ptr,
+            ctx_ptr,
+            qstart_ptr,
+            G,
+            BM,
+            BN,
+            0,
+            PRE,
+            pre_qlen,
+            pre_ctx,
+            pre_qstart,
+        )
         table = tables_ptr + seq * stride_bt
         first, last, whole, j0, j1, k_lo, k_hi = split_run(lo, hi, sub, per, SPLIT)
         if tile * BM < qlen * G:
             if whole:  # every split here, merged in order
                 if sub == 0:
                     if not ROPED:
-                        rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-                                        qstart, qlen, tile, h, lo, hi, HQ, HKV, D, G, BM, TK,
-                                        ROUND)
+                        rope_write_tile(
+                            qkv,
+                            qrot,
+                            kc,
+                            vc,
+                            cos_ptr,
+                            sin_ptr,
+                            pos_ptr,
+                            slot_ptr,
+                            qstart,
+                            qlen,
+                            tile,
+                            h,
+                            lo,
+                            hi,
+                            HQ,
+                            HKV,
+                            D,
+                            G,
+                            BM,
+                            TK,
+                            ROUND,
+                        )
                         tl.debug_barrier()  # the program's own writes, read back below
                     if PRE == 2:
-                        kv_lines_l1(kc, vc, pre_blk, lo, h, stride_kb, stride_ks, stride_kh, D,
-                                    BN, PAGE)
+                        kv_lines_l1(
+                            kc, vc, pre_blk, lo, h, stride_kb, stride_ks, stride_kh, D, BN, PAGE
+                        )
                     q = load_queries(qrot, row_ok, tok, head, Q, D, D, ROPED)
-                    _, den, acc = attend_keys(q, qpos, table, kc, vc, kc, vc, h, lo, hi,
-                                              scale_log2, stride_kb, stride_ks, 0, 0, D, PAGE,
-                                              0, BM, BN, SPLIT, False, ATT_PREFETCH, stride_kh,
-                                              part_ptr, False, STAGES, V_L1, KT, PRE,
-                                              pre_blk)
+                    _, den, acc = attend_keys(
+                        q,
+                        qpos,
+                        table,
+                        kc,
+                        vc,
+                        kc,
+                        vc,
+                        h,
+                        lo,
+                        hi,
+                        scale_log2,
+                        stride_kb,
+                        stride_ks,
+                        0,
+                        0,
+                        D,
+                        PAGE,
+                        0,
+                        BM,
+                        BN,
+                        SPLIT,
+                        False,
+                        ATT_PREFETCH,
+                        stride_kh,
+                        part_ptr,
+                        False,
+                        STAGES,
+                        V_L1,
+                        KT,
+                        PRE,
+                        pre_blk,
+                    )
                     store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
             else:  # a run of consecutive splits a program, each split's state to ``part``
                 if j0 < j1:
                     if not ROPED:
-                        rope_write_tile(qkv, qrot, kc, vc, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-                                        qstart, qlen, tile, h, k_lo, k_hi, HQ, HKV, D, G, BM,
-                                        TK, ROUND)
+                        rope_write_tile(
+                            qkv,
+                            qrot,
+                            kc,
+                            vc,
+                            cos_ptr,
+                            sin_ptr,
+                            pos_ptr,
+                            slot_ptr,
+                            qstart,
+                            qlen,
+                            tile,
+                            h,
+                            k_lo,
+                            k_hi,
+                            HQ,
+                            HKV,
+                            D,
+                            G,
+                            BM,
+                            TK,
+                            ROUND,
+                        )
                         tl.debug_barrier()
                     if PRE == 2:
-                        kv_lines_l1(kc, vc, pre_blk, k_lo, h, stride_kb, stride_ks, stride_kh,
-                                    D, BN, PAGE)
+                        kv_lines_l1(
+                            kc, vc, pre_blk, k_lo, h, stride_kb, stride_ks, stride_kh, D, BN, PAGE
+                        )
                     q = load_queries(qrot, row_ok, tok, head, Q, D, D, ROPED)
                     part = part_ptr + g.to(tl.int64) * SPLITS * (2 * BM + BM * D)
-                    attend_keys(q, qpos, table, kc, vc, kc, vc, h, k_lo, k_hi, scale_log2,
-                                stride_kb, stride_ks, 0, 0, D, PAGE, 0, BM, BN, SPLIT, False,
-                                ATT_PREFETCH, stride_kh, part, True, STAGES, V_L1, KT, PRE,
-                                pre_blk)
+                    attend_keys(
+                        q,
+                        qpos,
+                        table,
+                        kc,
+                        vc,
+                        kc,
+                        vc,
+                        h,
+                        k_lo,
+                        k_hi,
+                        scale_log2,
+                        stride_kb,
+                        stride_ks,
+                        0,
+                        0,
+                        D,
+                        PAGE,
+                        0,
+                        BM,
+                        BN,
+                        SPLIT,
+                        False,
+                        ATT_PREFETCH,
+                        stride_kh,
+                        part,
+                        True,
+                        STAGES,
+                        V_L1,
+                        KT,
+                        PRE,
+                        pre_blk,
+                    )
                     tl.debug_barrier()  # every thread's states stored, then counted
-                    done = tl.atomic_add(count_ptr + layer * groups + g, j1 - j0,
-                                         sem="acq_rel", scope="gpu")
+                    done = tl.atomic_add(
+                        count_ptr + layer * groups + g, j1 - j0, sem="acq_rel", scope="gpu"
+                    )
                     if done + (j1 - j0) == last - first:  # the group's last run: merge all
                         if RESET:  # the counter left at 0 for the next launch
                             tl.atomic_xchg(count_ptr + layer * groups + g, 0)
@@ -211,27 +397,100 @@ if triton is not None:
                         store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
 
     @triton.jit
-    def _rope_attention_kernel(qkv_ptr, qrot_ptr, o_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr,
-                               pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr, qlen_ptr,
-                               part_ptr, count_ptr, groups, att_tiles, PER, SPLITS, scale_log2,
-                               stride_kb, stride_ks, stride_kh, stride_bt, HQ: tl.constexpr,
-                               HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                               BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
-                               TK: tl.constexpr, ROUND: tl.constexpr, PREFETCH: tl.constexpr,
-                               PDL: tl.constexpr):
+    def _rope_attention_kernel(
+        qkv_ptr,
+        qrot_ptr,
+        o_ptr,
+        kc_ptr,
+        vc_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        slot_ptr,
+        tables_ptr,
+        ctx_ptr,
+        qstart_ptr,
+        qlen_ptr,
+        part_ptr,
+        count_ptr,
+        groups,
+        att_tiles,
+        PER,
+        SPLITS,
+        scale_log2,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_bt,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        D: tl.constexpr,
+        PAGE: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        SPLIT: tl.constexpr,
+        TK: tl.constexpr,
+        ROUND: tl.constexpr,
+        PREFETCH: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
         """Program ``sub`` of ``PER`` on group ``g`` (``attend_group``)."""
         wait_previous(PDL)  # before any exit: a grid never ends before its predecessor
         pid = tl.program_id(0)
-        attend_group(pid // PER, pid % PER, PER, 0, qkv_ptr, qrot_ptr, o_ptr, kc_ptr, vc_ptr,
-                     cos_ptr, sin_ptr, pos_ptr, slot_ptr, tables_ptr, ctx_ptr, qstart_ptr,
-                     qlen_ptr, part_ptr, count_ptr, groups, att_tiles, SPLITS, scale_log2,
-                     stride_kb, stride_ks, stride_kh, stride_bt, HQ, HKV, D, PAGE, BM, BN,
-                     SPLIT, TK, ROUND, PREFETCH, True)
+        attend_group(
+            pid // PER,
+            pid % PER,
+            PER,
+            0,
+            qkv_ptr,
+            qrot_ptr,
+            o_ptr,
+            kc_ptr,
+            vc_ptr,
+            cos_ptr,
+            sin_ptr,
+            pos_ptr,
+            slot_ptr,
+            tables_ptr,
+            ctx_ptr,
+            qstart_ptr,
+            qlen_ptr,
+            part_ptr,
+            count_ptr,
+            groups,
+            att_tiles,
+            SPLITS,
+            scale_log2,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_bt,
+            HQ,
+            HKV,
+            D,
+            PAGE,
+            BM,
+            BN,
+            SPLIT,
+            TK,
+            ROUND,
+            PREFETCH,
+            True,
+        )
 
 
-def rope_attention(qkv: torch.Tensor, heads: int, kv_heads: int, positions: torch.Tensor,
-                   cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, meta, scale: float) -> torch.Tensor:
+def rope_attention(
+    qkv: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta,
+    scale: float,
+) -> torch.Tensor:
     """qkv (N, (Hq + 2 Hkv) D) contiguous, bf16 caches (blocks, bs, Hkv, D) -> attention
     output (N, Hq D), the step's keys and values stored at ``meta``'s slots: the bits of
     ``rope_write_kv`` then ``cuda_paged_attention`` (no window, at most ``TK`` tokens a
@@ -256,14 +515,41 @@ def rope_attention(qkv: torch.Tensor, heads: int, kv_heads: int, positions: torc
     splits, part = split_states(groups if per > 1 else 0, pm.block_tables, page, d, qkv.device)
     prefetch = prefetch_mode(False) if groups < PREFETCH_MAX_PROGRAMS else 0
     _rope_attention_kernel[(groups * per,)](
-        qkv, qrot, out, k_cache, v_cache, cos, sin, positions, pm.slot_mapping,
-        pm.block_tables, pm.context_lens, pm.query_start, pm.query_lens,
-        part, counts if counts is not None else torch.empty(1, dtype=torch.int32,
-                                                             device=qkv.device),
-        groups, att_tiles, per, splits,
-        scale * 1.4426950408889634, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        pm.block_tables.stride(0), HQ=heads, HKV=kv_heads, D=d, PAGE=page, BM=BLOCK_M,
-        BN=block_keys(d), SPLIT=split_keys(d), TK=TK, ROUND=_round_mode(qkv.dtype),
+        qkv,
+        qrot,
+        out,
+        k_cache,
+        v_cache,
+        cos,
+        sin,
+        positions,
+        pm.slot_mapping,
+        pm.block_tables,
+        pm.context_lens,
+        pm.query_start,
+        pm.query_lens,
+        part,
+        counts if counts is not None else torch.empty(1, dtype=torch.int32, device=qkv.device),
+        groups,
+        att_tiles,
+        per,
+        splits,
+        scale * 1.4426950408889634,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        pm.block_tables.stride(0),
+        HQ=heads,
+        HKV=kv_heads,
+        D=d,
+        PAGE=page,
+        BM=BLOCK_M,
+        BN=block_keys(d),
+        SPLIT=split_keys(d),
+        TK=TK,
+        ROUND=_round_mode(qkv.dtype),
         PREFETCH=prefetch,
-        **pdl_args(qkv), **LAUNCH)
+        **pdl_args(qkv),
+        **LAUNCH,
+    )
     return out

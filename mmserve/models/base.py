@@ -48,9 +48,14 @@ class CausalLM(nn.Module, ABC):
         return self.embed_tokens(input_ids)
 
     @abstractmethod
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: KVLike,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVLike,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """-> (N, H) final hidden states. ``kv_cache``: a ``KVCache`` or a plain
         (layers, 2, blocks, bs, Hkv, D) tensor (see ``kernels.attention.kv_layer``)."""
 

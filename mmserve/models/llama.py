@@ -31,17 +31,25 @@ def hf_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     q = cfg["num_attention_heads"] * d
     kv = (cfg.get("num_key_value_heads") or cfg["num_attention_heads"]) * d
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg["vocab_size"], h),
-                                          "model.norm.weight": (h,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (cfg["vocab_size"], h),
+        "model.norm.weight": (h,),
+    }
     if not cfg.get("tie_word_embeddings", False):
         shapes["lm_head.weight"] = (cfg["vocab_size"], h)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        shapes |= {f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.k_proj.weight": (kv, h),
-                   f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.o_proj.weight": (h, q),
-                   f"{p}.mlp.gate_proj.weight": (inter, h), f"{p}.mlp.up_proj.weight": (inter, h),
-                   f"{p}.mlp.down_proj.weight": (h, inter), f"{p}.input_layernorm.weight": (h,),
-                   f"{p}.post_attention_layernorm.weight": (h,)}
+        shapes |= {
+            f"{p}.self_attn.q_proj.weight": (q, h),
+            f"{p}.self_attn.k_proj.weight": (kv, h),
+            f"{p}.self_attn.v_proj.weight": (kv, h),
+            f"{p}.self_attn.o_proj.weight": (h, q),
+            f"{p}.mlp.gate_proj.weight": (inter, h),
+            f"{p}.mlp.up_proj.weight": (inter, h),
+            f"{p}.mlp.down_proj.weight": (h, inter),
+            f"{p}.input_layernorm.weight": (h,),
+            f"{p}.post_attention_layernorm.weight": (h,),
+        }
     return shapes
 
 
@@ -49,8 +57,9 @@ def rope_settings(cfg: dict) -> tuple[float, dict | None]:
     """(theta, scaling) from either the classic keys or transformers 5's ``rope_parameters``."""
     params = cfg.get("rope_parameters") or {}
     theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
-    scaling = cfg.get("rope_scaling") or (params if params.get("rope_type") not in
-                                          (None, "default") else None)
+    scaling = cfg.get("rope_scaling") or (
+        params if params.get("rope_type") not in (None, "default") else None
+    )
     return float(theta), scaling
 
 
@@ -60,10 +69,19 @@ class LlamaLayer(nn.Module):
         h, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.eps = eps
         self.attn = SelfAttention(
-            h, cfg["num_attention_heads"], cfg.get("num_key_value_heads") or
-            cfg["num_attention_heads"], head_dim, bias=bias, qk_norm=qk_norm, norm_eps=eps,
-            norm_offset=0.0, scale=head_dim**-0.5, window=cfg.get("sliding_window")
-            if cfg.get("use_sliding_window", cfg["model_type"] == "mistral") else None)
+            h,
+            cfg["num_attention_heads"],
+            cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            head_dim,
+            bias=bias,
+            qk_norm=qk_norm,
+            norm_eps=eps,
+            norm_offset=0.0,
+            scale=head_dim**-0.5,
+            window=cfg.get("sliding_window")
+            if cfg.get("use_sliding_window", cfg["model_type"] == "mistral")
+            else None,
+        )
         self.mlp = GatedMLP(h, cfg["intermediate_size"], F.silu)
         self.input_norm = nn.Parameter(torch.empty(h))
         self.post_attn_norm = nn.Parameter(torch.empty(h))
@@ -92,15 +110,20 @@ class LlamaForCausalLM(CausalLM):
         self.num_heads = cfg["num_attention_heads"]
         self.embed_tokens = nn.Embedding(self.vocab_size, h)
         self.layers = nn.ModuleList(
-            LlamaLayer(cfg, self.head_dim, qk_norm, bias) for _ in range(self.num_layers))
+            LlamaLayer(cfg, self.head_dim, qk_norm, bias) for _ in range(self.num_layers)
+        )
         self.norm = nn.Parameter(torch.empty(h))
         self.lm_head = None if self.tied else nn.Parameter(torch.empty(self.vocab_size, h))
         theta, scaling = rope_settings(cfg)
         self.rope = RotaryTable(self.head_dim, theta, self.max_position_embeddings, scaling)
         attn = cast(LlamaLayer, self.layers[0]).attn
         # what the one-launch decode stack covers (kernels/decode_stack.py)
-        self.stack_ok = (not qk_norm and not bias and attn.window is None
-                         and self.head_dim & (self.head_dim - 1) == 0)
+        self.stack_ok = (
+            not qk_norm
+            and not bias
+            and attn.window is None
+            and self.head_dim & (self.head_dim - 1) == 0
+        )
 
     @classmethod
     def from_hf_config(cls, config: dict) -> LlamaForCausalLM:
@@ -111,8 +134,10 @@ class LlamaForCausalLM(CausalLM):
         return model
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        out = {"embed_tokens.weight": sd["model.embed_tokens.weight"],
-               "norm": sd["model.norm.weight"]}
+        out = {
+            "embed_tokens.weight": sd["model.embed_tokens.weight"],
+            "norm": sd["model.norm.weight"],
+        }
         if not self.tied:
             out["lm_head"] = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
         for i in range(self.num_layers):
@@ -123,21 +148,37 @@ class LlamaForCausalLM(CausalLM):
             out[f"layers.{i}.post_attn_norm"] = sd[f"{p}.post_attention_layernorm.weight"]
         load_into(self, out)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: KVLike,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVLike,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         assert input_ids is not None or inputs_embeds is not None
         # the stack gathers the embedding rows in its input kernel (ids and the table);
         # embeddings given (image or audio spans) go in as rows
         ids = input_ids if inputs_embeds is None else None
         x: torch.Tensor = self.embed_tokens.weight if ids is not None else inputs_embeds  # type: ignore[assignment]
-        if decode_stack.applies(x, kv_cache, self.layers,
-                                rows=None if ids is None else ids.shape[0]):
+        if decode_stack.applies(
+            x, kv_cache, self.layers, rows=None if ids is None else ids.shape[0]
+        ):
             # a step of <= 16 tokens on CUDA: every layer in one persistent launch, the
             # same bits
-            x = decode_stack.run(x, self.layers, positions, meta, kv_cache, self.rope,
-                                 heads=self.num_heads, kv_heads=self.num_kv_heads,
-                                 eps=self.eps, scale=self.head_dim**-0.5, ids=ids)
+            x = decode_stack.run(
+                x,
+                self.layers,
+                positions,
+                meta,
+                kv_cache,
+                self.rope,
+                heads=self.num_heads,
+                kv_heads=self.num_kv_heads,
+                eps=self.eps,
+                scale=self.head_dim**-0.5,
+                ids=ids,
+            )
         else:
             if ids is not None:
                 x = self.embed(ids)
@@ -151,8 +192,9 @@ class LlamaForCausalLM(CausalLM):
             return
         layer = cast(LlamaLayer, self.layers[0])
         qkv, hidden = layer.attn.qkv_weight.shape
-        if decode_stack.fits_one_wave(hidden, qkv, layer.mlp.inter, self.num_kv_heads,
-                                      self.norm.device):
+        if decode_stack.fits_one_wave(
+            hidden, qkv, layer.mlp.inter, self.num_kv_heads, self.norm.device
+        ):
             decode_stack.stacked_weights(self.layers)
 
     def lm_head_weight(self) -> torch.Tensor:

@@ -22,7 +22,8 @@ def family(config: dict) -> type[CausalLM]:
     if kind in GEMMA_TYPES:
         return Gemma3ForCausalLM
     raise ValueError(
-        f"unsupported model_type {kind!r}; supported: {', '.join(LLAMA_TYPES + GEMMA_TYPES)}")
+        f"unsupported model_type {kind!r}; supported: {', '.join(LLAMA_TYPES + GEMMA_TYPES)}"
+    )
 
 
 def text_config(config: dict) -> dict:
@@ -37,8 +38,12 @@ def text_config(config: dict) -> dict:
     return config
 
 
-def build_model(config: dict, state_dict: dict[str, torch.Tensor],
-                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> CausalLM:
+def build_model(
+    config: dict,
+    state_dict: dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> CausalLM:
     from mmserve.models import vlm_text
 
     if vlm_text.is_vlm(config):
@@ -60,12 +65,14 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor],
     return model
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> CausalLM:
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> CausalLM:
     from mmserve.models import vlm_text
     from mmserve.models.weights import load_config, load_state_dict
 
     config = load_config(model_dir)
-    wanted = (lambda name: vlm_text.is_text_tensor(config, name)) if vlm_text.is_vlm(config) \
-        else None
+    wanted = (
+        (lambda name: vlm_text.is_text_tensor(config, name)) if vlm_text.is_vlm(config) else None
+    )
     return build_model(config, load_state_dict(model_dir, names=wanted), dtype, device)

@@ -66,7 +66,8 @@ class Tokenizer:
         # (VLM checkpoints saved by transformers 4), as its apply_chat_template reads it
         processor_template = _read_json(model_dir / "chat_template.json").get("chat_template")
         self.chat_template: str | None = (
-            jinja_file.read_text(encoding="utf-8") if jinja_file.is_file()
+            jinja_file.read_text(encoding="utf-8")
+            if jinja_file.is_file()
             else _pick_template(processor_template or self.config.get("chat_template"))
         )
         self.special_tokens: dict[str, str] = {
@@ -135,8 +136,12 @@ class Tokenizer:
                 "use the completions API with a plain prompt instead."
             )
         return render_chat_template(
-            template, messages, tools=tools, add_generation_prompt=add_generation_prompt,
-            special_tokens=self.special_tokens, **kwargs,
+            template,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self.special_tokens,
+            **kwargs,
         )
 
 
@@ -220,8 +225,13 @@ def _sentencepiece_bpe(meta: dict[str, Any]) -> tokenizers.Tokenizer:
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None else "<unk>"
-    model = BPE(vocab=vocab, merges=generate_merges(vocab, scores), unk_token=unk,
-                fuse_unk=True, byte_fallback=True)
+    model = BPE(
+        vocab=vocab,
+        merges=generate_merges(vocab, scores),
+        unk_token=unk,
+        fuse_unk=True,
+        byte_fallback=True,
+    )
     tok = tokenizers.Tokenizer(model)
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if gemma:
@@ -241,8 +251,12 @@ def special_token_ids(meta: dict[str, Any]) -> dict[str, int | None]:
     """GGUF ids of the bos / eos / unk / pad tokens (None where the file names none)."""
     return {
         name: meta.get(f"tokenizer.ggml.{key}")
-        for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
-                          ("unk", "unknown_token_id"), ("pad", "padding_token_id"))
+        for name, key in (
+            ("bos", "bos_token_id"),
+            ("eos", "eos_token_id"),
+            ("unk", "unknown_token_id"),
+            ("pad", "padding_token_id"),
+        )
     }
 
 

@@ -28,16 +28,25 @@ VLM_TYPES = ("idefics3", "smolvlm", "llava")
 # LlamaConfig's defaults, for text_configs saved as a diff against them (RoPE's theta
 # defaults where it is read, ``llama.rope_settings``: it may sit in ``rope_parameters``)
 _LLAMA_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-6}
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+}
 
 # checkpoint prefix -> text-only prefix, first match wins
 _RENAMES = {
     "idefics3": (("model.text_model.", "model."), ("lm_head.", "lm_head.")),
     "smolvlm": (("model.text_model.", "model."), ("lm_head.", "lm_head.")),
-    "llava": (("model.language_model.", "model."), ("language_model.model.", "model."),
-              ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head.")),
+    "llava": (
+        ("model.language_model.", "model."),
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("lm_head.", "lm_head."),
+    ),
 }
 
 
@@ -61,8 +70,9 @@ def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return text
 
 
-def text_weights(config: Mapping[str, Any],
-                 state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def text_weights(
+    config: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """The LM's tensors under text-only names (``model.layers.0...``, ``lm_head.weight``);
     the vision tower's and projector's are left out."""
     renames = _RENAMES[config["model_type"]]
@@ -70,11 +80,13 @@ def text_weights(config: Mapping[str, Any],
     for name, tensor in state_dict.items():
         for src, dst in renames:
             if name.startswith(src):
-                out[dst + name[len(src):]] = tensor
+                out[dst + name[len(src) :]] = tensor
                 break
     if "model.embed_tokens.weight" not in out:
-        raise ValueError(f"no language-model tensors found in this {config['model_type']} "
-                         f"checkpoint (looked for {', '.join(s for s, _ in renames)})")
+        raise ValueError(
+            f"no language-model tensors found in this {config['model_type']} "
+            f"checkpoint (looked for {', '.join(s for s, _ in renames)})"
+        )
     return out
 
 

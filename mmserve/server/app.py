@@ -44,8 +44,9 @@ async def health(request: Request) -> Response:
     step_seconds = getattr(engine, "step_seconds", None)
     stuck = step_seconds() if step_seconds is not None else 0.0
     if stuck > state.config.engine_stall_timeout_s:
-        return JSONResponse({"status": "engine stuck", "step_seconds": round(stuck, 1)},
-                            status_code=503)
+        return JSONResponse(
+            {"status": "engine stuck", "step_seconds": round(stuck, 1)}, status_code=503
+        )
     return JSONResponse({"status": "ok"})
 
 
@@ -77,8 +78,12 @@ def _compile_chat_template(tokenizer: Any) -> None:
         pass
 
 
-def create_app(engine: EngineClient, server_config: ServerConfig | None = None,
-               speech: Any = None, max_speech_input_chars: int = 4096) -> FastAPI:
+def create_app(
+    engine: EngineClient,
+    server_config: ServerConfig | None = None,
+    speech: Any = None,
+    max_speech_input_chars: int = 4096,
+) -> FastAPI:
     """Build the OpenAI-compatible app around a running engine (and, for
     ``/v1/audio/speech``, a ``tts.service.SpeechService``)."""
     config = server_config or ServerConfig()
@@ -96,8 +101,14 @@ def create_app(engine: EngineClient, server_config: ServerConfig | None = None,
     app.state.mm = ServerState(engine, config, model_name, formats, metrics_)
     app.state.speech, app.state.speech_max_chars = speech, max_speech_input_chars
     install_error_handlers(app)
-    for router in (basic_router, chat_router, completions_router, realtime_router,
-                   speech_router, demo_router):
+    for router in (
+        basic_router,
+        chat_router,
+        completions_router,
+        realtime_router,
+        speech_router,
+        demo_router,
+    ):
         app.include_router(router)
     app.add_middleware(
         ServingMiddleware,

@@ -136,27 +136,36 @@ class ChatContext:
 
     @cached_property
     def _chunk_head(self) -> str:
-        return (f'{{"id":{json.dumps(self.request_id)},"object":"chat.completion.chunk",'
-                f'"created":{self.created},"model":{json.dumps(self.model)},'
-                f'"choices":[{{"index":')
+        return (
+            f'{{"id":{json.dumps(self.request_id)},"object":"chat.completion.chunk",'
+            f'"created":{self.created},"model":{json.dumps(self.model)},'
+            f'"choices":[{{"index":'
+        )
 
     def content_json(self, index: int, text: str) -> str:
         """The JSON of a chunk whose one choice carries only ``content``, byte for byte
         what its ``ChatCompletionChunk.model_dump_json()`` gives, without building the
         models: most chunks of a stream are these, and the models cost several times
         the encoding."""
-        return (f'{self._chunk_head}{index},"delta":{{"content":'
-                f'{json.dumps(text, ensure_ascii=False)}}},"logprobs":null,'
-                f'"finish_reason":null}}],"usage":null}}')
+        return (
+            f'{self._chunk_head}{index},"delta":{{"content":'
+            f'{json.dumps(text, ensure_ascii=False)}}},"logprobs":null,'
+            f'"finish_reason":null}}],"usage":null}}'
+        )
 
     def new_states(self) -> list[ChoiceState]:
         return [ChoiceState(i, make_parser(self.parser_settings)) for i in range(self.n)]
 
     def usage(self, states: list[ChoiceState]) -> Usage:
         cached = max((s.num_cached for s in states), default=0)
-        return make_usage(self.num_prompt_tokens, sum(s.num_tokens for s in states), cached,
-                          sum(s.num_draft for s in states), sum(s.num_accepted for s in states),
-                          self.num_image_tokens)
+        return make_usage(
+            self.num_prompt_tokens,
+            sum(s.num_tokens for s in states),
+            cached,
+            sum(s.num_draft for s in states),
+            sum(s.num_accepted for s in states),
+            self.num_image_tokens,
+        )
 
 
 async def collect_chat(

@@ -41,8 +41,10 @@ class ConnectionLimits:
 
 def _raw_response(status: str, text: str, extra: str = "") -> bytes:
     body = text.encode()
-    head = (f"HTTP/1.1 {status}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            f"connection: close\r\ncontent-length: {len(body)}\r\n{extra}\r\n")
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"connection: close\r\ncontent-length: {len(body)}\r\n{extra}\r\n"
+    )
     return head.encode() + body
 
 
@@ -58,12 +60,19 @@ def guarded_h11(limits: ConnectionLimits) -> type[H11Protocol]:
             super().connection_made(transport)
             self._opened = time.monotonic()
             if len(self.connections) > limits.max_connections and not self._make_room():
-                log.warning("refused a connection: all %d connections are serving requests "
-                            "(max_connections)", limits.max_connections)
-                transport.write(_raw_response(
-                    "503 Service Unavailable",
-                    f"the server holds its limit of {limits.max_connections} connections "
-                    "(max_connections); retry later", f"retry-after: {limits.retry_after_s}\r\n"))
+                log.warning(
+                    "refused a connection: all %d connections are serving requests "
+                    "(max_connections)",
+                    limits.max_connections,
+                )
+                transport.write(
+                    _raw_response(
+                        "503 Service Unavailable",
+                        f"the server holds its limit of {limits.max_connections} connections "
+                        "(max_connections); retry later",
+                        f"retry-after: {limits.retry_after_s}\r\n",
+                    )
+                )
                 transport.close()
                 return
             self._arm("headers")
@@ -106,28 +115,44 @@ def guarded_h11(limits: ConnectionLimits) -> type[H11Protocol]:
             if self.transport.is_closing() or self.transport.get_protocol() is not self:
                 return
             if self._phase == "headers":
-                log.warning("closed a connection: its request headers did not arrive within "
-                            "%.0f s (header_timeout_s)", limits.header_timeout_s)
+                log.warning(
+                    "closed a connection: its request headers did not arrive within "
+                    "%.0f s (header_timeout_s)",
+                    limits.header_timeout_s,
+                )
                 if self.conn.our_state is h11.IDLE:
-                    self.transport.write(_raw_response(
-                        "408 Request Timeout",
-                        f"request headers not received within {limits.header_timeout_s:g} s "
-                        "(header_timeout_s)"))
+                    self.transport.write(
+                        _raw_response(
+                            "408 Request Timeout",
+                            f"request headers not received within {limits.header_timeout_s:g} s "
+                            "(header_timeout_s)",
+                        )
+                    )
             else:
-                log.warning("closed a connection: its request body did not arrive within "
-                            "%.0f s (body_timeout_s)", limits.body_timeout_s)
+                log.warning(
+                    "closed a connection: its request body did not arrive within "
+                    "%.0f s (body_timeout_s)",
+                    limits.body_timeout_s,
+                )
             self.transport.close()
 
         def _make_room(self) -> bool:
             """Close the oldest connection not serving a request; False if there is none."""
-            victims = [c for c in self.connections
-                       if c is not self and isinstance(c, GuardedH11Protocol) and c._idle()
-                       and not c.transport.is_closing()]
+            victims = [
+                c
+                for c in self.connections
+                if c is not self
+                and isinstance(c, GuardedH11Protocol)
+                and c._idle()
+                and not c.transport.is_closing()
+            ]
             if not victims:
                 return False
             oldest = min(victims, key=lambda c: c._opened)
-            log.warning("closed the oldest idle connection to make room (max_connections=%d)",
-                        limits.max_connections)
+            log.warning(
+                "closed the oldest idle connection to make room (max_connections=%d)",
+                limits.max_connections,
+            )
             oldest.transport.close()
             return True
 

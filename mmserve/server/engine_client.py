@@ -46,7 +46,10 @@ def new_id(prefix: str) -> str:
 
 
 def fan_out(
-    engine: EngineClient, prompt_ids: list[int], params: SamplingParams, request_id: str,
+    engine: EngineClient,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    request_id: str,
     spans: Sequence[EmbeddingSpan] = (),
 ) -> list[AsyncIterator[RequestOutput]]:
     """One engine request per choice (the engine runs n=1); seeded choices get ``seed + i``.
@@ -58,8 +61,7 @@ def fan_out(
         rid = f"{request_id}-{i}"
         if spans:
             mine = [replace(s) for s in spans]
-            streams.append(engine.generate(list(prompt_ids), choice_params, rid,
-                                           spans=mine))  # type: ignore[call-arg]
+            streams.append(engine.generate(list(prompt_ids), choice_params, rid, spans=mine))  # type: ignore[call-arg]
         else:
             streams.append(engine.generate(list(prompt_ids), choice_params, rid))
     return streams

@@ -57,13 +57,17 @@ def error_payload(
 
 
 def error_response(
-    message: str, status: int = 400, param: str | None = None, code: str | None = None,
+    message: str,
+    status: int = 400,
+    param: str | None = None,
+    code: str | None = None,
     retry_after_s: int = 1,
 ) -> JSONResponse:
     """The error as a response; a 429 says when to come back (``Retry-After``, seconds)."""
     headers = {"Retry-After": str(retry_after_s)} if status == 429 else None
-    return JSONResponse(error_payload(message, status, param, code), status_code=status,
-                        headers=headers)
+    return JSONResponse(
+        error_payload(message, status, param, code), status_code=status, headers=headers
+    )
 
 
 def _retry_after(request: Request) -> int:
@@ -73,8 +77,7 @@ def _retry_after(request: Request) -> int:
 
 def _response(request: Request, body: dict[str, Any], status: int) -> JSONResponse:
     err = body["error"]
-    return error_response(err["message"], status, err["param"], err["code"],
-                          _retry_after(request))
+    return error_response(err["message"], status, err["param"], err["code"], _retry_after(request))
 
 
 def from_exception(exc: BaseException) -> tuple[dict[str, Any], int]:
@@ -115,8 +118,12 @@ async def _on_mmserve_error(request: Request, exc: Exception) -> JSONResponse:
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if isinstance(exc.__cause__, RecursionError):  # json.loads gave up: nested ~1,000 deep
-        return error_response("the request JSON is nested too deeply (the server's limit is "
-                              "max_json_depth levels)", 400, None, "json_too_deep")
+        return error_response(
+            "the request JSON is nested too deeply (the server's limit is max_json_depth levels)",
+            400,
+            None,
+            "json_too_deep",
+        )
     code = _CODE_BY_STATUS.get(exc.status_code)
     return error_response(str(exc.detail), exc.status_code, None, code)
 

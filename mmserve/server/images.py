@@ -34,12 +34,14 @@ class ImageRef:
 
 def image_limits(config: ServerConfig) -> ImageLimits:
     formats = tuple(f.strip().upper() for f in config.image_formats.split(",") if f.strip())
-    return ImageLimits(config.max_image_bytes, config.max_image_pixels,
-                       config.max_images_per_request, formats)
+    return ImageLimits(
+        config.max_image_bytes, config.max_image_pixels, config.max_images_per_request, formats
+    )
 
 
-async def prepare_images(refs: list[ImageRef], config: ServerConfig,
-                         processor: ImageProcessor) -> list[PreparedImage]:
+async def prepare_images(
+    refs: list[ImageRef], config: ServerConfig, processor: ImageProcessor
+) -> list[PreparedImage]:
     """Fetch, validate, decode and prepare every image of a request, in order."""
     limits = image_limits(config)
     try:
@@ -83,9 +85,11 @@ def _scheme_refused(scheme: str, config: ServerConfig) -> ImageError:
         allowed.append("http(s) URLs")
     if config.allowed_local_media_path:
         allowed.append(f"files under {config.allowed_local_media_path}")
-    return ImageError(ImageErrorKind.UNSUPPORTED,
-                      f"image URLs of kind {scheme!r} are not accepted by this server; "
-                      f"allowed: {', '.join(allowed)}")
+    return ImageError(
+        ImageErrorKind.UNSUPPORTED,
+        f"image URLs of kind {scheme!r} are not accepted by this server; "
+        f"allowed: {', '.join(allowed)}",
+    )
 
 
 def _local(url: str, config: ServerConfig, limits: ImageLimits) -> bytes:
@@ -93,8 +97,9 @@ def _local(url: str, config: ServerConfig, limits: ImageLimits) -> bytes:
     raw = unquote(urlparse(url).path) if url.startswith("file:") else url
     path = Path(raw).resolve()
     if not path.is_relative_to(root):
-        raise ImageError(ImageErrorKind.UNSUPPORTED,
-                         f"local images must lie under {root}; {raw!r} does not")
+        raise ImageError(
+            ImageErrorKind.UNSUPPORTED, f"local images must lie under {root}; {raw!r} does not"
+        )
     return file_bytes(path, limits)
 
 
@@ -103,22 +108,29 @@ async def _download(url: str, config: ServerConfig, limits: ImageLimits) -> byte
 
     data = bytearray()
     try:
-        async with httpx.AsyncClient(timeout=config.remote_image_timeout_s,
-                                     follow_redirects=True) as client:
+        async with httpx.AsyncClient(
+            timeout=config.remote_image_timeout_s, follow_redirects=True
+        ) as client:
             async with client.stream("GET", url) as resp:
                 if resp.status_code != 200:
-                    raise ImageError(ImageErrorKind.CORRUPT,
-                                     f"fetching the image gave HTTP {resp.status_code}; send a "
-                                     f"reachable image URL or a data: URL")
+                    raise ImageError(
+                        ImageErrorKind.CORRUPT,
+                        f"fetching the image gave HTTP {resp.status_code}; send a "
+                        f"reachable image URL or a data: URL",
+                    )
                 async for chunk in resp.aiter_bytes():
                     data += chunk
                     if len(data) > limits.max_bytes:
-                        raise ImageError(ImageErrorKind.TOO_LARGE,
-                                         f"the image is over {limits.max_bytes:,} bytes; at most "
-                                         f"{limits.max_bytes:,} are allowed")
+                        raise ImageError(
+                            ImageErrorKind.TOO_LARGE,
+                            f"the image is over {limits.max_bytes:,} bytes; at most "
+                            f"{limits.max_bytes:,} are allowed",
+                        )
     except httpx.HTTPError as exc:
-        raise ImageError(ImageErrorKind.CORRUPT, f"the image URL could not be fetched ({exc}); "
-                         f"send a reachable URL or a data: URL") from exc
+        raise ImageError(
+            ImageErrorKind.CORRUPT,
+            f"the image URL could not be fetched ({exc}); send a reachable URL or a data: URL",
+        ) from exc
     return bytes(data)
 
 

@@ -29,8 +29,9 @@ SHUTDOWN_FLUSH_S = 2.0  # after the engine cancels at shutdown: time to write th
 def uvicorn_config(app: object, config: ServerConfig) -> uvicorn.Config:
     """The uvicorn settings mmserve runs with: WS message limit = the HTTP body limit, the
     connection limits of ``connections.guarded_h11``, repeated log lines folded."""
-    limits = ConnectionLimits(config.max_connections, config.header_timeout_s,
-                              config.body_timeout_s, config.retry_after_s)
+    limits = ConnectionLimits(
+        config.max_connections, config.header_timeout_s, config.body_timeout_s, config.retry_after_s
+    )
     uv = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=config.host,
@@ -63,8 +64,11 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         cancel = getattr(self.engine, "cancel_in_flight", None)  # test engines may lack it
-        timer = (asyncio.get_running_loop().call_later(self.grace_s, cancel)
-                 if cancel is not None else None)
+        timer = (
+            asyncio.get_running_loop().call_later(self.grace_s, cancel)
+            if cancel is not None
+            else None
+        )
         try:
             await super().shutdown(sockets)
         finally:
@@ -84,9 +88,14 @@ def bound_address(server: uvicorn.Server, config: ServerConfig) -> tuple[str, in
     return config.host, config.port
 
 
-async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO | None = sys.stdout,
-                    speech: object = None, max_speech_input_chars: int = 4096,
-                    sockets: list[socket.socket] | None = None) -> None:
+async def serve_app(
+    engine: EngineClient,
+    config: ServerConfig,
+    out: TextIO | None = sys.stdout,
+    speech: object = None,
+    max_speech_input_chars: int = 4096,
+    sockets: list[socket.socket] | None = None,
+) -> None:
     """Serve ``engine`` until uvicorn stops (SIGINT/SIGTERM); announce the address on ``out``
     (None: stay quiet). ``sockets``: listen on these (already bound) instead of binding."""
     app = create_app(engine, config, speech, max_speech_input_chars)
@@ -106,8 +115,11 @@ async def serve_app(engine: EngineClient, config: ServerConfig, out: TextIO | No
     await task
 
 
-def run_server(engine_config: EngineConfig, server_config: ServerConfig,
-               speech_config: SpeechConfig | None = None) -> int:
+def run_server(
+    engine_config: EngineConfig,
+    server_config: ServerConfig,
+    speech_config: SpeechConfig | None = None,
+) -> int:
     """Load the model (and the voice), serve, and shut the engines down when it stops: on
     a thread of this process, or (``server_config.split``) in an engine-core process of its
     own with API servers in others (``launch_split``)."""
@@ -129,8 +141,9 @@ def setup_logging(config: ServerConfig) -> None:
     install_repeat_filter(config.log_repeat_window_s)
 
 
-def _run_in_process(engine_config: EngineConfig, server_config: ServerConfig,
-                    speech_config: SpeechConfig | None) -> int:
+def _run_in_process(
+    engine_config: EngineConfig, server_config: ServerConfig, speech_config: SpeechConfig | None
+) -> int:
     from mmserve.engine.async_engine import AsyncEngine
 
     engine = AsyncEngine.from_config(engine_config)
@@ -140,16 +153,25 @@ def _run_in_process(engine_config: EngineConfig, server_config: ServerConfig,
     # that unwinds (and shuts the engine down) instead of killing the process outright.
     signal.signal(signal.SIGTERM, exit_on_signal)
     try:
-        asyncio.run(serve_app(engine, server_config, speech=speech,
-                              max_speech_input_chars=speech_config.max_speech_input_chars))
+        asyncio.run(
+            serve_app(
+                engine,
+                server_config,
+                speech=speech,
+                max_speech_input_chars=speech_config.max_speech_input_chars,
+            )
+        )
     except KeyboardInterrupt:
         pass
     finally:
         engine.shutdown_sync()
         if speech is not None:
             speech.shutdown()
-        print(f"mmserve: stopped; {engine.cancelled_at_shutdown} request(s) cancelled at "
-              f"shutdown, {engine.stats().kv_blocks_used} KV block(s) in use", flush=True)
+        print(
+            f"mmserve: stopped; {engine.cancelled_at_shutdown} request(s) cancelled at "
+            f"shutdown, {engine.stats().kv_blocks_used} KV block(s) in use",
+            flush=True,
+        )
     return 0
 
 
@@ -162,15 +184,21 @@ def start_speech(config: SpeechConfig, text_engine: object = None):  # -> Speech
     from tts.service import SpeechService
 
     if config.voice == "default" and not (DEFAULT_VOICE_DIR / "voice.json").is_file():
-        print(f"mmserve: no default voice in {DEFAULT_VOICE_DIR} (build it with `mmserve voice "
-              "train`); /v1/audio/speech is off", flush=True)
+        print(
+            f"mmserve: no default voice in {DEFAULT_VOICE_DIR} (build it with `mmserve voice "
+            "train`); /v1/audio/speech is off",
+            flush=True,
+        )
         return None
     print(f"mmserve: loading voice {config.voice} ...", flush=True)
-    return SpeechService.start(config.voice, config.voice_device, config.snac,
-                               share_loop_with=text_engine if isinstance(
-                                   text_engine, AsyncEngine) else None,
-                               max_num_seqs=config.voice_max_num_seqs,
-                               kv_cache_memory_mb=config.voice_kv_cache_memory_mb)
+    return SpeechService.start(
+        config.voice,
+        config.voice_device,
+        config.snac,
+        share_loop_with=text_engine if isinstance(text_engine, AsyncEngine) else None,
+        max_num_seqs=config.voice_max_num_seqs,
+        kv_cache_memory_mb=config.voice_kv_cache_memory_mb,
+    )
 
 
 def exit_on_signal(signum: int, frame: object) -> None:

@@ -44,27 +44,36 @@ def check_json(value: Any, max_depth: int) -> None:
                 raise ParamError(
                     f"{_path(where) or 'the body'} holds a lone UTF-16 surrogate "
                     "(such as \\ud800), which is not text; send valid Unicode",
-                    param=_path(where), code="invalid_unicode")
+                    param=_path(where),
+                    code="invalid_unicode",
+                )
         elif isinstance(v, bool) or v is None or isinstance(v, float):
             continue
         elif isinstance(v, int):
             if not INT64_MIN <= v <= INT64_MAX:
                 raise ParamError(
                     f"{_path(where) or 'a number'} = {v} is out of range: integers must fit "
-                    "in 64 bits (signed)", param=_path(where), code="integer_out_of_range")
+                    "in 64 bits (signed)",
+                    param=_path(where),
+                    code="integer_out_of_range",
+                )
         else:
             if len(where) >= max_depth:
                 raise ParamError(
                     f"the JSON is nested deeper than the server's limit of {max_depth} levels "
-                    f"(max_json_depth) at {_path(where)}", param=_path(where),
-                    code="json_too_deep")
+                    f"(max_json_depth) at {_path(where)}",
+                    param=_path(where),
+                    code="json_too_deep",
+                )
             if isinstance(v, dict):
                 for k, item in v.items():
                     if isinstance(k, str) and _SURROGATE.search(k):
                         raise ParamError(
                             f"a key in {_path(where) or 'the body'} holds a lone UTF-16 "
-                            "surrogate; send valid Unicode", param=_path(where),
-                            code="invalid_unicode")
+                            "surrogate; send valid Unicode",
+                            param=_path(where),
+                            code="invalid_unicode",
+                        )
                     stack.append((item, (*where, k)))
             elif isinstance(v, list):
                 stack.extend((item, (*where, i)) for i, item in enumerate(v))
@@ -93,7 +102,10 @@ def check_prompt_bytes(texts: Iterable[str], limit: int, param: str) -> None:
         if total > limit:
             raise ParamError(
                 f"the prompt is larger than the server's limit of {limit} bytes of text "
-                f"(max_prompt_bytes); shorten {param}", param=param, code="prompt_too_large")
+                f"(max_prompt_bytes); shorten {param}",
+                param=param,
+                code="prompt_too_large",
+            )
 
 
 def check_stop(stop: str | list[str] | None, config: ServerConfig) -> None:
@@ -101,12 +113,16 @@ def check_stop(stop: str | list[str] | None, config: ServerConfig) -> None:
     if len(stops) > config.max_stop_strings:
         raise ParamError(
             f"stop has {len(stops)} strings; the server allows at most "
-            f"{config.max_stop_strings} (max_stop_strings)", param="stop")
+            f"{config.max_stop_strings} (max_stop_strings)",
+            param="stop",
+        )
     for i, s in enumerate(stops):
         if len(s) > config.max_stop_str_chars:
             raise ParamError(
                 f"stop string {i} has {len(s)} characters; the server allows at most "
-                f"{config.max_stop_str_chars} (max_stop_str_chars)", param="stop")
+                f"{config.max_stop_str_chars} (max_stop_str_chars)",
+                param="stop",
+            )
 
 
 def check_fan_out(num_requests: int, max_waiting: int | None) -> None:
@@ -115,4 +131,7 @@ def check_fan_out(num_requests: int, max_waiting: int | None) -> None:
         raise ParamError(
             f"this request needs {num_requests} engine requests (prompts x n), more than the "
             f"waiting queue holds ({max_waiting}, max_waiting), so it can never be admitted; "
-            "send fewer prompts or a smaller n", param="n", code="request_too_large")
+            "send fewer prompts or a smaller n",
+            param="n",
+            code="request_too_large",
+        )

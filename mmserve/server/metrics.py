@@ -87,25 +87,36 @@ class EngineStatsCollector(Collector):
             "second than plain decode steps",
             s.spec_guard_pauses_total,
         )
-        yield gauge("audio_streams_active", "Audio streams the engine holds (playing or queued)",
-                    s.audio_streams_active)
-        yield counter("audio_streams_refused",
-                      "Audio streams refused by admission control: they could not start "
-                      "without making a playing stream late", s.audio_streams_refused_total)
-        yield counter("encoder_calls", "Batched calls of the span (image) encoder",
-                      s.encoder_calls_total)
-        yield counter("encoder_payloads", "Images (or other payloads) encoded",
-                      s.encoder_payloads_total)
-        yield counter("encoder_cache_hits",
-                      "Images served from the encoder-output cache, not encoded again",
-                      s.encoder_cache_hits_total)
+        yield gauge(
+            "audio_streams_active",
+            "Audio streams the engine holds (playing or queued)",
+            s.audio_streams_active,
+        )
+        yield counter(
+            "audio_streams_refused",
+            "Audio streams refused by admission control: they could not start "
+            "without making a playing stream late",
+            s.audio_streams_refused_total,
+        )
+        yield counter(
+            "encoder_calls", "Batched calls of the span (image) encoder", s.encoder_calls_total
+        )
+        yield counter(
+            "encoder_payloads", "Images (or other payloads) encoded", s.encoder_payloads_total
+        )
+        yield counter(
+            "encoder_cache_hits",
+            "Images served from the encoder-output cache, not encoded again",
+            s.encoder_cache_hits_total,
+        )
         mean_len = GaugeMetricFamily(
             "mmserve_spec_mean_accepted_length",
             "Tokens emitted per verify step: 1 + accepted drafts / drafts (1.0 before any draft)",
             labels=["model"],
         )
-        mean_len.add_metric([self._model], 1.0 + s.spec_accepted_tokens_total /
-                            max(1, s.spec_num_drafts_total))
+        mean_len.add_metric(
+            [self._model], 1.0 + s.spec_accepted_tokens_total / max(1, s.spec_num_drafts_total)
+        )
         yield mean_len
         by_pos = GaugeMetricFamily(
             "mmserve_spec_acceptance_rate_by_position",
@@ -183,8 +194,9 @@ class ServerMetrics:
         """One spoken response as its client heard it (a ``playback_client.Playback``)."""
         self.audio_rtf.observe(heard.rtf)
         self.audio_gap.observe(heard.worst_gap_s)
-        self.audio_streams.labels(outcome="underrun" if heard.worst_gap_s > 0
-                                  else "no_underrun").inc()
+        self.audio_streams.labels(
+            outcome="underrun" if heard.worst_gap_s > 0 else "no_underrun"
+        ).inc()
 
     def count_request(self, path: str, status: int) -> None:
         endpoint = path if path in KNOWN_ENDPOINTS else "other"

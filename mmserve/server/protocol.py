@@ -28,14 +28,13 @@ MAX_N = 16
 UNSUPPORTED: dict[str, str] = {
     "best_of": "best_of is not supported; use n and pick on the client",
     "prompt_logprobs": "prompt_logprobs is not supported (the prefill keeps only its last "
-                       "row's logits)",
+    "row's logits)",
     "use_beam_search": "beam search is not supported",
     "length_penalty": "length_penalty (beam search) is not supported",
     "repetition_penalty": "repetition_penalty is not supported; use presence_penalty or "
-                          "frequency_penalty",
+    "frequency_penalty",
     "bad_words": "bad_words is not supported; use logit_bias",
-    "allowed_token_ids": "allowed_token_ids is not supported; use logit_bias or "
-                         "structured_outputs",
+    "allowed_token_ids": "allowed_token_ids is not supported; use logit_bias or structured_outputs",
     "logits_processors": "logits_processors is not supported",
     "truncate_prompt_tokens": "truncate_prompt_tokens is not supported",
     "prediction": "predicted outputs (prediction) are not supported",
@@ -46,28 +45,24 @@ UNSUPPORTED: dict[str, str] = {
     "guided_json": "guided_json was removed (as in vLLM); use structured_outputs.json",
     "guided_regex": "guided_regex was removed (as in vLLM); use structured_outputs.regex",
     "guided_choice": "guided_choice was removed (as in vLLM); use structured_outputs.choice",
-    "guided_grammar": "guided_grammar was removed (as in vLLM); use "
-                      "structured_outputs.grammar",
-    "guided_decoding_backend": "guided_decoding_backend is not supported (the backend is "
-                               "xgrammar)",
+    "guided_grammar": "guided_grammar was removed (as in vLLM); use structured_outputs.grammar",
+    "guided_decoding_backend": "guided_decoding_backend is not supported (the backend is xgrammar)",
     "guided_whitespace_pattern": "guided_whitespace_pattern is not supported",
     "chat_template": "a per-request chat_template is not supported; the served model's "
-                     "template is used",
+    "template is used",
     "chat_template_kwargs": "chat_template_kwargs is not supported; the served model's "
-                            "template is rendered with messages and tools only",
+    "template is rendered with messages and tools only",
     "add_generation_prompt": "add_generation_prompt=false is not supported; the assistant "
-                             "turn is always opened",
+    "turn is always opened",
     "continue_final_message": "continue_final_message is not supported; use "
-                              "/v1/completions with the rendered prompt",
+    "/v1/completions with the rendered prompt",
     "echo": "echo is not supported on chat completions; use /v1/completions",
-    "reasoning_effort": "reasoning_effort is not supported (the chat template does not "
-                        "receive it)",
+    "reasoning_effort": "reasoning_effort is not supported (the chat template does not receive it)",
     "modalities": "only the text modality is served here; spoken answers are on "
-                  "/v1/realtime and /v1/audio/speech",
+    "/v1/realtime and /v1/audio/speech",
 }
 # values that ask for nothing beyond the default, where that is not null/false/empty
-_DEFAULTS: dict[str, Any] = {"best_of": 1, "add_generation_prompt": True,
-                             "modalities": ["text"]}
+_DEFAULTS: dict[str, Any] = {"best_of": 1, "add_generation_prompt": True, "modalities": ["text"]}
 
 
 class _Strict(BaseModel):
@@ -204,14 +199,17 @@ class _SamplingFields(_Open):
         """The output constraint from ``response_format`` or ``structured_outputs``."""
         rf, so = self.response_format, self.structured_outputs
         if rf is not None and rf.type != "text" and so is not None:
-            raise ParamError("give response_format or structured_outputs, not both",
-                             param="structured_outputs")
+            raise ParamError(
+                "give response_format or structured_outputs, not both", param="structured_outputs"
+            )
         if rf is not None and rf.type == "json_object":
             return StructuredOutput("json_object")
         if rf is not None and rf.type == "json_schema":
             if rf.json_schema is None or rf.json_schema.schema_ is None:
-                raise ParamError("response_format json_schema needs json_schema.schema",
-                                 param="response_format.json_schema")
+                raise ParamError(
+                    "response_format json_schema needs json_schema.schema",
+                    param="response_format.json_schema",
+                )
             return StructuredOutput.json_schema(rf.json_schema.schema_)
         return _structured_outputs(so) if so is not None else None
 
@@ -223,8 +221,9 @@ class _SamplingFields(_Open):
         except ValueError as err:
             raise ParamError("logit_bias keys must be token ids", param="logit_bias") from err
 
-    def to_sampling_params(self, max_tokens: int | None,
-                           structured: StructuredOutput | None = None) -> SamplingParams:
+    def to_sampling_params(
+        self, max_tokens: int | None, structured: StructuredOutput | None = None
+    ) -> SamplingParams:
         """``structured``: the constraint the route settled on (default: ``structured()``)."""
         self.refuse_unsupported()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -264,10 +263,12 @@ def _neutral(name: str, value: Any) -> bool:
 def _structured_outputs(so: StructuredOutputs) -> StructuredOutput:
     given = {k: v for k, v in so.model_dump(by_alias=True).items() if v not in (None, False)}
     if len(given) != 1:
-        raise ParamError("structured_outputs takes exactly one of json, regex, choice, grammar, "
-                         f"json_object, structural_tag; got {sorted(given) or 'none'}",
-                         param="structured_outputs")
-    (kind, value), = given.items()
+        raise ParamError(
+            "structured_outputs takes exactly one of json, regex, choice, grammar, "
+            f"json_object, structural_tag; got {sorted(given) or 'none'}",
+            param="structured_outputs",
+        )
+    ((kind, value),) = given.items()
     if kind == "json_object":
         return StructuredOutput("json_object")
     if kind == "choice":

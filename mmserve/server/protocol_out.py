@@ -35,17 +35,25 @@ class Usage(BaseModel):
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-               draft_tokens: int = 0, accepted_tokens: int = 0, image_tokens: int = 0) -> Usage:
+def make_usage(
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+    draft_tokens: int = 0,
+    accepted_tokens: int = 0,
+    image_tokens: int = 0,
+) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens,
-                                                  image_tokens=image_tokens),
+        prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=cached_tokens, image_tokens=image_tokens
+        ),
         completion_tokens_details=CompletionTokensDetails(
             accepted_prediction_tokens=accepted_tokens,
-            rejected_prediction_tokens=draft_tokens - accepted_tokens),
+            rejected_prediction_tokens=draft_tokens - accepted_tokens,
+        ),
     )
 
 

@@ -60,7 +60,8 @@ class RealtimeSocket:
         )
         cfg = state.config
         self.conversation = Conversation(
-            object_id("conv"), cfg.realtime_max_items, cfg.realtime_max_bytes)
+            object_id("conv"), cfg.realtime_max_items, cfg.realtime_max_bytes
+        )
         self.active: ResponseRun | None = None
         self.active_task: asyncio.Task[Any] | None = None
         self._send_lock = asyncio.Lock()
@@ -179,9 +180,14 @@ class RealtimeSocket:
 
     async def on_conversation_item_truncate(self, event: Any) -> None:
         self.voice.truncate(event, self.conversation)
-        await self.send(server_event("conversation.item.truncated", item_id=event.item_id,
-                                     content_index=event.content_index,
-                                     audio_end_ms=event.audio_end_ms))
+        await self.send(
+            server_event(
+                "conversation.item.truncated",
+                item_id=event.item_id,
+                content_index=event.content_index,
+                audio_end_ms=event.audio_end_ms,
+            )
+        )
 
     async def on_conversation_item_retrieve(self, event: Any) -> None:
         item = self.conversation.get(event.item_id)
@@ -209,8 +215,11 @@ class RealtimeSocket:
 
     def _new_run(self, params: Any) -> ResponseRun:
         cfg = self.config
-        modalities = (params.output_modalities if params and params.output_modalities
-                      else cfg.output_modalities) or ["text"]
+        modalities = (
+            params.output_modalities
+            if params and params.output_modalities
+            else cfg.output_modalities
+        ) or ["text"]
         if "audio" in modalities:
             self.voice.require("response.output_modalities")
         instructions = (
@@ -224,8 +233,11 @@ class RealtimeSocket:
             else cfg.max_output_tokens
         )
         messages = template_messages(instructions, list(items))
-        check_prompt_bytes((str(m.get("content") or "") for m in messages),
-                           self.state.config.max_prompt_bytes, "input")
+        check_prompt_bytes(
+            (str(m.get("content") or "") for m in messages),
+            self.state.config.max_prompt_bytes,
+            "input",
+        )
         common = dict(
             engine=self.state.engine,
             send=self.send,
@@ -238,9 +250,13 @@ class RealtimeSocket:
         )
         if "audio" not in modalities:
             return ResponseRun(**common)  # type: ignore[arg-type]
-        run = AudioResponseRun(**common, speech=self.voice.speech,  # type: ignore[arg-type]
-                               voice=self.voice.voice, metrics=self.state.metrics,
-                               buffer_s=self.state.config.realtime_audio_buffer_ms / 1000)
+        run = AudioResponseRun(
+            **common,  # type: ignore[arg-type]
+            speech=self.voice.speech,  # type: ignore[arg-type]
+            voice=self.voice.voice,
+            metrics=self.state.metrics,
+            buffer_s=self.state.config.realtime_audio_buffer_ms / 1000,
+        )
         self.voice.remember(run.item.id, run.timeline)  # type: ignore[arg-type]
         return run
 

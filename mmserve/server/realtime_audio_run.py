@@ -51,8 +51,12 @@ class AudioResponseRun(ResponseRun):
     created: float = field(default_factory=time.monotonic)
     first_audio_s: float | None = None  # response.create -> first audio delta
 
-    def _response(self, status: ResponseStatus, details: ResponseStatusDetails | None = None,
-                  output: list[dict[str, Any]] | None = None) -> RealtimeResponse:
+    def _response(
+        self,
+        status: ResponseStatus,
+        details: ResponseStatusDetails | None = None,
+        output: list[dict[str, Any]] | None = None,
+    ) -> RealtimeResponse:
         resp = super()._response(status, details, output)
         resp.output_modalities = ["audio"]
         return resp
@@ -61,13 +65,18 @@ class AudioResponseRun(ResponseRun):
         ids = {"response_id": self.id, "output_index": 0}
         await self.send(server_event("response.output_item.added", item=self.item.to_wire(), **ids))
         await self.send(server_event("conversation.item.added", item=self.item.to_wire()))
-        await self.send(server_event("response.content_part.added", item_id=self.item.id,
-                                     content_index=0, part={"type": "audio", "transcript": ""},
-                                     **ids))
+        await self.send(
+            server_event(
+                "response.content_part.added",
+                item_id=self.item.id,
+                content_index=0,
+                part={"type": "audio", "transcript": ""},
+                **ids,
+            )
+        )
 
     async def _consume(self, stream: Any) -> tuple[ResponseStatus, str | None]:
-        speaker = Speaker(self.speech, self.id, self.voice, self.buffer_s,
-                          timeline=self.timeline)
+        speaker = Speaker(self.speech, self.id, self.voice, self.buffer_s, timeline=self.timeline)
         pump = asyncio.ensure_future(self._write(stream, speaker))
         log = StreamLog(0.0)
         try:
@@ -93,8 +102,10 @@ class AudioResponseRun(ResponseRun):
         if transcript:
             await self._event("response.output_audio_transcript.delta", delta=transcript)
         for i in range(0, len(pcm), DELTA_BYTES):
-            await self._event("response.output_audio.delta",
-                              delta=base64.b64encode(pcm[i:i + DELTA_BYTES]).decode())
+            await self._event(
+                "response.output_audio.delta",
+                delta=base64.b64encode(pcm[i : i + DELTA_BYTES]).decode(),
+            )
         now = time.monotonic() - self.created
         if self.first_audio_s is None:
             self.first_audio_s = now
@@ -122,8 +133,16 @@ class AudioResponseRun(ResponseRun):
         return status
 
     async def _event(self, kind: str, **fields: Any) -> None:
-        await self.send(server_event(kind, response_id=self.id, item_id=self.item.id,
-                                     output_index=0, content_index=0, **fields))
+        await self.send(
+            server_event(
+                kind,
+                response_id=self.id,
+                item_id=self.item.id,
+                output_index=0,
+                content_index=0,
+                **fields,
+            )
+        )
 
     def _record(self, log: StreamLog) -> None:
         if self.metrics is None or not log.chunks:
@@ -136,14 +155,19 @@ class AudioResponseRun(ResponseRun):
         transcript = self.timeline.transcript()
         await self._event("response.output_audio.done")
         await self._event("response.output_audio_transcript.done", transcript=transcript)
-        await self._event("response.content_part.done",
-                          part={"type": "audio", "transcript": transcript})
+        await self._event(
+            "response.content_part.done", part={"type": "audio", "transcript": transcript}
+        )
         self.item.status = "completed" if status == "completed" else "incomplete"
         self.item.content = [ContentPart(type="output_audio", transcript=transcript)]
         wire = self.item.to_wire()
-        await self.send(server_event("response.output_item.done", response_id=self.id,
-                                     output_index=0, item=wire))
+        await self.send(
+            server_event(
+                "response.output_item.done", response_id=self.id, output_index=0, item=wire
+            )
+        )
         await self.send(server_event("conversation.item.done", item=wire))
         details = ResponseStatusDetails(type=status, reason=reason)  # type: ignore[arg-type]
         await self.send(
-            server_event("response.done", response=self._response(status, details, [wire])))
+            server_event("response.done", response=self._response(status, details, [wire]))
+        )

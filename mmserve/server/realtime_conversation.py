@@ -81,13 +81,17 @@ class Conversation:
         if len(self.items) >= self.max_items:
             raise RealtimeError(
                 f"the conversation is full: it holds {len(self.items)} items, the server's "
-                f"limit (realtime_max_items); delete some", "conversation_full")
+                f"limit (realtime_max_items); delete some",
+                "conversation_full",
+            )
         size = item_bytes(item)
         if self.num_bytes + size > self.max_bytes:
             raise RealtimeError(
                 f"the item would bring the conversation to {self.num_bytes + size} bytes of "
                 f"text, over the server's limit of {self.max_bytes} (realtime_max_bytes); "
-                "delete some items", "conversation_too_large")
+                "delete some items",
+                "conversation_too_large",
+            )
         if item.id is None:
             item.id = object_id("item")
         elif any(existing.id == item.id for existing in self.items):

@@ -154,8 +154,9 @@ class ResponseRun:
         max_tokens = resolve_max_tokens(
             self.max_output_tokens, len(prompt_ids), self.engine.max_model_len, "input"
         )
-        params = SamplingParams(temperature=self.temperature, max_tokens=max_tokens,
-                                ignore_eos=self.ignore_eos)
+        params = SamplingParams(
+            temperature=self.temperature, max_tokens=max_tokens, ignore_eos=self.ignore_eos
+        )
         self.usage.input_tokens = len(prompt_ids)
         stream = self.engine.generate(prompt_ids, params, self.id)
         first = await anext(stream)

@@ -83,8 +83,15 @@ class Speaker:
     """One response's voice (module docstring). ``say`` clauses, then ``end``; iterate
     ``audio()`` for ``(transcript delta or "", pcm16 bytes)`` in playback order."""
 
-    def __init__(self, speech: Any, stream_id: str, voice: str, buffer_s: float = 0.2,
-                 first_audio_s: float = 0.15, timeline: Timeline | None = None) -> None:
+    def __init__(
+        self,
+        speech: Any,
+        stream_id: str,
+        voice: str,
+        buffer_s: float = 0.2,
+        first_audio_s: float = 0.15,
+        timeline: Timeline | None = None,
+    ) -> None:
         self.speech, self.stream_id, self.voice = speech, stream_id, voice
         self.buffer_s, self.first_audio_s = buffer_s, first_audio_s
         self.timeline = timeline if timeline is not None else Timeline()
@@ -152,24 +159,34 @@ class Speaker:
 
         sp = self.speech
         frame_s = sp.frame_duration
-        spec = AudioSpec(self.stream_id, frame_s,
-                         sp.voice.layout.tokens_per_frame, buffer_s=self.buffer_s,
-                         first_audio_s=self.first_audio_s,
-                         first_chunk_frames=max(1, round(0.04 / frame_s)),
-                         max_chunk_frames=max(1, round(0.32 / frame_s)),
-                         last=False)
+        spec = AudioSpec(
+            self.stream_id,
+            frame_s,
+            sp.voice.layout.tokens_per_frame,
+            buffer_s=self.buffer_s,
+            first_audio_s=self.first_audio_s,
+            first_chunk_frames=max(1, round(0.04 / frame_s)),
+            max_chunk_frames=max(1, round(0.32 / frame_s)),
+            last=False,
+        )
         seed, self._seed = self._seed, self._seed + 1
         queue: asyncio.Queue = asyncio.Queue()
 
         async def run() -> None:
-            gen = sp.engine.generate(prompt, sp.voice.sampling(prompt, seed),
-                                     f"{self.stream_id}-{uuid.uuid4().hex[:8]}",
-                                     stage_request=AudioRequest(seed), audio=spec)
+            gen = sp.engine.generate(
+                prompt,
+                sp.voice.sampling(prompt, seed),
+                f"{self.stream_id}-{uuid.uuid4().hex[:8]}",
+                stage_request=AudioRequest(seed),
+                audio=spec,
+            )
             try:
                 async for out in gen:
                     if out.finish_reason == "overloaded":
-                        raise QueueFullError("the voice engine is at capacity: every stream "
-                                             "it plays must stay in real time; retry later")
+                        raise QueueFullError(
+                            "the voice engine is at capacity: every stream "
+                            "it plays must stay in real time; retry later"
+                        )
                     queue.put_nowait(out.audio)
             except Exception as exc:  # handed to the reader, raised there
                 queue.put_nowait(exc)

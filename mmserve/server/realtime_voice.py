@@ -51,11 +51,15 @@ class SessionVoice:
                 raise RealtimeError(
                     f"output audio format {fmt.type!r} at {fmt.rate} Hz is not supported; "
                     f"use {{'type': 'audio/pcm', 'rate': {OUTPUT_RATE}}}",
-                    "unsupported_audio_format", "session.audio.output.format")
+                    "unsupported_audio_format",
+                    "session.audio.output.format",
+                )
         if update.output_audio_format not in (None, "pcm16"):
             raise RealtimeError(
-                f"output_audio_format {update.output_audio_format!r} is not supported; use "
-                "'pcm16'", "unsupported_audio_format", "session.output_audio_format")
+                f"output_audio_format {update.output_audio_format!r} is not supported; use 'pcm16'",
+                "unsupported_audio_format",
+                "session.output_audio_format",
+            )
         voice = out.voice if out is not None and out.voice is not None else update.voice
         if isinstance(voice, dict):
             voice = voice.get("id")
@@ -66,9 +70,12 @@ class SessionVoice:
 
     def require(self, param: str) -> None:
         if not self.available:
-            raise RealtimeError("this server has no voice loaded, so it answers in text only; "
-                                "use output_modalities ['text'] (or start it with a voice)",
-                                "unsupported_modality", param)
+            raise RealtimeError(
+                "this server has no voice loaded, so it answers in text only; "
+                "use output_modalities ['text'] (or start it with a voice)",
+                "unsupported_modality",
+                param,
+            )
 
     def remember(self, item_id: str, timeline: Timeline) -> None:
         self.timelines[item_id] = timeline
@@ -79,15 +86,24 @@ class SessionVoice:
         """Cut an assistant audio item's transcript to the audio its client played."""
         timeline = self.timelines.get(event.item_id)
         if timeline is None:
-            raise RealtimeError(f"item '{event.item_id}' is not an assistant audio item of "
-                                "this session", "item_not_found", "item_id")
+            raise RealtimeError(
+                f"item '{event.item_id}' is not an assistant audio item of this session",
+                "item_not_found",
+                "item_id",
+            )
         if event.content_index != 0:
-            raise RealtimeError("an assistant audio item has one content part: use "
-                                "content_index 0", "invalid_value", "content_index")
+            raise RealtimeError(
+                "an assistant audio item has one content part: use content_index 0",
+                "invalid_value",
+                "content_index",
+            )
         if event.audio_end_ms > timeline.audio_ms + 1:
             raise RealtimeError(
                 f"audio_end_ms {event.audio_end_ms} is past the item's audio "
-                f"({timeline.audio_ms:.0f} ms)", "invalid_value", "audio_end_ms")
+                f"({timeline.audio_ms:.0f} ms)",
+                "invalid_value",
+                "audio_end_ms",
+            )
         timeline.cut_ms = float(event.audio_end_ms)
         if any(item.id == event.item_id for item in conversation.items):
             conversation.set_transcript(event.item_id, timeline.transcript())

@@ -44,8 +44,9 @@ router = APIRouter()
 ENDPOINT = "/v1/chat/completions"
 
 
-def _content_of(message: ChatMessage, index: int, images: list[ImageRef] | None,
-                image_text: str | None) -> Any:
+def _content_of(
+    message: ChatMessage, index: int, images: list[ImageRef] | None, image_text: str | None
+) -> Any:
     """A message's content for the chat template. Image parts are collected into
     ``images`` (None: this server takes no images) and stand in the content as
     ``IMAGE_MARKER`` (string content), or as ``{"type": "image"}`` parts when the
@@ -59,14 +60,19 @@ def _content_of(message: ChatMessage, index: int, images: list[ImageRef] | None,
             parts.append({"type": "text", "text": part.text})
         elif part.type in ("image_url", "input_image") and part.image_url is not None:
             if images is None:
-                raise ParamError("this server has no vision connector, so it takes no images; "
-                                 "send text parts, or serve with --connector", param=where)
+                raise ParamError(
+                    "this server has no vision connector, so it takes no images; "
+                    "send text parts, or serve with --connector",
+                    param=where,
+                )
             images.append(ImageRef(part.image_url.url, where))
             parts.append({"type": "image"})
         else:
             raise ParamError(
                 f"content part type {part.type!r} is not supported; send text parts "
-                "({'type': 'text', 'text': ...}), image_url parts or a string", param=where)
+                "({'type': 'text', 'text': ...}), image_url parts or a string",
+                param=where,
+            )
     if image_text is not None:  # the connector's template reads parts, image or not
         return parts
     return "".join(p["text"] if p["type"] == "text" else IMAGE_MARKER for p in parts)
@@ -89,8 +95,9 @@ def _arguments(raw: str | dict[str, Any]) -> Any:
         return raw
 
 
-def template_messages(messages: list[ChatMessage], images: list[ImageRef] | None = None,
-                      image_text: str | None = None) -> list[dict[str, Any]]:
+def template_messages(
+    messages: list[ChatMessage], images: list[ImageRef] | None = None, image_text: str | None = None
+) -> list[dict[str, Any]]:
     """OpenAI messages → the dicts a Hugging Face chat template reads (image parts are
     collected into ``images``, see ``_content_of``)."""
     out: list[dict[str, Any]] = []
@@ -133,8 +140,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     messages = template_messages(body.messages, refs, image_text)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     texts = [_text_only(m["content"]) for m in messages]
-    check_prompt_bytes(texts + ([json.dumps(tools)] if tools else []),
-                       state.config.max_prompt_bytes, "messages")
+    check_prompt_bytes(
+        texts + ([json.dumps(tools)] if tools else []), state.config.max_prompt_bytes, "messages"
+    )
     images = await prepare_images(refs, state.config, processor) if refs and processor else []
 
     def render() -> tuple[str, ImagePrompt]:

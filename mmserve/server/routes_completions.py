@@ -96,7 +96,9 @@ def _check_ids(items: list[str | list[int]], vocab_size: int) -> None:
             bad = next(t for t in item if not 0 <= t < vocab_size)
             raise ParamError(
                 f"prompt {p} holds token id {bad}; token ids must be in [0, {vocab_size})",
-                param="prompt", code="invalid_token_id")
+                param="prompt",
+                code="invalid_token_id",
+            )
 
 
 def _prompts(items: list[str | list[int]], engine: EngineClient) -> list[tuple[str, list[int]]]:
@@ -119,8 +121,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     check_stop(body.stop, state.config)
     items = _items(body)
     check_fan_out(len(items) * body.n, getattr(engine, "max_waiting", None))
-    check_prompt_bytes((p for p in items if isinstance(p, str)),
-                       state.config.max_prompt_bytes, "prompt")
+    check_prompt_bytes(
+        (p for p in items if isinstance(p, str)), state.config.max_prompt_bytes, "prompt"
+    )
     _check_ids(items, engine.tokenizer.vocab_size)
     prompts = await in_thread(lambda: _prompts(items, engine))
     streams = []
@@ -145,8 +148,13 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     outputs = timed(state.metrics, ENDPOINT, start, primed.merged())
 
     def usage() -> Usage:
-        return make_usage(num_prompt, sum(c.num_tokens for c in choices), 0,
-                          sum(c.num_draft for c in choices), sum(c.num_accepted for c in choices))
+        return make_usage(
+            num_prompt,
+            sum(c.num_tokens for c in choices),
+            0,
+            sum(c.num_draft for c in choices),
+            sum(c.num_accepted for c in choices),
+        )
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

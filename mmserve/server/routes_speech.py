@@ -45,8 +45,11 @@ class SpeechRequest(BaseModel):
 def _service(request: Request):  # -> tts.service.SpeechService
     svc = getattr(request.app.state, "speech", None)
     if svc is None:
-        raise ParamError("this server has no voice loaded (start it with --voice default or a "
-                         "voice directory)", param="model", code="model_not_found")
+        raise ParamError(
+            "this server has no voice loaded (start it with --voice default or a voice directory)",
+            param="model",
+            code="model_not_found",
+        )
     return svc
 
 
@@ -56,21 +59,29 @@ def _check(req: SpeechRequest, svc: Any, max_chars: int) -> tuple[str, str, str]
 
     allowed = (*MODELS, svc.model_name, "default")
     if req.model not in allowed:
-        raise ParamError(f"unknown model {req.model!r}; allowed: {', '.join(allowed)}",
-                         param="model", code="model_not_found")
+        raise ParamError(
+            f"unknown model {req.model!r}; allowed: {', '.join(allowed)}",
+            param="model",
+            code="model_not_found",
+        )
     if not req.input.strip():
         raise ParamError("input is empty; give the text to speak", param="input")
     if len(req.input) > max_chars:
-        raise ParamError(f"input has {len(req.input)} characters; at most {max_chars} are "
-                         "allowed", param="input")
+        raise ParamError(
+            f"input has {len(req.input)} characters; at most {max_chars} are allowed", param="input"
+        )
     fmt = req.response_format or "wav"
     if fmt not in FORMATS:
-        raise ParamError(f"response_format {fmt!r} is not supported; allowed: "
-                         f"{', '.join(FORMATS)}", param="response_format")
+        raise ParamError(
+            f"response_format {fmt!r} is not supported; allowed: {', '.join(FORMATS)}",
+            param="response_format",
+        )
     stream = req.stream_format or "audio"
     if stream not in STREAM_FORMATS:
-        raise ParamError(f"stream_format {stream!r} is not supported; allowed: "
-                         f"{', '.join(STREAM_FORMATS)}", param="stream_format")
+        raise ParamError(
+            f"stream_format {stream!r} is not supported; allowed: {', '.join(STREAM_FORMATS)}",
+            param="stream_format",
+        )
     if not 0.25 <= req.speed <= 4.0:
         raise ParamError(f"speed must be between 0.25 and 4.0, got {req.speed}", param="speed")
     voice = req.voice.get("id", "") if isinstance(req.voice, dict) else req.voice
@@ -116,8 +127,7 @@ async def _first(chunks: AsyncIterator[np.ndarray]) -> np.ndarray:
         return np.zeros(0, np.float32)
 
 
-async def _stretched(chunks: AsyncIterator[np.ndarray], speed: float
-                     ) -> AsyncIterator[np.ndarray]:
+async def _stretched(chunks: AsyncIterator[np.ndarray], speed: float) -> AsyncIterator[np.ndarray]:
     from tts.stretch import Stretcher
 
     st = Stretcher(speed)
@@ -133,8 +143,9 @@ async def _stretched(chunks: AsyncIterator[np.ndarray], speed: float
         await chunks.aclose()  # type: ignore[attr-defined]
 
 
-async def _encode(first: np.ndarray, rest: AsyncIterator[np.ndarray], fmt: str,
-                  rate: int) -> AsyncIterator[bytes]:
+async def _encode(
+    first: np.ndarray, rest: AsyncIterator[np.ndarray], fmt: str, rate: int
+) -> AsyncIterator[bytes]:
     from tts.audio_format import flac, pcm16, wav_header
 
     try:
@@ -154,10 +165,14 @@ async def _sse(body: AsyncIterator[bytes], usage: Any) -> AsyncIterator[str]:
         async for b in body:
             event = {"type": "speech.audio.delta", "audio": base64.b64encode(b).decode()}
             yield f"data: {json.dumps(event)}\n\n"
-        done = {"type": "speech.audio.done",
-                "usage": {"input_tokens": usage.input_tokens,
-                          "output_tokens": usage.output_tokens,
-                          "total_tokens": usage.input_tokens + usage.output_tokens}}
+        done = {
+            "type": "speech.audio.done",
+            "usage": {
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens,
+            },
+        }
         yield f"data: {json.dumps(done)}\n\n"
     finally:
         await body.aclose()  # type: ignore[attr-defined]

@@ -24,26 +24,35 @@ def checked_choice(body: ChatCompletionRequest, tools: list[dict[str, Any]] | No
         return "auto" if tools else "none"
     if isinstance(choice, str):
         if choice not in ("auto", "none", "required"):
-            raise ParamError(f"tool_choice must be 'auto', 'none', 'required' or "
-                             f"{{'type': 'function', 'function': {{'name': ...}}}}; got "
-                             f"{choice!r}", param="tool_choice")
+            raise ParamError(
+                f"tool_choice must be 'auto', 'none', 'required' or "
+                f"{{'type': 'function', 'function': {{'name': ...}}}}; got "
+                f"{choice!r}",
+                param="tool_choice",
+            )
         if choice == "required" and not tools:
             raise ParamError("tool_choice 'required' needs tools", param="tool_choice")
         return choice
     fn = choice.get("function")
     name = fn.get("name") if isinstance(fn, dict) else None
     if choice.get("type") != "function" or not isinstance(name, str):
-        raise ParamError("tool_choice must name a function as {'type': 'function', "
-                         "'function': {'name': ...}}", param="tool_choice")
+        raise ParamError(
+            "tool_choice must name a function as {'type': 'function', 'function': {'name': ...}}",
+            param="tool_choice",
+        )
     names = [t["function"]["name"] for t in tools or []]
     if name not in names:
-        raise ParamError(f"tool_choice names {name!r}, which is not among the tools "
-                         f"({', '.join(names) or 'none given'})", param="tool_choice")
+        raise ParamError(
+            f"tool_choice names {name!r}, which is not among the tools "
+            f"({', '.join(names) or 'none given'})",
+            param="tool_choice",
+        )
     return {"type": "function", "function": {"name": name}}
 
 
-def plan_tools(body: ChatCompletionRequest, tools: list[dict[str, Any]] | None,
-               tool_format: str | None) -> tuple[Any, str | None, StructuredOutput | None]:
+def plan_tools(
+    body: ChatCompletionRequest, tools: list[dict[str, Any]] | None, tool_format: str | None
+) -> tuple[Any, str | None, StructuredOutput | None]:
     """-> (tool_choice, the tool format to parse with, the output constraint)."""
     choice = checked_choice(body, tools)
     structured = body.structured()
@@ -51,8 +60,11 @@ def plan_tools(body: ChatCompletionRequest, tools: list[dict[str, Any]] | None,
     if not tools or choice == "none":
         return choice, tool_format, structured
     if forced and structured is not None:
-        raise ParamError("response_format/structured_outputs cannot be combined with a "
-                         "tool_choice that forces a call", param="tool_choice")
+        raise ParamError(
+            "response_format/structured_outputs cannot be combined with a "
+            "tool_choice that forces a call",
+            param="tool_choice",
+        )
     parallel = body.parallel_tool_calls is not False
     if tool_format is None:
         if not forced:

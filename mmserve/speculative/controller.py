@@ -195,8 +195,12 @@ class SpecController:
         self._probe_step: tuple[str, ...] = ()
         self._blank_probe = False
 
-    def choose(self, request_ids: Sequence[str], num_other_tokens: int = 0,
-               has_match: Callable[[str], bool] | None = None) -> list[int]:
+    def choose(
+        self,
+        request_ids: Sequence[str],
+        num_other_tokens: int = 0,
+        has_match: Callable[[str], bool] | None = None,
+    ) -> list[int]:
         """k for each decoding request of this step, in order.
 
         ``num_other_tokens`` counts the step's query tokens besides one per decoding
@@ -232,9 +236,13 @@ class SpecController:
                 state.steps_off += self._skipped
             self._skipped = 0
         plan = _StepPlan(
-            self._cost, len(request_ids) + num_other_tokens, float(max(len(request_ids), 1)),
+            self._cost,
+            len(request_ids) + num_other_tokens,
+            float(max(len(request_ids), 1)),
             self._verify_cost if self._verify_cost.measured else self._cost,
-            padded=self.padded, num_decoding=len(request_ids), num_other=num_other_tokens,
+            padded=self.padded,
+            num_decoding=len(request_ids),
+            num_other=num_other_tokens,
             query_sizes=self.query_sizes,
         )
         prior: list[float] | None = None
@@ -245,8 +253,10 @@ class SpecController:
             state = states.get(request_id) or self._state(request_id)
             # off: no evaluation until a probe is due (the first test is _probe's own,
             # inlined: this loop runs for every request every step)
-            if state.k == 0 and (state.steps_off + 1 < state.wait
-                                 or not self._probe(state, plan, request_id, has_match)):
+            if state.k == 0 and (
+                state.steps_off + 1 < state.wait
+                or not self._probe(state, plan, request_id, has_match)
+            ):
                 state.steps_off += 1
                 ks.append(0)
                 worst = 1.0
@@ -308,15 +318,17 @@ class SpecController:
         until, cost = self._verdicts.get(shape, (0, None))
         return max(0, due, (until if cost is None else 0) - self._steps - 1)
 
-    def _veto(self, request_ids: Sequence[str], ks: list[int], worst: float,
-              plan: _StepPlan) -> None:
+    def _veto(
+        self, request_ids: Sequence[str], ks: list[int], worst: float, plan: _StepPlan
+    ) -> None:
         """Hold this step's drafts back (probes run) if a request of it that is not
         probing is expected to run slower than in a plain step (module docstring). One
         that drafts nothing always would: a verify step with more rows is never cheaper
         than the plain step, whatever noisy curves say."""
         states = self._requests
         if worst > 1.0 and worst * self._cost.cost(len(request_ids) + plan.num_other) >= (
-                plan.verify_cost(plan.tokens_with(0))):
+            plan.verify_cost(plan.tokens_with(0))
+        ):
             if any(states[r].probing for r in request_ids):  # one that drafts nothing
                 # leaves its request slower: decided once the drafts are known
                 self._probe_step = tuple(request_ids)
@@ -331,8 +343,9 @@ class SpecController:
             plan.verifying = any(ks)
             self._vetoed(request_ids)
 
-    def _probes_need_company(self, request_ids: Sequence[str], ks: list[int],
-                             plan: _StepPlan) -> None:
+    def _probes_need_company(
+        self, request_ids: Sequence[str], ks: list[int], plan: _StepPlan
+    ) -> None:
         """With nobody waiting, a probe can only lead to drafting if every other request
         of the step drafts or probes too (else the veto holds the drafts back): beside a
         request that does neither, probes are called off, their budget refunded, and
@@ -340,8 +353,10 @@ class SpecController:
         one that failed probes again once the others draft. Otherwise a batch pays for
         probes whose acceptance no step can use."""
         states, step = self._requests, self._steps
-        if all(k or states[r].probing or states[r].blank_step == step
-               for r, k in zip(request_ids, ks, strict=True)):
+        if all(
+            k or states[r].probing or states[r].blank_step == step
+            for r, k in zip(request_ids, ks, strict=True)
+        ):
             return
         for i, r in enumerate(request_ids):
             state = states[r]
@@ -380,8 +395,11 @@ class SpecController:
         pause whose vetoed step still verified (a probe ran) is not quiet, so each of its
         steps took that pass (code c=4 on the dev CPU: ~44 us a step, ~20 without).
         False wherever ``choose`` returns before its veto test (then call it)."""
-        if (not self._held(request_ids) or (self.padded and num_other_tokens)
-                or self._baseline_due(len(request_ids) + num_other_tokens)):
+        if (
+            not self._held(request_ids)
+            or (self.padded and num_other_tokens)
+            or self._baseline_due(len(request_ids) + num_other_tokens)
+        ):
             return False  # not held, or choose returns before its veto test
         self._probe_step, self._blank_probe = (), False
         self._skip_step()
@@ -393,8 +411,11 @@ class SpecController:
 
     def _baseline_due(self, tokens: int) -> bool:
         """Whether ``choose`` takes this step plain to measure the plain cost of its size."""
-        return (self._verify_cost.measured and not self._cost.has_bucket(tokens)
-                and self._since_plain >= 2)
+        return (
+            self._verify_cost.measured
+            and not self._cost.has_bucket(tokens)
+            and self._since_plain >= 2
+        )
 
     def _skip_step(self) -> None:
         """A step taken plain without a per-request pass (off requests' waits run on)."""
@@ -437,8 +458,15 @@ class SpecController:
                     state.wait = self.probe_interval
                 state.probing = False
 
-    def record_step(self, num_query_tokens: int, seconds: float, verify: bool = False,
-                    graph: bool = False, emitted: int = 0, sequences: int = 0) -> None:
+    def record_step(
+        self,
+        num_query_tokens: int,
+        seconds: float,
+        verify: bool = False,
+        graph: bool = False,
+        emitted: int = 0,
+        sequences: int = 0,
+    ) -> None:
         """Measured wall time of one whole engine step whose forward ran ``num_query_tokens``
         rows (drafting and sampling included); ``verify``: the step carried draft tokens;
         ``graph``: it replayed a CUDA graph. With graphs (``padded``) only graph steps are
@@ -529,8 +557,9 @@ class SpecController:
         base, costs = plan.costs_for_k(self.k_max)
         emitted = plan.emitted
         scale = base / emitted
-        return [1.0] + [(emitted + expected[k]) / costs[k] * scale
-                        for k in range(1, self.k_max + 1)]
+        return [1.0] + [
+            (emitted + expected[k]) / costs[k] * scale for k in range(1, self.k_max + 1)
+        ]
 
     def _target(self, expected: list[float], plan: _StepPlan) -> int:
         ratios = self._ratios(expected, plan)
@@ -540,8 +569,13 @@ class SpecController:
                 best = k
         return best if ratios[best] >= 1.0 + self.margin / 2 else 0
 
-    def _probe(self, state: _RequestState, plan: _StepPlan, request_id: str,
-               has_match: Callable[[str], bool] | None) -> bool:
+    def _probe(
+        self,
+        state: _RequestState,
+        plan: _StepPlan,
+        request_id: str,
+        has_match: Callable[[str], bool] | None,
+    ) -> bool:
         """Whether an off request probes this step: the only way back to drafting."""
         if state.steps_off + 1 < state.wait:
             return False
@@ -556,8 +590,13 @@ class SpecController:
         until, fit_cost = self._verdicts.get(shape, (0, None))
         if not plan.probe_denied and fresh and fit_cost is None and until > self._steps:
             plan.probe_denied = True
-        if (not plan.probe_denied and has_match is not None and fit_cost is not None
-                and until > self._steps and not has_match(request_id)):
+        if (
+            not plan.probe_denied
+            and has_match is not None
+            and fit_cost is not None
+            and until > self._steps
+            and not has_match(request_id)
+        ):
             # nothing to draft: a blank probe, found before it costs an evaluation. Asked
             # only at a shape whose probes passed one lately: elsewhere the evaluation
             # (and the shape's denial, its quiet steps) comes first. Asked first at every
@@ -570,8 +609,10 @@ class SpecController:
             return False
         cost, retry = (None, 0) if plan.probe_denied else self._probe_fits(plan)
         if fresh and not plan.probe_denied:  # what an evaluation of the shape said
-            self._verdicts[shape] = (self._steps + (self.probe_interval if cost is not None
-                                                    else retry), cost)
+            self._verdicts[shape] = (
+                self._steps + (self.probe_interval if cost is not None else retry),
+                cost,
+            )
         if cost is None:
             plan.probe_denied = True
             # try again later (each try costs a full evaluation)
@@ -622,8 +663,9 @@ class SpecController:
             # a size seen once (one-off costs) or only extrapolated to (verify steps of other
             # batch sizes) can lower the price, not raise it: after a warm-up at batch 4 the
             # nominal price held a batch-1 edit request's first probe back ~25 steps
-            overhead = estimate if self._verify_cost.has_bucket(probe_rows) else min(
-                estimate, overhead)
+            overhead = (
+                estimate if self._verify_cost.has_bucket(probe_rows) else min(estimate, overhead)
+            )
         if overhead > self.probe_max_overhead:
             return None, max(1, self.probe_interval // 4)  # the curves drift: not long
         if overhead > self._probe_budget:
@@ -696,7 +738,8 @@ class _StepPlan:
             q = max(self.max_k, k) + 1
             i = bisect.bisect_left(self.query_sizes, q)
             return self.num_other + self.num_decoding * (
-                self.query_sizes[i] if i < len(self.query_sizes) else q)
+                self.query_sizes[i] if i < len(self.query_sizes) else q
+            )
         return self.total_tokens + k
 
     def costs_for_k(self, k_max: int) -> tuple[float, list[float]]:

@@ -48,9 +48,15 @@ class _Row:
 class DraftModelDrafter(Drafter):
     """Autoregressive drafts from ``model``, a cheaper LM sharing the target's tokenizer."""
 
-    def __init__(self, model: CausalLM, num_blocks: int | None = None, block_size: int = 16,
-                 device: torch.device | str | None = None, temperature_aware: bool = False,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        device: torch.device | str | None = None,
+        temperature_aware: bool = False,
+        seed: int = 0,
+    ) -> None:
         """``num_blocks`` blocks of ``block_size`` tokens hold the drafter's KV (default: as
         many as fit in ``DEFAULT_KV_BYTES``); ``device`` defaults to the model's."""
         param = next(model.parameters())
@@ -60,11 +66,24 @@ class DraftModelDrafter(Drafter):
         self.seed = seed
         if num_blocks is None:
             # K and V of every layer, one block of block_size tokens
-            per_block = (2 * model.num_layers * block_size * model.num_kv_heads
-                         * model.head_dim * param.dtype.itemsize)
+            per_block = (
+                2
+                * model.num_layers
+                * block_size
+                * model.num_kv_heads
+                * model.head_dim
+                * param.dtype.itemsize
+            )
             num_blocks = max(1, DEFAULT_KV_BYTES // per_block)
-        self.kv = DrafterKV(model.num_layers, model.num_kv_heads, model.head_dim, num_blocks,
-                            block_size, param.dtype, self.device)
+        self.kv = DrafterKV(
+            model.num_layers,
+            model.num_kv_heads,
+            model.head_dim,
+            num_blocks,
+            block_size,
+            param.dtype,
+            self.device,
+        )
 
     def propose(self, batch: list[DraftRequest]) -> list[Draft]:
         ids = [r.request_id for r in batch if r.k > 0]
@@ -122,10 +141,12 @@ class DraftModelDrafter(Drafter):
         query_lens = [count for _, _, count in seqs]
         context_lens = [start + count for _, start, count in seqs]
         tables = [self.kv.block_ids(r.request.request_id) for r, _, _ in seqs]
-        meta = AttentionMetadata.build(query_lens, context_lens, tables, self.kv.block_size,
-                                       self.device)
-        positions = torch.cat([torch.arange(start, start + count)
-                               for _, start, count in seqs]).to(self.device)  # (N,)
+        meta = AttentionMetadata.build(
+            query_lens, context_lens, tables, self.kv.block_size, self.device
+        )
+        positions = torch.cat([torch.arange(start, start + count) for _, start, count in seqs]).to(
+            self.device
+        )  # (N,)
         hidden = self.model(input_ids, positions, meta, self.kv.cache)  # (N, H)
         last = torch.tensor(query_lens, device=self.device).cumsum(0) - 1  # (rows,)
         return self.model.compute_logits(hidden[last])  # (rows, V)

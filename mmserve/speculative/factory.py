@@ -14,8 +14,9 @@ from mmserve.speculative.drafter import Drafter
 from mmserve.speculative.speculator import Speculator
 
 
-def build_speculator(spec: SpecConfig | None, model: CausalLM, device: torch.device,
-                     dtype: torch.dtype) -> Speculator | None:
+def build_speculator(
+    spec: SpecConfig | None, model: CausalLM, device: torch.device, dtype: torch.dtype
+) -> Speculator | None:
     """The drafter ``spec`` names wrapped for the engine (``model``: the target), or None."""
     if spec is None:
         return None

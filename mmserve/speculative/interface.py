@@ -55,8 +55,10 @@ class TargetSampler(Protocol):
     """The engine's sampler (``engine.sampler.Sampler``): its picks and its distribution,
     with the request's penalties applied as if ``extra[i]`` had been emitted before row i."""
 
-    def sample(self, logits: torch.Tensor, states: list[Any],
-               extra_tokens: list[list[int]] | None = None) -> TargetResult: ...
+    def sample(
+        self, logits: torch.Tensor, states: list[Any], extra_tokens: list[list[int]] | None = None
+    ) -> TargetResult: ...
 
-    def probs(self, logits: torch.Tensor, states: list[Any],
-              extra_tokens: list[list[int]] | None = None) -> torch.Tensor: ...
+    def probs(
+        self, logits: torch.Tensor, states: list[Any], extra_tokens: list[list[int]] | None = None
+    ) -> torch.Tensor: ...

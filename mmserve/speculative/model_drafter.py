@@ -47,8 +47,10 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"the drafter's KV needs >= 1 block of >= 1 token, got "
-                             f"{num_blocks} blocks of {block_size}")
+            raise ValueError(
+                f"the drafter's KV needs >= 1 block of >= 1 token, got "
+                f"{num_blocks} blocks of {block_size}"
+            )
         self.num_total_blocks, self.block_size = num_blocks, block_size
         self._free: deque[int] = deque(range(num_blocks))
         self._used: set[int] = set()
@@ -117,12 +119,28 @@ class CatchUp(NamedTuple):
 class DrafterKV:
     """The drafter model's KV pool plus one block table per live request id."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int,
-                 block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.blocks = BlockPool(num_blocks, block_size)
         # (L, 2, N, B, Hkv, D); zeros, not empty: padded reads must never see NaN garbage
-        self.cache = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
-                                 dtype=dtype, device=device)
+        self.cache = torch.zeros(
+            num_layers,
+            2,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype=dtype,
+            device=device,
+        )
         self._seqs: dict[str, DraftSeqState] = {}
 
     @property
@@ -175,8 +193,9 @@ class DrafterKV:
         return CatchUp(0, [int(t) for t in token_ids])
 
     @staticmethod
-    def _remember(state: DraftSeqState, token_ids: Sequence[int], known: int,
-                  fed: list[int] | None) -> None:
+    def _remember(
+        state: DraftSeqState, token_ids: Sequence[int], known: int, fed: list[int] | None
+    ) -> None:
         state.known_len = known
         state.known_last = int(token_ids[known - 1]) if known else -1
         state.fed = fed

@@ -30,11 +30,15 @@ class TruncatedModel(CausalLM):
     def __init__(self, target: CausalLM, num_layers: int) -> None:
         super().__init__()
         if not isinstance(target, LlamaForCausalLM | Gemma3ForCausalLM):
-            raise ValueError(f"self-drafting supports Llama-family and Gemma 3 models, got "
-                             f"{type(target).__name__}")
+            raise ValueError(
+                f"self-drafting supports Llama-family and Gemma 3 models, got "
+                f"{type(target).__name__}"
+            )
         if not 1 <= num_layers <= target.num_layers:
-            raise ValueError(f"draft num_layers must be in 1..{target.num_layers} (the "
-                             f"target's layer count), got {num_layers}")
+            raise ValueError(
+                f"draft num_layers must be in 1..{target.num_layers} (the "
+                f"target's layer count), got {num_layers}"
+            )
         # a submodule: the view shares the target's parameters
         self.target: LlamaForCausalLM | Gemma3ForCausalLM = target
         self.num_layers = num_layers
@@ -46,8 +50,10 @@ class TruncatedModel(CausalLM):
 
     @classmethod
     def from_hf_config(cls, config: dict) -> CausalLM:
-        raise TypeError("a TruncatedModel is a view of a loaded model: build it with "
-                        "TruncatedModel(target, num_layers)")
+        raise TypeError(
+            "a TruncatedModel is a view of a loaded model: build it with "
+            "TruncatedModel(target, num_layers)"
+        )
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         raise TypeError("a TruncatedModel owns no weights: load them into its target")
@@ -55,9 +61,14 @@ class TruncatedModel(CausalLM):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.target.embed(input_ids)  # Gemma scales its embeddings
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_cache: KVLike,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVLike,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """-> (N, H) hidden states after layer L-1 and the final norm; ``kv_cache`` has
         (at least) ``num_layers`` layers."""
         assert input_ids is not None or inputs_embeds is not None
@@ -91,8 +102,21 @@ class SelfDrafter(DraftModelDrafter):
     target's KV pool is never touched.
     """
 
-    def __init__(self, target: CausalLM, num_layers: int, num_blocks: int | None = None,
-                 block_size: int = 16, device: torch.device | str | None = None,
-                 temperature_aware: bool = False, seed: int = 0) -> None:
-        super().__init__(TruncatedModel(target, num_layers), num_blocks, block_size, device,
-                         temperature_aware, seed)
+    def __init__(
+        self,
+        target: CausalLM,
+        num_layers: int,
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        device: torch.device | str | None = None,
+        temperature_aware: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            TruncatedModel(target, num_layers),
+            num_blocks,
+            block_size,
+            device,
+            temperature_aware,
+            seed,
+        )

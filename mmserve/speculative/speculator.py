@@ -102,8 +102,11 @@ class Speculator:
         a veto); False (no state changed): plan it."""
         self._quiet = False
         last = self._last_running
-        if not (self._steady_shape is not None and len(running) == len(last)
-                and all(a is b for a, b in zip(running, last, strict=True))):
+        if not (
+            self._steady_shape is not None
+            and len(running) == len(last)
+            and all(a is b for a, b in zip(running, last, strict=True))
+        ):
             return False
         if self.controller.paused():
             return True
@@ -122,8 +125,9 @@ class Speculator:
         if planned is not None:  # chosen ahead (``propose_ahead``): once a step, as always
             live = {id(r) for r in running}
             if live <= {id(r) for r in planned[0]}:  # since then requests can only leave
-                keep = [(r, k) for r, k in zip(planned[1], planned[2], strict=True)
-                        if id(r) in live]
+                keep = [
+                    (r, k) for r, k in zip(planned[1], planned[2], strict=True) if id(r) in live
+                ]
                 return self._draft([r for r, _ in keep], [k for _, k in keep])
         if self._steady_skip(running):
             return {}
@@ -148,8 +152,9 @@ class Speculator:
         if not decoding or self.controller.paused():
             return None
         if self.config.auto:
-            return decoding, self.controller.choose(ids, max(0, others),
-                                                    self._match_check(decoding))
+            return decoding, self.controller.choose(
+                ids, max(0, others), self._match_check(decoding)
+            )
         return decoding, [self.config.max_tokens_per_step] * len(decoding)
 
     def _draft(self, decoding: list[SpecRequest], ks: list[int]) -> dict[str, list[int]]:
@@ -157,9 +162,16 @@ class Speculator:
         # only requests given k > 0: all_ids copies the whole context. A probe drafts only
         # from a match of PROBE_MIN_MATCH tokens or more
         probing = self.controller.probing
-        batch = [DraftRequest(r.request_id, r.all_ids, min(k, r.max_total_len - r.num_tokens - 1),
-                              PROBE_MIN_MATCH if probing(r.request_id) else 1)
-                 for r, k in zip(decoding, ks, strict=True) if k > 0]
+        batch = [
+            DraftRequest(
+                r.request_id,
+                r.all_ids,
+                min(k, r.max_total_len - r.num_tokens - 1),
+                PROBE_MIN_MATCH if probing(r.request_id) else 1,
+            )
+            for r, k in zip(decoding, ks, strict=True)
+            if k > 0
+        ]
         batch = [b for b in batch if b.k > 0]
         if not batch:
             return {}
@@ -231,8 +243,16 @@ class Speculator:
         req.num_accepted_tokens += accepted
         return tokens
 
-    def record_step(self, num_tokens: int, seconds: float, verify: bool, graph: bool,
-                    emitted: int = 0, sequences: int = 0, quiet: bool = False) -> None:
+    def record_step(
+        self,
+        num_tokens: int,
+        seconds: float,
+        verify: bool,
+        graph: bool,
+        emitted: int = 0,
+        sequences: int = 0,
+        quiet: bool = False,
+    ) -> None:
         """A whole engine step's wall time (from before ``propose``, or for a step launched
         in an earlier call from the last step's record, to its tokens committed), and the
         tokens its ``sequences`` decoding sequences emitted. ``quiet``: ``self.quiet``

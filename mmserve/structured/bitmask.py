@@ -22,8 +22,7 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     rows, vocab = logits.shape
     shifts = _SHIFTS.get(logits.device)
     if shifts is None:
-        shifts = _SHIFTS[logits.device] = torch.arange(32, dtype=torch.int32,
-                                                       device=logits.device)
+        shifts = _SHIFTS[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
     bits = (bitmask[:, : bitmask_words(vocab), None] >> shifts) & 1  # (R, W, 32)
     allowed = bits.reshape(rows, -1)[:, :vocab].bool()  # (R, V)
     return logits.masked_fill_(~allowed, float("-inf"))
@@ -45,8 +44,12 @@ class MaskBuffer:
             self.copied.synchronize()
             self.copied = None
         if self.host.shape[0] < rows:
-            self.host = torch.empty(max(rows, 2 * self.host.shape[0]), self.words,
-                                    dtype=torch.int32, pin_memory=self.device.type == "cuda")
+            self.host = torch.empty(
+                max(rows, 2 * self.host.shape[0]),
+                self.words,
+                dtype=torch.int32,
+                pin_memory=self.device.type == "cuda",
+            )
         view = self.host[:rows]
         view.fill_(-1)
         return view

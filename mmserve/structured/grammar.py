@@ -89,12 +89,12 @@ class GrammarState:
 _BATCH: list[Any] = []  # one xgrammar BatchGrammarMatcher (its thread pool), made on first use
 
 
-def fill_many(states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Sequence[int]
-              ) -> None:
+def fill_many(states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
     """``states[j].fill(bitmask, rows[j])`` for every j, with nothing ahead, in one call
     that xgrammar spreads over its threads (a step's plain constrained rows)."""
-    live = [(s.matcher, r) for s, r in zip(states, rows, strict=True)
-            if not s.matcher.is_terminated()]
+    live = [
+        (s.matcher, r) for s, r in zip(states, rows, strict=True) if not s.matcher.is_terminated()
+    ]
     if not live:
         return
     if len(live) == 1:
@@ -104,8 +104,7 @@ def fill_many(states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Seque
         import xgrammar as xgr
 
         _BATCH.append(xgr.BatchGrammarMatcher())
-    _BATCH[0].batch_fill_next_token_bitmask([m for m, _ in live], bitmask,
-                                            [r for _, r in live])
+    _BATCH[0].batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [r for _, r in live])
 
 
 class GrammarCompiler:
@@ -123,9 +122,12 @@ class GrammarCompiler:
             encoded[i] = text
         meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
         self.info = xgr.TokenizerInfo(
-            encoded, meta["vocab_type"], vocab_size=vocab_size,
+            encoded,
+            meta["vocab_type"],
+            vocab_size=vocab_size,
             stop_token_ids=sorted(tokenizer.eos_token_ids),
-            add_prefix_space=meta["add_prefix_space"])
+            add_prefix_space=meta["add_prefix_space"],
+        )
         self.compiler = xgr.GrammarCompiler(self.info, cache_enabled=False)
         self.vocab_size = vocab_size
         self.cache: dict[tuple[str, str], Any] = {}
@@ -148,7 +150,8 @@ class GrammarCompiler:
                 compiled = self._compile(spec)
             except Exception as err:  # xgrammar raises RuntimeError/ValueError subclasses
                 raise InvalidRequestError(
-                    f"the {spec.kind} constraint cannot be compiled: {_reason(err)}") from err
+                    f"the {spec.kind} constraint cannot be compiled: {_reason(err)}"
+                ) from err
             if len(self.cache) >= self.cache_size:
                 self.cache.pop(next(iter(self.cache)))  # oldest first
             self.cache[key] = compiled
@@ -158,11 +161,16 @@ class GrammarCompiler:
     def _compile(self, spec: StructuredOutput) -> Any:
         c, kind, value = self.compiler, spec.kind, spec.value
         if kind == "json":
-            return c.compile_json_schema(value, any_whitespace=False,
-                                         separators=_JSON_SEPARATORS, strict_mode=True)
+            return c.compile_json_schema(
+                value, any_whitespace=False, separators=_JSON_SEPARATORS, strict_mode=True
+            )
         if kind == "json_object":
-            return c.compile_json_schema('{"type": "object"}', any_whitespace=False,
-                                         separators=_JSON_SEPARATORS, strict_mode=False)
+            return c.compile_json_schema(
+                '{"type": "object"}',
+                any_whitespace=False,
+                separators=_JSON_SEPARATORS,
+                strict_mode=False,
+            )
         if kind == "regex":
             return c.compile_regex(value)
         if kind == "choice":

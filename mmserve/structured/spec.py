@@ -28,8 +28,9 @@ class StructuredOutput:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"structured output kind must be one of {', '.join(KINDS)}, "
-                             f"got {self.kind!r}")
+            raise ValueError(
+                f"structured output kind must be one of {', '.join(KINDS)}, got {self.kind!r}"
+            )
         if not isinstance(self.value, str):
             raise ValueError("structured output value must be a string")
         if self.kind == "json_object":

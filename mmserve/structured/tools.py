@@ -27,19 +27,29 @@ FALLBACK_FORMAT = "hermes"
 def _call_schema(tool: dict[str, Any], args_key: str) -> dict[str, Any]:
     fn = tool["function"]
     params = fn.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "object",
-            "properties": {"name": {"const": fn["name"]}, args_key: params},
-            "required": ["name", args_key], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, args_key: params},
+        "required": ["name", args_key],
+        "additionalProperties": False,
+    }
 
 
 def _hermes_tags(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"type": "tag", "begin": "<tool_call>\n",
-             "content": {"type": "json_schema", "json_schema": _call_schema(t, "arguments")},
-             "end": "\n</tool_call>"} for t in tools]
+    return [
+        {
+            "type": "tag",
+            "begin": "<tool_call>\n",
+            "content": {"type": "json_schema", "json_schema": _call_schema(t, "arguments")},
+            "end": "\n</tool_call>",
+        }
+        for t in tools
+    ]
 
 
-def tool_call_constraint(tool_format: str, tools: list[dict[str, Any]], choice: Any,
-                         parallel: bool) -> StructuredOutput | None:
+def tool_call_constraint(
+    tool_format: str, tools: list[dict[str, Any]], choice: Any, parallel: bool
+) -> StructuredOutput | None:
     """The constraint for ``tool_choice`` ``choice`` (already checked: "auto", "none",
     "required", or a named function present in ``tools``), or None: nothing to enforce."""
     if choice == "none":
@@ -53,24 +63,51 @@ def tool_call_constraint(tool_format: str, tools: list[dict[str, Any]], choice: 
     if tool_format == "hermes":
         tags = _hermes_tags(tools)
         if forced:
-            fmt: dict[str, Any] = {"type": "tags_with_separator", "tags": tags, "separator": "\n",
-                                   "at_least_one": True, "stop_after_first": not parallel}
+            fmt: dict[str, Any] = {
+                "type": "tags_with_separator",
+                "tags": tags,
+                "separator": "\n",
+                "at_least_one": True,
+                "stop_after_first": not parallel,
+            }
         else:
-            fmt = {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags,
-                   "at_least_one": False, "stop_after_first": True}
+            fmt = {
+                "type": "triggered_tags",
+                "triggers": ["<tool_call>"],
+                "tags": tags,
+                "at_least_one": False,
+                "stop_after_first": True,
+            }
     elif tool_format == "llama3_json":
         if not forced:
             return None  # a bare-JSON call has no opener to trigger on: one call cannot be held
-        one = {"type": "json_schema",
-               "json_schema": {"anyOf": [_call_schema(t, "parameters") for t in tools]}}
-        fmt = one if not parallel else {
-            "type": "sequence", "elements": [one, {"type": "star", "content": {
-                "type": "sequence", "elements": [{"type": "const_string", "value": "; "}, one]}}]}
+        one = {
+            "type": "json_schema",
+            "json_schema": {"anyOf": [_call_schema(t, "parameters") for t in tools]},
+        }
+        fmt = (
+            one
+            if not parallel
+            else {
+                "type": "sequence",
+                "elements": [
+                    one,
+                    {
+                        "type": "star",
+                        "content": {
+                            "type": "sequence",
+                            "elements": [{"type": "const_string", "value": "; "}, one],
+                        },
+                    },
+                ],
+            }
+        )
     else:
-        raise ValueError(f"tool_choice={_show(choice)} is enforced for the tool formats "
-                         f"{', '.join(ENFORCED_FORMATS)}; this server parses {tool_format!r}")
-    return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag",
-                                                          "format": fmt}))
+        raise ValueError(
+            f"tool_choice={_show(choice)} is enforced for the tool formats "
+            f"{', '.join(ENFORCED_FORMATS)}; this server parses {tool_format!r}"
+        )
+    return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
 
 
 def _show(choice: Any) -> str:

@@ -29,8 +29,9 @@ def test_median_interval_is_the_widest_k_with_the_coverage():
             assert (lo, hi) == (1, n)
         if 2 * (k + 1) <= n + 1:
             assert _covers(n, k + 1) < 0.9, "a narrower interval would do"
-    assert spec_bench.median_interval([0.95, 1.0, 0.99, 0.93, 1.01, 0.98, 0.97, 0.96, 1.02,
-                                       0.94, 0.99])[:2] == (0.95, 1.0)  # 11 pairs: 3rd, 9th
+    assert spec_bench.median_interval(
+        [0.95, 1.0, 0.99, 0.93, 1.01, 0.98, 0.97, 0.96, 1.02, 0.94, 0.99]
+    )[:2] == (0.95, 1.0)  # 11 pairs: 3rd, 9th
 
 
 def test_floor_verdict_needs_the_whole_interval_and_the_coverage():
@@ -53,8 +54,14 @@ def test_one_row_report(default_model_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(spec_bench, "_timed", timed)
     report = spec_bench.run_spec_bench(
-        str(default_model_dir), workloads=("edit",), concurrencies=(1,), max_tokens=12,
-        repeats=3, out_dir=tmp_path, min_requests=1)
+        str(default_model_dir),
+        workloads=("edit",),
+        concurrencies=(1,),
+        max_tokens=12,
+        repeats=3,
+        out_dir=tmp_path,
+        min_requests=1,
+    )
     (row,) = report["rows"]
     assert row["identical"] and row["requests"] == 1 and row["tokens"] > 0
     timed_runs = times[-6:]  # the three interleaved pairs: off/on, on/off, off/on

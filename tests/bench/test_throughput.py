@@ -21,8 +21,9 @@ ON_CUDA = torch.cuda.is_available()
 
 
 def test_config_from_namespace_and_validation():
-    ns = argparse.Namespace(models=["smollm2-135m"], batch_sizes=[1, 8], prompt_len=None,
-                            unrelated=3)
+    ns = argparse.Namespace(
+        models=["smollm2-135m"], batch_sizes=[1, 8], prompt_len=None, unrelated=3
+    )
     cfg = ThroughputConfig.from_args(ns)
     assert cfg.models == ("smollm2-135m",) and cfg.batch_sizes == (1, 8)
     assert cfg.prompt_len == ThroughputConfig.prompt_len
@@ -38,8 +39,9 @@ def test_config_from_namespace_and_validation():
         ThroughputConfig(variants=("invariant", "bf16head"))
     assert ThroughputConfig(variants=("bf16head",), q8_head=True).q8_head
     # the real default model (weights from its GGUF): no HF baseline for it
-    real = ThroughputConfig(models=("smollm2-135m-instruct",), hf=False,
-                            variants=("invariant", "bf16head"))
+    real = ThroughputConfig(
+        models=("smollm2-135m-instruct",), hf=False, variants=("invariant", "bf16head")
+    )
     assert real.models == ("smollm2-135m-instruct",)
     with pytest.raises(ValueError, match="no-hf"):
         ThroughputConfig(models=("smollm2-135m-instruct",))
@@ -54,9 +56,15 @@ def test_q8_head_weights_round_the_lm_head_to_q8_0_in_both_models(tied):
     from mmserve.kernels.q8 import factor_q8
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1,
-                                   vocab_size=100, tie_word_embeddings=tied)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=100,
+        tie_word_embeddings=tied,
+    )
     hf = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     before = hf.state_dict()
     key = "model.embed_tokens.weight" if tied else "lm_head.weight"
@@ -103,8 +111,13 @@ class _FakeDecoder:
 
 
 def test_engine_variants_free_each_cache_before_the_next(monkeypatch):
-    cfg = ThroughputConfig(models=("smollm2-135m",), batch_sizes=(1, 2), decode_steps=7,
-                           variants=("fp8kv", "invariant", "cublas"), eager_steps=4)
+    cfg = ThroughputConfig(
+        models=("smollm2-135m",),
+        batch_sizes=(1, 2),
+        decode_steps=7,
+        variants=("fp8kv", "invariant", "cublas"),
+        eager_steps=4,
+    )
     made = []
 
     def make(kv_dtype):
@@ -121,43 +134,68 @@ def test_engine_variants_free_each_cache_before_the_next(monkeypatch):
     cmp = row0_comparison(engine, "1")
     assert cmp["row0_tokens_equal_across_variants"] == {"invariant": True, "cublas": True}
     fp8 = cmp["row0_lossy_kv_agreement"]["fp8kv"]
-    assert fp8 == {"reference": "invariant", "tokens": 10, "equal_fraction": 0.3,
-                   "first_mismatch": 3}
+    assert fp8 == {
+        "reference": "invariant",
+        "tokens": 10,
+        "equal_fraction": 0.3,
+        "first_mismatch": 3,
+    }
 
 
 def test_row0_comparison_never_asks_fp8_to_equal_bf16():
     def eng(row0):
         return {"decode": {"1": {"row0": row0}}}
 
-    cmp = row0_comparison({"cublas": eng([1, 2, 3]), "invariant": eng([1, 2, 4]),
-                           "fp8kv": eng([9, 2, 4])}, "1")
+    cmp = row0_comparison(
+        {"cublas": eng([1, 2, 3]), "invariant": eng([1, 2, 4]), "fp8kv": eng([9, 2, 4])}, "1"
+    )
     assert cmp["row0_tokens_equal_across_variants"] == {"cublas": False, "invariant": True}
     assert "fp8kv" not in cmp["row0_tokens_equal_across_variants"]
     assert cmp["row0_lossy_kv_agreement"]["fp8kv"]["reference"] == "invariant"
     only_fp8 = row0_comparison({"fp8kv": eng([1])}, "1")
     assert only_fp8 == {"row0_tokens_equal_across_variants": {}, "row0_lossy_kv_agreement": {}}
-    assert token_agreement([1, 2, 3], [1, 2, 3]) == {"tokens": 3, "equal_fraction": 1.0,
-                                                      "first_mismatch": None}
+    assert token_agreement([1, 2, 3], [1, 2, 3]) == {
+        "tokens": 3,
+        "equal_fraction": 1.0,
+        "first_mismatch": None,
+    }
     assert token_agreement([5, 2], [1, 2, 3])["equal_fraction"] == 0.5
 
 
 def test_table_lists_every_variant_and_the_roofline():
     dec = {"1": {"tok_s": 200.0}, "32": {"tok_s": 5000.0}}
     result = {
-        "machine": {"gpu": "NVIDIA H200"}, "weights": "random (bf16)",
+        "machine": {"gpu": "NVIDIA H200"},
+        "weights": "random (bf16)",
         "bandwidth": {"gb_s": [4200.0, 4250.0]},
-        "models": {"llama3-8b": {
-            "weight_bytes": 16.06e9, "roofline_tok_s": 265.0,
-            "engine": {"invariant": {"decode": dec, "prefill": {
-                "ttft_ms": 90.0, "prefill_tok_s": 22755.0}},
-                       "cublas": {"decode": dec},
-                       "fp8kv": {"decode": {"1": {"tok_s": 230.0}}}},
-            "row0_tokens_equal_across_variants": {"invariant": True, "cublas": True},
-            "row0_lossy_kv_agreement": {"fp8kv": {
-                "reference": "invariant", "tokens": 131, "equal_fraction": 0.25,
-                "first_mismatch": 30}},
-            "hf": {"eager": {"1": {"tok_s": 14.0}}, "prefill": {"ttft_ms": 300.0,
-                                                                "prefill_tok_s": 6800.0}}}}}
+        "models": {
+            "llama3-8b": {
+                "weight_bytes": 16.06e9,
+                "roofline_tok_s": 265.0,
+                "engine": {
+                    "invariant": {
+                        "decode": dec,
+                        "prefill": {"ttft_ms": 90.0, "prefill_tok_s": 22755.0},
+                    },
+                    "cublas": {"decode": dec},
+                    "fp8kv": {"decode": {"1": {"tok_s": 230.0}}},
+                },
+                "row0_tokens_equal_across_variants": {"invariant": True, "cublas": True},
+                "row0_lossy_kv_agreement": {
+                    "fp8kv": {
+                        "reference": "invariant",
+                        "tokens": 131,
+                        "equal_fraction": 0.25,
+                        "first_mismatch": 30,
+                    }
+                },
+                "hf": {
+                    "eager": {"1": {"tok_s": 14.0}},
+                    "prefill": {"ttft_ms": 300.0, "prefill_tok_s": 6800.0},
+                },
+            }
+        },
+    }
     text = table(result)
     assert "invariant" in text and "hf_eager" in text and "75.5" in text
     assert "roofline b1 265 tok/s" in text

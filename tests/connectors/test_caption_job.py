@@ -51,17 +51,38 @@ def _run_job(engine, images: Path, out: Path, concurrency: int):
     from connectors.caption_job import caption_all, list_images
     from mmserve.sampling_params import SamplingParams
 
-    return asyncio.run(caption_all(engine, list_images(str(images)), out, concurrency,
-                                   "Describe the image.",
-                                   SamplingParams(temperature=0, max_tokens=MAX_TOKENS),
-                                   progress=False))
+    return asyncio.run(
+        caption_all(
+            engine,
+            list_images(str(images)),
+            out,
+            concurrency,
+            "Describe the image.",
+            SamplingParams(temperature=0, max_tokens=MAX_TOKENS),
+            progress=False,
+        )
+    )
 
 
 def test_killed_job_resumes_with_the_same_captions(images, engine, tmp_path):
     out = tmp_path / "captions.jsonl"
-    cmd = [sys.executable, "-m", "mmserve.cli", "caption", str(images), "--out", str(out),
-           "--concurrency", "1", "--max-tokens", str(MAX_TOKENS), "--device", "cpu",
-           "--max-model-len", "256"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmserve.cli",
+        "caption",
+        str(images),
+        "--out",
+        str(out),
+        "--concurrency",
+        "1",
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "256",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -94,5 +115,7 @@ def test_a_manifest_lists_its_images_relative_to_it(tmp_path):
     manifest = tmp_path / "job" / "manifest.jsonl"
     manifest.parent.mkdir()
     manifest.write_text('{"image": "sub/a.png"}\n\n{"image": "b.png", "note": 1}\n')
-    assert list_images(str(manifest)) == [("sub/a.png", manifest.parent / "sub" / "a.png"),
-                                          ("b.png", manifest.parent / "b.png")]
+    assert list_images(str(manifest)) == [
+        ("sub/a.png", manifest.parent / "sub" / "a.png"),
+        ("b.png", manifest.parent / "b.png"),
+    ]

@@ -38,8 +38,7 @@ def _rgb(w: int = 40, h: int = 30) -> Image.Image:
 def _kind(fn, *args) -> ImageErrorKind:
     with pytest.raises(ImageError) as info:
         fn(*args)
-    assert "allowed" in str(info.value) or "send" in str(info.value) or "must" in str(
-        info.value)
+    assert "allowed" in str(info.value) or "send" in str(info.value) or "must" in str(info.value)
     return info.value.kind
 
 
@@ -52,8 +51,9 @@ def _png_bomb(w: int, h: int) -> bytes:
     its header, never decoded."""
     ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
     idat = zlib.compress(b"\0" * 4096, 9)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat)
-            + _chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
+    )
 
 
 def test_every_bad_image_class():
@@ -76,8 +76,9 @@ def test_data_urls():
     png = _encode(_rgb())
     url = "data:image/png;base64," + base64.b64encode(png).decode()
     assert data_url_bytes(url, LIMITS) == png
-    assert _kind(data_url_bytes, "data:image/tiff;base64,AAAA", LIMITS) is \
-        ImageErrorKind.UNSUPPORTED
+    assert (
+        _kind(data_url_bytes, "data:image/tiff;base64,AAAA", LIMITS) is ImageErrorKind.UNSUPPORTED
+    )
     assert _kind(data_url_bytes, "data:image/png;base64,@@@", LIMITS) is ImageErrorKind.CORRUPT
     big = "data:image/png;base64," + "A" * 400_000
     assert _kind(data_url_bytes, big, LIMITS) is ImageErrorKind.TOO_LARGE
@@ -100,8 +101,9 @@ def test_modes_become_rgb():
     la = Image.new("LA", (4, 4), (10, 0))
     assert tuple(np.asarray(load_image(_encode(la), LIMITS))[0, 0]) == (255, 255, 255)
     pal = _rgb().convert("P")
-    assert np.array_equal(np.asarray(load_image(_encode(pal), LIMITS)),
-                          np.asarray(pal.convert("RGB")))
+    assert np.array_equal(
+        np.asarray(load_image(_encode(pal), LIMITS)), np.asarray(pal.convert("RGB"))
+    )
     cmyk = Image.new("CMYK", (8, 8), (0, 255, 255, 0))  # red
     out = np.asarray(load_image(_encode(cmyk, "JPEG", quality=100), LIMITS))
     assert out.shape == (8, 8, 3) and out[4, 4, 0] > 200 and out[4, 4, 1] < 50
@@ -111,8 +113,9 @@ def test_modes_become_rgb():
 
 
 def test_image_tokens_and_spans_agree():
-    tokens = ImageTokens((7, 9, 9, 8, 9, 9, 9, 7), (False, True, True, False, True, True,
-                                                     True, False))
+    tokens = ImageTokens(
+        (7, 9, 9, 8, 9, 9, 9, 7), (False, True, True, False, True, True, True, False)
+    )
     assert tokens.runs() == [(1, 2), (4, 3)] and tokens.num_embeddings == 5
     import torch
 

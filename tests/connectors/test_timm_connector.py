@@ -17,9 +17,12 @@ from connectors.encoder import (
 from connectors.projector import Projector, ProjectorSpec, pixel_shuffle
 from connectors.timm_connector import ConnectorConfig, TimmConnector, TimmProcessor
 
-SPEC = EncoderSpec("vit_tiny_patch16_224",
-                   dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2),
-                   None, dict(input_size=(3, 32, 32), crop_pct=1.0, crop_mode="squash"))
+SPEC = EncoderSpec(
+    "vit_tiny_patch16_224",
+    dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2),
+    None,
+    dict(input_size=(3, 32, 32), crop_pct=1.0, crop_mode="squash"),
+)
 
 
 class Ids:
@@ -36,8 +39,15 @@ def connector() -> TimmConnector:
     model = create_encoder_model(SPEC)
     cfg = ConnectorConfig(SPEC, ProjectorSpec("shuffle_mlp", 32, 24, 2), (4, 4), max_tiles=4)
     proc = TimmProcessor(cfg, Preprocess(data_config(model, SPEC)), Ids())
-    return TimmConnector(cfg, TimmEncoder(model), Projector(cfg.projector), proc,
-                         torch.device("cpu"), torch.float32, chunk=4)
+    return TimmConnector(
+        cfg,
+        TimmEncoder(model),
+        Projector(cfg.projector),
+        proc,
+        torch.device("cpu"),
+        torch.float32,
+        chunk=4,
+    )
 
 
 def _img(w: int, h: int, seed: int = 0) -> Image.Image:
@@ -47,8 +57,12 @@ def _img(w: int, h: int, seed: int = 0) -> Image.Image:
 
 def test_tiles_and_tokens_agree_with_encode(connector):
     proc = connector.processor
-    for size, grid in (((20, 20), (1, 1)), ((64, 32), (1, 2)), ((90, 70), (2, 2)),
-                       ((200, 40), (1, 4))):
+    for size, grid in (
+        ((20, 20), (1, 1)),
+        ((64, 32), (1, 2)),
+        ((90, 70), (2, 2)),
+        ((200, 40), (1, 4)),
+    ):
         img = _img(*size)
         assert proc.tile_grid(img) == grid
         prep = proc.prepare(img)

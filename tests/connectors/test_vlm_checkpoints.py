@@ -68,19 +68,26 @@ class Family:
     def hf_inputs(self, images: list[int]):
         msgs = template_messages(_chat(images))
         text = self.hf_processor.apply_chat_template(msgs, add_generation_prompt=True)
-        return self.hf_processor(text=text, images=[IMAGES[i] for i in images],
-                                 return_tensors="pt")
+        return self.hf_processor(text=text, images=[IMAGES[i] for i in images], return_tensors="pt")
 
     def ours(self, images: list[int]):
         """-> (prompt, its spans made ready by this connector's encode)."""
-        text = render_chat_template(self.template, template_messages(_chat(images)),
-                                    special_tokens=self.tokenizer.special_tokens)
+        text = render_chat_template(
+            self.template,
+            template_messages(_chat(images)),
+            special_tokens=self.tokenizer.special_tokens,
+        )
         processor = self.connector.processor
         prepared = [processor.prepare(IMAGES[i]) for i in images]
         prompt = processor.splice(text, prepared, self.tokenizer.encode)
-        feats = dict(zip([p.digest for p in prepared],
-                         self.connector.encode([p.pixels for p in prepared]), strict=True))
-        rows = [feats[sp.source][sp.offset: sp.offset + sp.length] for sp in prompt.spans]
+        feats = dict(
+            zip(
+                [p.digest for p in prepared],
+                self.connector.encode([p.pixels for p in prepared]),
+                strict=True,
+            )
+        )
+        rows = [feats[sp.source][sp.offset : sp.offset + sp.length] for sp in prompt.spans]
         return prompt, rows
 
 
@@ -131,8 +138,9 @@ def test_prompt_ids_and_features_equal_hf(family, images):
     prompt, rows = family.ours(images)
     assert prompt.ids == inputs["input_ids"][0].tolist()
     image_id = family.connector.processor.image_token_id
-    assert [i for sp in prompt.spans for i in prompt.ids[sp.start:sp.end]] == \
-        [i for i in prompt.ids if i == image_id]  # the spans cover every placeholder
+    assert [i for sp in prompt.spans for i in prompt.ids[sp.start : sp.end]] == [
+        i for i in prompt.ids if i == image_id
+    ]  # the spans cover every placeholder
     pixels = {k: v for k, v in inputs.items() if k.startswith("pixel")}
     with torch.no_grad():
         want = family.hf.model.get_image_features(**pixels).pooler_output
@@ -150,7 +158,7 @@ def test_greedy_tokens_equal_hf_generate(family, images):
     prompt, rows = family.ours(images)
     embeds = family.lm.embed(torch.tensor(prompt.ids)).clone()
     for sp, x in zip(prompt.spans, rows, strict=True):
-        embeds[sp.start: sp.end] = x
+        embeds[sp.start : sp.end] = x
     runner = SequenceRunner(family.lm, max_len=n + 16)
     logits = runner.step(prompt.ids, 0, embeds=embeds)
     torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
@@ -169,16 +177,19 @@ def test_engine_encodes_pending_spans_like_generate(families):
     inputs = fam.hf_inputs([1, 2])
     n = inputs["input_ids"].shape[1]
     want = fam.hf.generate(**inputs, max_new_tokens=8, do_sample=False)[0, n:].tolist()
-    text = render_chat_template(fam.template, template_messages(_chat([1, 2])),
-                                special_tokens=fam.tokenizer.special_tokens)
+    text = render_chat_template(
+        fam.template, template_messages(_chat([1, 2])), special_tokens=fam.tokenizer.special_tokens
+    )
     processor = fam.connector.processor
-    prompt = processor.splice(text, [processor.prepare(IMAGES[i]) for i in (1, 2)],
-                              fam.tokenizer.encode)
+    prompt = processor.splice(
+        text, [processor.prepare(IMAGES[i]) for i in (1, 2)], fam.tokenizer.encode
+    )
     assert all(sp.pending for sp in prompt.spans)
     llm = LLM(str(fam.path), device="cpu", kv_cache_memory_mb=8, max_num_batched_tokens=64)
     llm.engine.set_span_encoder(fam.connector)
-    out = llm.generate(prompt.ids, SamplingParams(temperature=0, max_tokens=8),
-                       spans=[prompt.spans])
+    out = llm.generate(
+        prompt.ids, SamplingParams(temperature=0, max_tokens=8), spans=[prompt.spans]
+    )
     assert out[0].token_ids == want
 
 
@@ -186,8 +197,11 @@ def test_marker_count_must_match_images(families):
     fam = families("llava_clip")
     processor = fam.connector.processor
     with pytest.raises(ImageError, match="2 image positions for 1 images"):
-        processor.splice("USER: <image>\n<image>\nhi ASSISTANT:",
-                         [processor.prepare(IMAGES[0])], fam.tokenizer.encode)
+        processor.splice(
+            "USER: <image>\n<image>\nhi ASSISTANT:",
+            [processor.prepare(IMAGES[0])],
+            fam.tokenizer.encode,
+        )
 
 
 def test_single_frame_layout_equals_hf_without_splitting(families):
@@ -199,10 +213,12 @@ def test_single_frame_layout_equals_hf_without_splitting(families):
     tiled = processor.frames
     processor.frames = dataclasses.replace(tiled, split=False)
     try:
-        text = fam.hf_processor.apply_chat_template(template_messages(_chat([0])),
-                                                    add_generation_prompt=True)
-        want = fam.hf_processor(text=text, images=[IMAGES[0]], do_image_splitting=False,
-                                return_tensors="pt")
+        text = fam.hf_processor.apply_chat_template(
+            template_messages(_chat([0])), add_generation_prompt=True
+        )
+        want = fam.hf_processor(
+            text=text, images=[IMAGES[0]], do_image_splitting=False, return_tensors="pt"
+        )
         prompt, _ = fam.ours([0])
         prepared = processor.prepare(IMAGES[0])
     finally:
@@ -227,10 +243,12 @@ def test_older_llava_tensor_layouts_load_alike(checkpoints):
     pixels = [connector.processor.prepare(IMAGES[0]).pixels]
     want = connector.encode(pixels)[0]
     want_text = vlm_text.text_weights(config, sd)
-    for old, new in [("vision_tower.", "vision_tower.vision_model."),
-                     ("vision_tower.", "model.vision_tower."),
-                     ("language_model.model.", "model.language_model.")]:
-        renamed = {new + k[len(old):] if k.startswith(old) else k: v for k, v in sd.items()}
+    for old, new in [
+        ("vision_tower.", "vision_tower.vision_model."),
+        ("vision_tower.", "model.vision_tower."),
+        ("language_model.model.", "model.language_model."),
+    ]:
+        renamed = {new + k[len(old) :] if k.startswith(old) else k: v for k, v in sd.items()}
         got = LlavaConnector.from_checkpoint(config, files, renamed, tok).encode(pixels)[0]
         assert torch.equal(got, want)
         text = vlm_text.text_weights(config, renamed)
@@ -297,21 +315,26 @@ def test_cuda_engine_picks_hf_best_tokens(checkpoints, name):
 
     path, images = checkpoints[name], [1, 2]
     processor = transformers.AutoProcessor.from_pretrained(path)
-    text = processor.apply_chat_template(template_messages(_chat(images)),
-                                         add_generation_prompt=True)
+    text = processor.apply_chat_template(
+        template_messages(_chat(images)), add_generation_prompt=True
+    )
     inputs = processor(text=text, images=[IMAGES[i] for i in images], return_tensors="pt")
     n = inputs["input_ids"].shape[1]
     tok = Tokenizer(path)
     ours = load_processor(path, tok)
     prepared = [ours.prepare(IMAGES[i]) for i in images]
-    prompt = ours.splice(tok.apply_chat_template(template_messages(_chat(images))), prepared,
-                         tok.encode)
+    prompt = ours.splice(
+        tok.apply_chat_template(template_messages(_chat(images))), prepared, tok.encode
+    )
     assert prompt.ids == inputs["input_ids"][0].tolist()
     reference = transformers.AutoModelForImageTextToText.from_pretrained(path).cuda()
     for dtype, slack in ((torch.float32, 0.02), (torch.bfloat16, 0.25)):
         hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).cuda()
-        pixels = {k: (v.to(dtype) if v.is_floating_point() else v).cuda()
-                  for k, v in inputs.items() if k.startswith("pixel")}
+        pixels = {
+            k: (v.to(dtype) if v.is_floating_point() else v).cuda()
+            for k, v in inputs.items()
+            if k.startswith("pixel")
+        }
         with torch.no_grad():
             want = hf.model.get_image_features(**pixels).pooler_output
         want = torch.cat([w.reshape(-1, w.shape[-1]) for w in want]).float()
@@ -320,19 +343,24 @@ def test_cuda_engine_picks_hf_best_tokens(checkpoints, name):
         tol = 1e-3 if dtype == torch.float32 else 5e-2
         torch.testing.assert_close(torch.cat(encoded).float(), want, rtol=tol, atol=tol)
         assert torch.equal(connector.encode([prepared[1].pixels])[0], encoded[1])
-        llm = LLM(str(path), device="cuda", dtype=str(dtype).removeprefix("torch."),
-                  kv_cache_memory_mb=64)
+        llm = LLM(
+            str(path), device="cuda", dtype=str(dtype).removeprefix("torch."), kv_cache_memory_mb=64
+        )
         llm.engine.set_span_encoder(connector)
         got, logprobs = _engine_greedy(llm.engine, prompt, 8)
         ids = torch.tensor([prompt.ids + got], device="cuda")
         f32 = {k: v.float() if v.is_floating_point() else v for k, v in pixels.items()}
         with torch.no_grad():
-            logits = reference(input_ids=ids, **f32).logits[0, n - 1: n - 1 + len(got)]
+            logits = reference(input_ids=ids, **f32).logits[0, n - 1 : n - 1 + len(got)]
         rows = torch.arange(len(got))
         picked = logits[rows, torch.tensor(got, device="cuda")]
         scale = slack * logits.std(dim=-1)
         assert (logits.max(dim=-1).values - picked <= scale).all(), (name, dtype, got)
         want = torch.log_softmax(logits, dim=-1)[rows, torch.tensor(got, device="cuda")]
-        assert ((want.cpu() - torch.tensor(logprobs)).abs() <= scale.cpu()).all(), \
-            (name, dtype, want.tolist(), logprobs)
+        assert ((want.cpu() - torch.tensor(logprobs)).abs() <= scale.cpu()).all(), (
+            name,
+            dtype,
+            want.tolist(),
+            logprobs,
+        )
         del hf, connector, llm

@@ -15,9 +15,16 @@ import pytest
 from mmserve import LLM, SamplingParams
 
 PROMPTS = [
-    "The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
-    "The best way to learn Python is", "Water boils at", "My favourite colour is",
-    "import numpy as np\n", "Dear Sir or Madam,", "Q: What is 7 times 8?\nA:",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "1, 2, 3, 4,",
+    "The best way to learn Python is",
+    "Water boils at",
+    "My favourite colour is",
+    "import numpy as np\n",
+    "Dear Sir or Madam,",
+    "Q: What is 7 times 8?\nA:",
 ]
 
 
@@ -55,8 +62,9 @@ def _drive(llm: LLM, overlap: bool, params=_params, prompts=PROMPTS, hook=None):
         eng.async_scheduling = False
     names = {r: i for i, r in enumerate(ids)} | {r: r for r in deltas if r not in ids}
     view = {names[r]: d for r, d in deltas.items()}
-    done = {names[r]: (o.token_ids, o.text, o.finish_reason, o.stop_reason)
-            for r, o in finals.items()}
+    done = {
+        names[r]: (o.token_ids, o.text, o.finish_reason, o.stop_reason) for r, o in finals.items()
+    }
     return view, done, eng.ahead_steps - before, eng.prelaunched_steps - pre
 
 
@@ -119,15 +127,18 @@ def test_abort_and_arrival_while_a_step_is_prelaunched(llm):
 
     def params(i):
         stop = [" the", "."] if i % 2 else []
-        return SamplingParams(temperature=0.9, seed=11 + i, max_tokens=16 + 3 * i, stop=stop,
-                              presence_penalty=0.3)
+        return SamplingParams(
+            temperature=0.9, seed=11 + i, max_tokens=16 + 3 * i, stop=stop, presence_penalty=0.3
+        )
 
     def hook(eng, step, ids):
         if step == 5:
             seen.append((type(eng.launch.pending).__name__, eng.abort(ids[2]).finish_reason))
-            eng.add_request(llm.tokenizer.encode("The moon is"),
-                            SamplingParams(temperature=0.9, seed=5, max_tokens=9,
-                                           presence_penalty=0.3), "late")
+            eng.add_request(
+                llm.tokenizer.encode("The moon is"),
+                SamplingParams(temperature=0.9, seed=5, max_tokens=9, presence_penalty=0.3),
+                "late",
+            )
 
     sync = _drive(llm, False, params, PROMPTS[:6], hook)
     ahead = _drive(llm, True, params, PROMPTS[:6], hook)
@@ -149,12 +160,16 @@ def test_abort_and_arrival_while_a_step_runs_ahead(llm):
     def hook(eng, step, ids):
         if step == 4:
             seen.append((eng.launch.pending is not None, eng.abort(ids[3]).finish_reason))
-            eng.add_request(llm.tokenizer.encode("The moon is"),
-                            SamplingParams(temperature=0, max_tokens=9), "late")
+            eng.add_request(
+                llm.tokenizer.encode("The moon is"),
+                SamplingParams(temperature=0, max_tokens=9),
+                "late",
+            )
 
     def run(overlap):
-        return _drive(llm, overlap, lambda i: SamplingParams(temperature=0, max_tokens=30),
-                      PROMPTS[:6], hook)
+        return _drive(
+            llm, overlap, lambda i: SamplingParams(temperature=0, max_tokens=30), PROMPTS[:6], hook
+        )
 
     sync = run(False)
     ahead = run(True)
@@ -174,16 +189,24 @@ def test_sampled_requests_run_ahead_and_draw_what_the_synchronous_engine_draws(l
     seen = []
 
     def params(i):
-        return SamplingParams(temperature=(0.7, 1.0, 0.9)[i % 3], seed=21 + i,
-                              top_p=0.9 if i % 2 else 1.0, top_k=40 if i % 3 == 1 else 0,
-                              stop=[" the"] if i % 3 == 2 else [],
-                              min_tokens=6 if i == 4 else 0, max_tokens=14 + 4 * i)
+        return SamplingParams(
+            temperature=(0.7, 1.0, 0.9)[i % 3],
+            seed=21 + i,
+            top_p=0.9 if i % 2 else 1.0,
+            top_k=40 if i % 3 == 1 else 0,
+            stop=[" the"] if i % 3 == 2 else [],
+            min_tokens=6 if i == 4 else 0,
+            max_tokens=14 + 4 * i,
+        )
 
     def hook(eng, step, ids):
         if step == 10:  # past the min_tokens request's first 6 tokens
             seen.append((type(eng.launch.pending).__name__, eng.abort(ids[1]).finish_reason))
-            eng.add_request(llm.tokenizer.encode("The moon is"),
-                            SamplingParams(temperature=0.8, seed=3, max_tokens=9), "late")
+            eng.add_request(
+                llm.tokenizer.encode("The moon is"),
+                SamplingParams(temperature=0.8, seed=3, max_tokens=9),
+                "late",
+            )
 
     sync = _drive(llm, False, params, PROMPTS[:6], hook)
     ahead = _drive(llm, True, params, PROMPTS[:6], hook)
@@ -200,13 +223,15 @@ def test_late_request_output_equals_its_output_alone(llm):
     eng = llm.engine
     eng.async_scheduling = True
     try:
-        eng.add_request(llm.tokenizer.encode(PROMPTS[0]),
-                        SamplingParams(temperature=0, max_tokens=30), "first")
+        eng.add_request(
+            llm.tokenizer.encode(PROMPTS[0]), SamplingParams(temperature=0, max_tokens=30), "first"
+        )
         for _ in range(5):
             eng.step()
         assert eng.launch.pending is not None
-        eng.add_request(llm.tokenizer.encode("The moon is"),
-                        SamplingParams(temperature=0, max_tokens=9), "late")
+        eng.add_request(
+            llm.tokenizer.encode("The moon is"), SamplingParams(temperature=0, max_tokens=9), "late"
+        )
         finals = {}
         while eng.has_unfinished():
             for out in eng.step():
@@ -233,8 +258,11 @@ def test_speculation_with_async_scheduling_is_exact(default_model_dir):
     """Steps the controller would take plain whatever the newest tokens are (pauses,
     quiet steps, a veto's hold) run ahead; the rest are proposed as before. Greedy
     outputs equal plain decode's."""
-    spec = LLM(str(default_model_dir), max_num_seqs=16,
-               speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    spec = LLM(
+        str(default_model_dir),
+        max_num_seqs=16,
+        speculative_config={"method": "ngram", "num_speculative_tokens": "auto"},
+    )
     params = lambda i: SamplingParams(temperature=0, max_tokens=40)  # noqa: E731
     spec.engine.set_speculation(False)
     plain = _drive(spec, False, params)

@@ -23,10 +23,14 @@ def _eager_chunk(model, kv, ids, start, table):
     n, dev = len(ids), "cuda"
     pos = np.arange(start, start + n)
     slots = table[pos // PAGE] * PAGE + pos % PAGE
-    meta = PagedMetadata(torch.as_tensor(slots, device=dev),
-                         torch.as_tensor(table[None], device=dev),
-                         torch.tensor([start + n], device=dev), torch.tensor([0], device=dev),
-                         torch.tensor([n], device=dev), n)
+    meta = PagedMetadata(
+        torch.as_tensor(slots, device=dev),
+        torch.as_tensor(table[None], device=dev),
+        torch.tensor([start + n], device=dev),
+        torch.tensor([0], device=dev),
+        torch.tensor([n], device=dev),
+        n,
+    )
     hidden = model(torch.tensor(ids, device=dev), torch.as_tensor(pos, device=dev), meta, kv)
     return model.compute_logits(hidden[-1:])
 
@@ -35,8 +39,10 @@ def _eager_chunk(model, kv, ids, start, table):
 def test_prefill_graph_chunks_equal_the_eager_forward(tiny_llama):
     model = tiny_llama()
     blocks = 64
-    graph_kv, eager_kv = make_kv(model, blocks, torch.bfloat16), make_kv(model, blocks,
-                                                                           torch.bfloat16)
+    graph_kv, eager_kv = (
+        make_kv(model, blocks, torch.bfloat16),
+        make_kv(model, blocks, torch.bfloat16),
+    )
     graphs = DecodeGraphs(model, graph_kv, blocks, (1,), (16, 64, 256), last_row_only=True)
     graphs.capture()
     rng = np.random.default_rng(0)
@@ -79,8 +85,10 @@ def test_serial_split_graphs_replay_short_contexts_with_the_same_bits(tiny_llama
     steps = [([p[i : i + 3] for p in prompt], [i, i]) for i in range(0, 60, 3)]
     steps += [([[p[i]] for p in prompt], [i, i]) for i in range(60, 100)]
     steps += [([[prompt[0][i]]], [i]) for i in range(100, 140)]
-    steps += [([prompt[0][i : i + 3], prompt[1][i - 40 : i - 37]], [i, i - 40])
-              for i in range(140, 288, 3)]
+    steps += [
+        ([prompt[0][i : i + 3], prompt[1][i - 40 : i - 37]], [i, i - 40])
+        for i in range(140, 288, 3)
+    ]
     for tokens, starts in steps:
         t = tables[: len(tokens)]
         (got, top, _), (want, _, _) = (g.run_verify(tokens, starts, t, PAGE) for g in both)
@@ -125,8 +133,9 @@ def test_steps_fed_from_the_last_argmax_on_the_device_equal_steps_fed_from_the_h
             picked = top[:n]
             sent = torch.cuda.Event()
             if i < 40:
-                logits, top, _ = graphs[1].run_verify([[0]] * n, [i] * n, tables, PAGE,
-                                                      input_ids=picked, tokens_to=(host, sent))
+                logits, top, _ = graphs[1].run_verify(
+                    [[0]] * n, [i] * n, tables, PAGE, input_ids=picked, tokens_to=(host, sent)
+                )
             else:
                 triton_copy.copy_flat(host, picked)
                 sent.record()
@@ -164,8 +173,9 @@ def test_graphs_reading_the_q8_head_equal_graphs_reading_the_bf16_head(tiny_llam
                 tables = np.arange(1, 1 + 20 * n).reshape(n, 20).astype(np.int64)
                 toks, logits_seen = [[7 + 31 * i for i in range(n)]], []
                 for i in range(24):
-                    logits, top, _ = graphs.run_verify([[t] for t in toks[-1]], [i] * n,
-                                                       tables, PAGE)
+                    logits, top, _ = graphs.run_verify(
+                        [[t] for t in toks[-1]], [i] * n, tables, PAGE
+                    )
                     logits_seen.append(logits.clone())
                     toks.append(top[:n].tolist())
                 runs.append((toks, logits_seen, kv.clone()))

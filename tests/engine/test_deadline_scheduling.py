@@ -47,19 +47,37 @@ def tiny_model():
     from mmserve.models.registry import build_model
 
     h, inter, vocab = 64, 128, 512
-    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=1, num_attention_heads=2,
-               num_key_value_heads=1, intermediate_size=inter, vocab_size=vocab, head_dim=32,
-               tie_word_embeddings=True, max_position_embeddings=1024)
+    cfg = dict(
+        model_type="llama",
+        hidden_size=h,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        head_dim=32,
+        tie_word_embeddings=True,
+        max_position_embeddings=1024,
+    )
     g = torch.Generator().manual_seed(0)
     p = "model.layers.0"
-    shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,),
-              f"{p}.self_attn.q_proj.weight": (h, h), f"{p}.self_attn.k_proj.weight": (32, h),
-              f"{p}.self_attn.v_proj.weight": (32, h), f"{p}.self_attn.o_proj.weight": (h, h),
-              f"{p}.mlp.gate_proj.weight": (inter, h), f"{p}.mlp.up_proj.weight": (inter, h),
-              f"{p}.mlp.down_proj.weight": (h, inter), f"{p}.input_layernorm.weight": (h,),
-              f"{p}.post_attention_layernorm.weight": (h,)}
-    sd = {k: torch.randn(s, generator=g) * (1.0 if len(s) == 1 else s[-1] ** -0.5)
-          for k, s in shapes.items()}
+    shapes = {
+        "model.embed_tokens.weight": (vocab, h),
+        "model.norm.weight": (h,),
+        f"{p}.self_attn.q_proj.weight": (h, h),
+        f"{p}.self_attn.k_proj.weight": (32, h),
+        f"{p}.self_attn.v_proj.weight": (32, h),
+        f"{p}.self_attn.o_proj.weight": (h, h),
+        f"{p}.mlp.gate_proj.weight": (inter, h),
+        f"{p}.mlp.up_proj.weight": (inter, h),
+        f"{p}.mlp.down_proj.weight": (h, inter),
+        f"{p}.input_layernorm.weight": (h,),
+        f"{p}.post_attention_layernorm.weight": (h,),
+    }
+    sd = {
+        k: torch.randn(s, generator=g) * (1.0 if len(s) == 1 else s[-1] ** -0.5)
+        for k, s in shapes.items()
+    }
     return build_model(cfg, sd, torch.float32, "cpu")
 
 
@@ -70,17 +88,28 @@ def tokenizer(default_model_dir):
     return Tokenizer(default_model_dir)
 
 
-def simulate(mode: str, tokenizer, streams: int = STREAMS,
-             texts: tuple[tuple[float, int, int], ...] = (), warm_up_step_s: float = 0.0
-             ) -> tuple[dict[str, list], dict[str, str], LLMEngine]:
+def simulate(
+    mode: str,
+    tokenizer,
+    streams: int = STREAMS,
+    texts: tuple[tuple[float, int, int], ...] = (),
+    warm_up_step_s: float = 0.0,
+) -> tuple[dict[str, list], dict[str, str], LLMEngine]:
     """Run the load (``streams`` audio streams; text requests ``(arrival, prompt tokens,
     new tokens)`` named t0, t1, ...) -> ({request: [(time, tokens)] chunks}, {request:
     finish reason}, engine). ``warm_up_step_s`` > 0: the engine is warmed up first (as
     ``create_engine`` does on CUDA), every warm-up step paying that long for its
     compiles."""
-    config = EngineConfig(device="cpu", max_num_seqs=64, num_kv_blocks=512,
-                          enable_prefix_caching=False, async_scheduling=False,
-                          audio_scheduling=mode, audio_lead_s=0.6, audio_queue_s=1.0)
+    config = EngineConfig(
+        device="cpu",
+        max_num_seqs=64,
+        num_kv_blocks=512,
+        enable_prefix_caching=False,
+        async_scheduling=False,
+        audio_scheduling=mode,
+        audio_lead_s=0.6,
+        audio_queue_s=1.0,
+    )
     engine = LLMEngine(config, tiny_model(), tokenizer, 512, torch.device("cpu"), torch.float32)
     clock = SimClock()
     engine.scheduler.policy.clock = clock
@@ -100,10 +129,19 @@ def simulate(mode: str, tokenizer, streams: int = STREAMS,
         clock.t += 1.0
     t0 = clock.t  # the load starts now
     params = SamplingParams(temperature=0, max_tokens=FRAMES * TPF, ignore_eos=True)
-    spec = AudioSpec("s", FRAME_S, TPF, buffer_s=BUFFER_S, first_audio_s=0.25,
-                     first_chunk_frames=1, max_chunk_frames=8)
-    arrivals = sorted([(t0 + i * ARRIVAL_GAP_S, f"s{i}") for i in range(streams)]
-                      + [(t0 + t, f"t{i}") for i, (t, _, _) in enumerate(texts)])
+    spec = AudioSpec(
+        "s",
+        FRAME_S,
+        TPF,
+        buffer_s=BUFFER_S,
+        first_audio_s=0.25,
+        first_chunk_frames=1,
+        max_chunk_frames=8,
+    )
+    arrivals = sorted(
+        [(t0 + i * ARRIVAL_GAP_S, f"s{i}") for i in range(streams)]
+        + [(t0 + t, f"t{i}") for i, (t, _, _) in enumerate(texts)]
+    )
     chunks: dict[str, list] = {sid: [] for _, sid in arrivals}
     reasons: dict[str, str] = {}
     while arrivals or engine.has_unfinished():
@@ -112,9 +150,11 @@ def simulate(mode: str, tokenizer, streams: int = STREAMS,
             _, sid = arrivals.pop(0)
             if sid.startswith("t"):
                 _, n, new_tokens = texts[int(sid[1:])]
-                engine.add_request([(11 * j) % 500 + 3 for j in range(n)],
-                                   SamplingParams(temperature=0, max_tokens=new_tokens,
-                                                  ignore_eos=True), sid)
+                engine.add_request(
+                    [(11 * j) % 500 + 3 for j in range(n)],
+                    SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True),
+                    sid,
+                )
                 continue
             prompt = [(7 * int(sid[1:]) + j) % 500 + 3 for j in range(16)]
             engine.add_request(prompt, params, sid, audio=dataclasses.replace(spec, stream_id=sid))

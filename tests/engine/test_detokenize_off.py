@@ -26,9 +26,12 @@ def _check(tmp_path) -> None:
     engine = create_engine(EngineConfig(model=str(path), device="cpu", kv_cache_memory_mb=16))
     outs = {}
     for detok in (True, False):
-        rid = engine.add_request([1, 5, 6, 3], SamplingParams(temperature=0, max_tokens=12,
-                                                              detokenize=detok,
-                                                              skip_special_tokens=False))
+        rid = engine.add_request(
+            [1, 5, 6, 3],
+            SamplingParams(
+                temperature=0, max_tokens=12, detokenize=detok, skip_special_tokens=False
+            ),
+        )
         while engine.has_unfinished():
             for out in engine.step():
                 if out.finished and out.request_id == rid:

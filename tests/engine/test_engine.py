@@ -12,11 +12,22 @@ from mmserve.engine.request import EmbeddingSpan
 from mmserve.errors import InvalidRequestError, QueueFullError
 
 PROMPTS = [
-    "The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
-    "The best way to learn Python is", "Water boils at", "My favourite colour is",
-    "import numpy as np\n", "Dear Sir or Madam,", "The three laws of robotics are",
-    "Q: What is 7 times 8?\nA:", "A haiku about the sea:\n", "SELECT * FROM",
-    "In 1969, the first", "Photosynthesis is the process", "To be or not to be,",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "1, 2, 3, 4,",
+    "The best way to learn Python is",
+    "Water boils at",
+    "My favourite colour is",
+    "import numpy as np\n",
+    "Dear Sir or Madam,",
+    "The three laws of robotics are",
+    "Q: What is 7 times 8?\nA:",
+    "A haiku about the sea:\n",
+    "SELECT * FROM",
+    "In 1969, the first",
+    "Photosynthesis is the process",
+    "To be or not to be,",
 ]
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 
@@ -59,8 +70,10 @@ def test_prefix_cache_hit_same_output_fewer_prefill_tokens(llm):
     uncached = LLM.__new__(LLM)  # same prompt with the cache off gives the same tokens too
     uncached.engine, uncached.tokenizer = llm.engine, llm.tokenizer
     llm.engine.blocks.reset_prefix_cache()
-    assert llm.generate(shared + "What is the capital of Italy?", GREEDY)[0].token_ids == \
-        first.token_ids
+    assert (
+        llm.generate(shared + "What is the capital of Italy?", GREEDY)[0].token_ids
+        == first.token_ids
+    )
 
 
 def test_cancel_frees_blocks_in_the_same_step(llm):
@@ -85,8 +98,9 @@ def test_seeded_sampling_reproducible_alone_and_batched(llm):
     eng = llm.engine
     for i, q in enumerate(others):
         eng.add_request(llm.tokenizer.encode(PROMPTS[i]), q)
-    rid = eng.add_request(llm.tokenizer.encode("Write a sentence about cats.",
-                                               add_special_tokens=True), p)
+    rid = eng.add_request(
+        llm.tokenizer.encode("Write a sentence about cats.", add_special_tokens=True), p
+    )
     batched = None
     while eng.has_unfinished():
         for o in eng.step():
@@ -96,8 +110,9 @@ def test_seeded_sampling_reproducible_alone_and_batched(llm):
     # min_tokens: EOS is this prompt's first token ~40 % of the time at temperature 1, so
     # three runs of just EOS (~8 %) made the check flaky
     unseeded = SamplingParams(temperature=1.0, max_tokens=20, min_tokens=8)
-    runs = {tuple(llm.generate("Write a sentence about cats.", unseeded)[0].token_ids)
-            for _ in range(3)}
+    runs = {
+        tuple(llm.generate("Write a sentence about cats.", unseeded)[0].token_ids) for _ in range(3)
+    }
     assert len(runs) > 1  # without a seed, runs differ
 
 
@@ -120,8 +135,7 @@ def test_streamed_deltas_rebuild_text_without_broken_characters(default_model_di
         try:
             prompt = engine.tokenizer.encode("Écris une phrase en français sur l'été: ")
             deltas, final = [], None
-            async for out in engine.generate(prompt, SamplingParams(temperature=0,
-                                                                     max_tokens=40)):
+            async for out in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=40)):
                 deltas.append(out.new_text)
                 final = out
             return deltas, final
@@ -136,8 +150,7 @@ def test_streamed_deltas_rebuild_text_without_broken_characters(default_model_di
 
 def test_async_cancel_and_queue_bound(default_model_dir):
     async def go():
-        engine = AsyncEngine.from_config(_config(default_model_dir, max_waiting=2,
-                                                 max_num_seqs=1))
+        engine = AsyncEngine.from_config(_config(default_model_dir, max_waiting=2, max_num_seqs=1))
         try:
             start = engine.stats().kv_blocks_used
             prompt = engine.tokenizer.encode("Tell me a long story about a dragon.")
@@ -167,8 +180,9 @@ def test_async_cancel_and_queue_bound(default_model_dir):
 
 
 def test_embedding_spans_equal_plain_tokens(llm):
-    ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog. The dog",
-                               add_special_tokens=True)
+    ids = llm.tokenizer.encode(
+        "The quick brown fox jumps over the lazy dog. The dog", add_special_tokens=True
+    )
     plain = llm.generate([ids], GREEDY)[0].token_ids
     with torch.no_grad():
         vectors = llm.engine.model.embed(torch.tensor(ids[2:9]))

@@ -122,8 +122,14 @@ ENGINE_BUDGET = 64  # small steps keep the CPU test short; the shape of the case
 def engine(default_model_dir):  # noqa: ANN001 - pytest fixture
     from mmserve.engine.factory import create_engine
 
-    return create_engine(EngineConfig(model=str(default_model_dir), device="cpu",
-                                      max_model_len=1024, max_num_batched_tokens=ENGINE_BUDGET))
+    return create_engine(
+        EngineConfig(
+            model=str(default_model_dir),
+            device="cpu",
+            max_model_len=1024,
+            max_num_batched_tokens=ENGINE_BUDGET,
+        )
+    )
 
 
 def _run(engine, arrivals: dict[int, list[tuple]]) -> dict[str, tuple[list[int], list[int]]]:  # noqa: ANN001
@@ -152,13 +158,18 @@ def test_long_prompt_does_not_stall_others_on_the_cpu_engine(engine) -> None:  #
     assert len(long_ids) > 4 * ENGINE_BUDGET
     short_ids = tok.encode("What is the capital of France?")
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    alone = _run(engine, {1: [(short_ids, greedy, "short-alone")],
-                          2: [(short_ids[:4], greedy, "stream-alone")]})
-    got = _run(engine, {
-        1: [(short_ids[:4], greedy, "stream")],  # decoding from step 1 on
-        2: [(long_ids, SamplingParams(temperature=0, max_tokens=1), "long")],
-        3: [(short_ids, greedy, "short")],  # arrives while the long prompt prefills
-    })
+    alone = _run(
+        engine,
+        {1: [(short_ids, greedy, "short-alone")], 2: [(short_ids[:4], greedy, "stream-alone")]},
+    )
+    got = _run(
+        engine,
+        {
+            1: [(short_ids[:4], greedy, "stream")],  # decoding from step 1 on
+            2: [(long_ids, SamplingParams(temperature=0, max_tokens=1), "long")],
+            3: [(short_ids, greedy, "short")],  # arrives while the long prompt prefills
+        },
+    )
     assert got["short"][1][0] <= 3 + 1  # its first token in the step after it arrived
     stream_steps = got["stream"][1]
     assert stream_steps == list(range(1, 13))  # a token every step

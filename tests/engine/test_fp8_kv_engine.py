@@ -35,8 +35,12 @@ LONG_PROMPTS = [  # ~80-100 tokens each; the continuation adds 48 more
     "    result = []\n    i = j = 0\n    while i < len(left) and j < len(right):\n",
 ]
 PROMPTS = [
-    "The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
-    "import numpy as np\n", "Q: What is 7 times 8?\nA:",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "1, 2, 3, 4,",
+    "import numpy as np\n",
+    "Q: What is 7 times 8?\nA:",
 ]
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
@@ -58,8 +62,9 @@ def llm(default_model_dir):
 
 @pytest.fixture(scope="module")
 def fp8_llm(default_model_dir):
-    return LLM(str(default_model_dir), device="cpu", kv_cache_memory_mb=64,
-               kv_cache_dtype="fp8_e4m3")
+    return LLM(
+        str(default_model_dir), device="cpu", kv_cache_memory_mb=64, kv_cache_dtype="fp8_e4m3"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +77,7 @@ def _teacher_forced_logits(model, ids: list[int], kv_dtype: torch.dtype) -> torc
     bs, n = 16, len(ids)
     blocks = -(-n // bs)
     device = model.embed_tokens.weight.device
-    kv = KVCache(model.num_layers, blocks, bs, model.num_kv_heads, model.head_dim, kv_dtype,
-                 device)
+    kv = KVCache(model.num_layers, blocks, bs, model.num_kv_heads, model.head_dim, kv_dtype, device)
     meta = AttentionMetadata.build([n], [n], [list(range(blocks))], bs, device)
     with torch.no_grad():
         hidden = model(torch.tensor(ids, device=device), torch.arange(n, device=device), meta, kv)
@@ -131,14 +135,18 @@ def test_fp8_greedy_mostly_agrees_with_full_precision(llm, fp8_alone):
 
 
 def test_preemption_and_prefix_cache_keep_fp8_outputs(default_model_dir, fp8_alone):
-    small = LLM(str(default_model_dir), device="cpu", num_kv_blocks=6,
-                enable_prefix_caching=False, kv_cache_dtype="fp8")
+    small = LLM(
+        str(default_model_dir),
+        device="cpu",
+        num_kv_blocks=6,
+        enable_prefix_caching=False,
+        kv_cache_dtype="fp8",
+    )
     out = small.generate(PROMPTS, GREEDY)
     assert small.engine.scheduler.num_preemptions > 0
     assert [r.token_ids for r in out] == fp8_alone
     assert small.engine.blocks.num_used_blocks == 0
-    cached = LLM(str(default_model_dir), device="cpu", num_kv_blocks=64,
-                 kv_cache_dtype="fp8")
+    cached = LLM(str(default_model_dir), device="cpu", num_kv_blocks=64, kv_cache_dtype="fp8")
     shared = "You are a helpful assistant. Answer briefly and precisely. " * 4
     first = cached.generate(shared + "What is the capital of Italy?", GREEDY)[0]
     hits = cached.engine.blocks.prefix_hits
@@ -150,15 +158,18 @@ def test_preemption_and_prefix_cache_keep_fp8_outputs(default_model_dir, fp8_alo
 
 def test_memory_budget_holds_more_fp8_blocks(default_model_dir):
     full = LLM(str(default_model_dir), device="cpu", kv_cache_memory_mb=8).engine
-    fp8 = LLM(str(default_model_dir), device="cpu", kv_cache_memory_mb=8,
-              kv_cache_dtype="fp8_e4m3").engine
+    fp8 = LLM(
+        str(default_model_dir), device="cpu", kv_cache_memory_mb=8, kv_cache_dtype="fp8_e4m3"
+    ).engine
     m = fp8.model
     per_block = KVCache.bytes_per_block(m.num_layers, 16, m.num_kv_heads, m.head_dim, FP8_DTYPE)
     assert fp8.kv.num_blocks == (8 << 20) // per_block
     assert fp8.kv.nbytes <= 8 << 20 and full.kv.dtype == torch.float32
     ideal = 4 * m.head_dim / (m.head_dim + 4)  # float32 vs e4m3 + a float32 scale per vector
-    assert fp8.kv.num_blocks >= 0.9 * ideal * full.kv.num_blocks, (fp8.kv.num_blocks,
-                                                                  full.kv.num_blocks)
+    assert fp8.kv.num_blocks >= 0.9 * ideal * full.kv.num_blocks, (
+        fp8.kv.num_blocks,
+        full.kv.num_blocks,
+    )
 
 
 def test_option_validated_and_on_the_cli():
@@ -172,8 +183,9 @@ def test_option_validated_and_on_the_cli():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fp8_generate_batch_invariant_and_frees_blocks(default_model_dir):
     """On CUDA: Triton writer + kernel, CUDA graphs; batched equals alone, nothing leaked."""
-    gpu = LLM(str(default_model_dir), device="cuda", kv_cache_memory_mb=256,
-              kv_cache_dtype="fp8_e4m3")
+    gpu = LLM(
+        str(default_model_dir), device="cuda", kv_cache_memory_mb=256, kv_cache_dtype="fp8_e4m3"
+    )
     assert gpu.engine.kv.dtype == FP8_DTYPE
     alone = [gpu.generate(p, GREEDY)[0].token_ids for p in PROMPTS]
     together = gpu.generate(PROMPTS, GREEDY)

@@ -30,8 +30,7 @@ def _reference(h: np.ndarray, g: DecodeGraphs, tokens, starts, tables, q: int) -
         rows = slice(i * q, i * q + len(toks))
         h[rows] = toks
         h[r + rows.start : r + rows.stop] = pos
-        h[2 * r + rows.start : 2 * r + rows.stop] = (
-            t[i, pos // PAGE] * PAGE + pos % PAGE)
+        h[2 * r + rows.start : 2 * r + rows.stop] = t[i, pos // PAGE] * PAGE + pos % PAGE
         h[3 * r + i] = start + len(toks)
         h[3 * r + b + i] = len(toks)
     return max(s + len(t) for s, t in zip(starts, tokens, strict=True))
@@ -39,13 +38,26 @@ def _reference(h: np.ndarray, g: DecodeGraphs, tokens, starts, tables, q: int) -
 
 def test_fill_lays_out_every_sequence_as_the_per_sequence_loop(tiny_llama):
     model = tiny_llama("cpu")
-    g = DecodeGraphs(model, make_kv(model, 64, model.embed_tokens.weight.dtype), 12,
-                     (1, 2, 4, 8), (1, 3, 5))
+    g = DecodeGraphs(
+        model, make_kv(model, 64, model.embed_tokens.weight.dtype), 12, (1, 2, 4, 8), (1, 3, 5)
+    )
     ref = np.zeros_like(g._host_np)
     rng = np.random.default_rng(0)
     # big steps then small ones: what a step leaves behind must not leak into the next
-    steps = [(8, 5), (1, 1), (8, 1), (3, 3), (4, 5), (2, 1), (8, 3), (1, 5), (1, 3), (1, 5),
-             (1, 1), (1, 3)]
+    steps = [
+        (8, 5),
+        (1, 1),
+        (8, 1),
+        (3, 3),
+        (4, 5),
+        (2, 1),
+        (8, 3),
+        (1, 5),
+        (1, 3),
+        (1, 5),
+        (1, 1),
+        (1, 3),
+    ]
     for i, (n, q) in enumerate(steps):
         lens = [q] * n if q == 1 else rng.integers(1, q + 1, n).tolist()
         tokens = [rng.integers(0, 1000, k).tolist() for k in lens]

@@ -75,8 +75,13 @@ def test_different_extra_keys_do_not_share() -> None:
 def test_block_hash_is_deterministic_and_unambiguous() -> None:
     root = bytes(16)
     code = f"from {block_hash.__module__} import *; print(block_hash(ROOT_HASH, [1], 'x').hex())"
-    other = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": "7"},
-                           capture_output=True, text=True, check=True)
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONHASHSEED": "7"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert other.stdout.strip() == block_hash(root, [1], "x").hex()  # not salted per process
     keys = [None, 1, "1", b"1", ("1",), ("a", "b"), ("ab",), (("a",), "b"), True]
     assert len({block_hash(root, [1], k) for k in keys}) == len(keys) - 1  # True == 1
@@ -212,7 +217,8 @@ class _Sim:
     def op_allocate(self) -> None:
         rng = self.rng
         toks = rng.choice(self.bases)[: rng.randrange(1, 13)] + [
-            rng.randrange(3) for _ in range(rng.randrange(0, 6))]
+            rng.randrange(3) for _ in range(rng.randrange(0, 6))
+        ]
         eks = [rng.choice([None, None, b"img"]) for _ in range(16)]
         t = self.mgr.allocate(self.next_key, toks, eks)
         if t is None:

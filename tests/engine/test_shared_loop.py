@@ -30,8 +30,7 @@ async def _run(engine: AsyncEngine, prompts, audio: bool) -> list[list[int]]:
     async def one(i: int, prompt: list[int]) -> list[int]:
         spec = AudioSpec(f"s{i}", 0.02, 2) if audio else None
         ids: list[int] = []
-        async for out in engine.generate(prompt, PARAMS, f"{'a' if audio else 't'}{i}",
-                                         audio=spec):
+        async for out in engine.generate(prompt, PARAMS, f"{'a' if audio else 't'}{i}", audio=spec):
             ids = out.token_ids
         return ids
 
@@ -80,8 +79,13 @@ def test_speech_service_on_the_llm_loop(default_model_dir, tmp_path) -> None:
     from tts.service import SpeechService
 
     text = AsyncEngine(_engine(Tokenizer(default_model_dir)), "text")
-    svc = SpeechService.start(str(random_phoneme_voice(tmp_path / "voice")), "cpu",
-                              share_loop_with=text, max_num_seqs=4, kv_cache_memory_mb=16)
+    svc = SpeechService.start(
+        str(random_phoneme_voice(tmp_path / "voice")),
+        "cpu",
+        share_loop_with=text,
+        max_num_seqs=4,
+        kv_cache_memory_mb=16,
+    )
     try:
         assert svc.engine._thread is text._thread
 

@@ -13,9 +13,11 @@ from mmserve.engine.span_encoder import EncoderCache, SpanEncoder
 from mmserve.errors import InvalidRequestError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4)
-TEXTS = ["The quick brown fox jumps over the lazy dog. The dog",
-         "Paris is the capital of France, and Berlin is the capital of",
-         "One, two, three, four, five, six, seven,"]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. The dog",
+    "Paris is the capital of France, and Berlin is the capital of",
+    "One, two, three, four, five, six, seven,",
+]
 
 
 class TokenEncoder(SpanEncoder):
@@ -43,8 +45,7 @@ def _pending(ids: list[int], lo: int, hi: int, tag: bytes) -> tuple[list[int], E
     cut in two runs (as an image with a wrapper token would be) -> (prompt, spans)."""
     payload = torch.tensor(ids[lo:hi])
     placeholder = ids[:lo] + [0] * (hi - lo) + ids[hi:]
-    return placeholder, EmbeddingSpan(lo, None, tag, payload=payload, source=tag,
-                                      length=hi - lo)
+    return placeholder, EmbeddingSpan(lo, None, tag, payload=payload, source=tag, length=hi - lo)
 
 
 def test_pending_spans_batched_cached_and_equal_plain(llm):
@@ -78,9 +79,10 @@ def test_split_runs_of_one_payload_encode_once(llm):
     tag = b"split-payload-00"
     payload = torch.tensor(ids[1:4] + ids[5:8])  # two runs around one real token
     prompt = ids[:1] + [0] * 3 + ids[4:5] + [0] * 3 + ids[8:]
-    spans = [EmbeddingSpan(1, None, tag + b"a", payload=payload, source=tag, length=3),
-             EmbeddingSpan(5, None, tag + b"b", payload=payload, source=tag, length=3,
-                           offset=3)]
+    spans = [
+        EmbeddingSpan(1, None, tag + b"a", payload=payload, source=tag, length=3),
+        EmbeddingSpan(5, None, tag + b"b", payload=payload, source=tag, length=3, offset=3),
+    ]
     enc.calls.clear()
     assert llm.generate([prompt], GREEDY, spans=[spans])[0].token_ids == plain
     assert enc.calls == [1]
@@ -111,12 +113,12 @@ def test_pending_span_without_encoder_or_payload_is_refused(llm):
     bad = EmbeddingSpan(2, None, b"d" * 16, payload=None, source=b"s" * 16, length=3)
     with pytest.raises(InvalidRequestError, match="payload"):
         llm.engine.add_request(ids, GREEDY, spans=[bad])
-    long = EmbeddingSpan(2, None, b"d" * 16, payload=torch.tensor([1]), source=b"s" * 16,
-                         length=len(ids))
+    long = EmbeddingSpan(
+        2, None, b"d" * 16, payload=torch.tensor([1]), source=b"s" * 16, length=len(ids)
+    )
     with pytest.raises(InvalidRequestError, match="does not fit"):
         llm.engine.add_request(ids, GREEDY, spans=[long])
-    ok = EmbeddingSpan(2, None, b"d" * 16, payload=torch.tensor([1]), source=b"s" * 16,
-                       length=1)
+    ok = EmbeddingSpan(2, None, b"d" * 16, payload=torch.tensor([1]), source=b"s" * 16, length=1)
     encoder, llm.engine.spans = llm.engine.spans, None
     try:
         with pytest.raises(InvalidRequestError, match="no encoder"):

@@ -15,20 +15,34 @@ import pytest
 from mmserve import LLM, SamplingParams
 from mmserve.structured import StructuredOutput
 
-PERSON = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
-    "pet": {"enum": ["cat", "dog", "none"]}}, "required": ["name", "age", "pet"],
-    "additionalProperties": False}
-LIST = {"type": "object", "properties": {
-    "items": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
-    "required": ["items"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer"},
+        "pet": {"enum": ["cat", "dog", "none"]},
+    },
+    "required": ["name", "age", "pet"],
+    "additionalProperties": False,
+}
+LIST = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+    "required": ["items"],
+    "additionalProperties": False,
+}
 CONSTRAINTS = [
-    StructuredOutput.json_schema(PERSON), StructuredOutput.json_schema(LIST),
+    StructuredOutput.json_schema(PERSON),
+    StructuredOutput.json_schema(LIST),
     StructuredOutput("regex", r"[A-Z][a-z]{1,8}, [0-9]{2}"),
     StructuredOutput.choices(["Paris", "London", "Rome"]),
 ]
-ASKS = ["Describe a person as JSON.", "List a few numbers as JSON.",
-        "Name a city and a number.", "What is the capital of France?"]
+ASKS = [
+    "Describe a person as JSON.",
+    "List a few numbers as JSON.",
+    "Name a city and a number.",
+    "What is the capital of France?",
+]
 FREE = ["The capital of France is", "def fibonacci(n):"]
 MAX = 40
 
@@ -44,8 +58,11 @@ def _valid(spec: StructuredOutput, text: str) -> bool:
 
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
-    return LLM(str(default_model_dir), max_num_seqs=16,
-               speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    return LLM(
+        str(default_model_dir),
+        max_num_seqs=16,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+    )
 
 
 def test_the_grammar_compiler_is_built_at_start_up(llm):
@@ -61,15 +78,15 @@ def test_the_grammar_compiler_is_built_at_start_up(llm):
 
 
 def _prompts(llm):
-    chats = [llm.tokenizer.apply_chat_template([{"role": "user", "content": a}])
-             for a in ASKS]
+    chats = [llm.tokenizer.apply_chat_template([{"role": "user", "content": a}]) for a in ASKS]
     return [llm.tokenizer.encode(c) for c in chats] + [llm.tokenizer.encode(f) for f in FREE]
 
 
 def _params(i: int, temperature: float = 0.0) -> SamplingParams:
     spec = CONSTRAINTS[i] if i < len(CONSTRAINTS) else None
-    return SamplingParams(temperature=temperature, seed=i, max_tokens=MAX if spec else 12,
-                          structured=spec)
+    return SamplingParams(
+        temperature=temperature, seed=i, max_tokens=MAX if spec else 12, structured=spec
+    )
 
 
 def _run(llm, prompts, params) -> list:
@@ -149,6 +166,9 @@ def test_logit_bias_moves_the_greedy_pick(llm):
     prompt = _prompts(llm)[4]
     plain = _run(llm, [prompt], lambda _: SamplingParams(temperature=0, max_tokens=1))[0]
     target = llm.tokenizer.encode(" banana")[0]
-    biased = _run(llm, [prompt], lambda _: SamplingParams(
-        temperature=0, max_tokens=1, logit_bias={target: 100.0}))[0]
+    biased = _run(
+        llm,
+        [prompt],
+        lambda _: SamplingParams(temperature=0, max_tokens=1, logit_bias={target: 100.0}),
+    )[0]
     assert plain.token_ids != [target] and biased.token_ids == [target]

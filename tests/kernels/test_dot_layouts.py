@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 from triton_kit import COMPILES
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not COMPILES, reason="needs triton (not its interpreter)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not COMPILES, reason="needs triton (not its interpreter)"),
+]
 
 
 def _compile_check():
@@ -38,9 +40,14 @@ def test_every_invariant_product_sends_the_same_k_to_each_mma():
     from mmserve.kernels import triton_matmul
 
     # the invariant GEMM's 16-row tile: mma.sync m16n8k16, both operands in registers
-    (ref,) = set(cc.dot_layouts(triton_matmul._gemm_kernel,
-                                {**cc.GEMM, "UPCAST": False, "LATE": False},
-                                num_warps=2, num_stages=4))
+    (ref,) = set(
+        cc.dot_layouts(
+            triton_matmul._gemm_kernel,
+            {**cc.GEMM, "UPCAST": False, "LATE": False},
+            num_warps=2,
+            num_stages=4,
+        )
+    )
     assert ref[:2] == ("2", "16, 8") and len(ref) == 4, ref
     k_width = ref[2]
     checked, fp8_dots = 0, set()
@@ -52,7 +59,10 @@ def test_every_invariant_product_sends_the_same_k_to_each_mma():
             # mma.sync as the reference, or wgmma (64+ rows) with k16 steps, which adds
             # them alike on the H200 (docs/performance.md)
             assert (version, shape) == ref[:2] or (version == "3" and shape.endswith(", 16")), (
-                label, version, shape)
+                label,
+                version,
+                shape,
+            )
             assert widths == [k_width] * len(widths), (label, widths)
             assert version == "3" or len(widths) == 2, (label, widths)  # mma.sync: registers
             checked += 1

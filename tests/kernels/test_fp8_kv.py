@@ -107,8 +107,9 @@ def test_scale_layout_and_sizes():
     assert torch.equal(cache.scales[1, 0, 2, 3], k_scale[0])  # the views alias `scales`
     assert torch.equal(cache.scales[1, 1, 4, 0], v_scale[1])
     assert torch.count_nonzero(cache.scales) == 4 * HKV  # nothing else was written
-    assert torch.equal(cache.data[1, 0, 2, 3].view(torch.uint8),
-                       quantize_fp8(k)[0][0].view(torch.uint8))
+    assert torch.equal(
+        cache.data[1, 0, 2, 3].view(torch.uint8), quantize_fp8(k)[0][0].view(torch.uint8)
+    )
     assert cache.nbytes == 3 * 2 * 5 * BS * HKV * (D + 4)
     assert cache.layer(0).k_scale is not None and KVCache(3, 5, BS, HKV, D).layer(0).k_scale is None
 
@@ -119,8 +120,10 @@ def test_budget_holds_more_fp8_blocks():
     per16 = KVCache.bytes_per_block(30, BS, HKV, D, torch.bfloat16)
     assert per8 == 30 * 2 * BS * HKV * (D + 4)  # e4m3 values + a float32 scale per vector
     budget = 64 << 20
-    blocks = {dt: KVCache.blocks_for_budget(budget, 30, BS, HKV, D, dt)
-              for dt in (torch.float32, torch.bfloat16, FP8_DTYPE)}
+    blocks = {
+        dt: KVCache.blocks_for_budget(budget, 30, BS, HKV, D, dt)
+        for dt in (torch.float32, torch.bfloat16, FP8_DTYPE)
+    }
     assert blocks[FP8_DTYPE] == budget // per8
     assert blocks[FP8_DTYPE] >= 1.85 * blocks[torch.bfloat16]  # 2 D / (D + 4) = 1.88
     assert blocks[FP8_DTYPE] >= 3.7 * blocks[torch.float32]  # 4 D / (D + 4) = 3.76
@@ -152,8 +155,14 @@ def test_attention_error_bounded_against_float32_cache(seed, window):
     start, kstart = 0, 0
     for n, ctx in zip(q_lens, ctx_lens, strict=True):
         pos = torch.arange(ctx - n, ctx)
-        ref = reference_attention(q[start : start + n], kd[kstart : kstart + ctx],
-                                  vd[kstart : kstart + ctx], pos, D**-0.5, window)
+        ref = reference_attention(
+            q[start : start + n],
+            kd[kstart : kstart + ctx],
+            vd[kstart : kstart + ctx],
+            pos,
+            D**-0.5,
+            window,
+        )
         torch.testing.assert_close(got[start : start + n], ref, atol=1e-5, rtol=1e-5)
         start, kstart = start + n, kstart + ctx
 
@@ -168,8 +177,9 @@ def test_stored_bits_independent_of_the_batch():
     slots[7] = 19
     write_kv(batch.layer(0), k, v, slots)
     assert alone.scales is not None and batch.scales is not None
-    assert torch.equal(alone.data.view(torch.uint8)[:, :, 1, 3],
-                       batch.data.view(torch.uint8)[:, :, 1, 3])
+    assert torch.equal(
+        alone.data.view(torch.uint8)[:, :, 1, 3], batch.data.view(torch.uint8)[:, :, 1, 3]
+    )
     assert torch.equal(alone.scales[:, :, 1, 3], batch.scales[:, :, 1, 3])
 
 
@@ -202,8 +212,9 @@ def test_row_bits_independent_of_step_shape():
 
 # --- CUDA: the Triton writer and kernel against the plain-torch path ---------------------
 
-needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="fp8 Triton kernels need CUDA (the "
-                                "interpreter has no fp8)")
+needs_cuda = pytest.mark.skipif(
+    not ON_CUDA, reason="fp8 Triton kernels need CUDA (the interpreter has no fp8)"
+)
 CUDA_BLOCKS = 160
 
 
@@ -281,9 +292,15 @@ def test_triton_fp8_error_bounded_against_bf16_cache():
     start, kstart, refs = 0, 0, []
     for n, ctx in zip(q_lens, ctx_lens, strict=True):
         pos = torch.arange(ctx - n, ctx)
-        refs.append(reference_attention(q[start : start + n].double().cpu(),
-                                        k[kstart : kstart + ctx].double().cpu(),
-                                        v[kstart : kstart + ctx].double().cpu(), pos, D**-0.5))
+        refs.append(
+            reference_attention(
+                q[start : start + n].double().cpu(),
+                k[kstart : kstart + ctx].double().cpu(),
+                v[kstart : kstart + ctx].double().cpu(),
+                pos,
+                D**-0.5,
+            )
+        )
         start, kstart = start + n, kstart + ctx
     ref = torch.cat(refs)
     e8, e16 = _rel(out8.cpu(), ref), _rel(out16.cpu(), ref)
@@ -309,8 +326,9 @@ def test_triton_fp8_row_bits_independent_of_step_shape():
             ctx.insert(0, other_len)
             tabs.insert(0, other)
         meta = AttentionMetadata.build(lens, ctx, tabs, BS, torch.device("cuda"))
-        return cuda_paged_attention(torch.cat(qs), kv.k, kv.v, meta, D**-0.5, None,
-                                    kv.k_scale, kv.v_scale)[-1]
+        return cuda_paged_attention(
+            torch.cat(qs), kv.k, kv.v, meta, D**-0.5, None, kv.k_scale, kv.v_scale
+        )[-1]
 
     base = last_row(1, 0)
     for nq in (1, 2, 5, 8, 64, length):

@@ -51,7 +51,7 @@ def test_quantize_q8_is_the_gguf_packages_q8_0():
     torch.manual_seed(0)
     w = torch.randn(8, 4 * BLOCK) * torch.logspace(-3, 1, 8)[:, None]
     w[0, :BLOCK] = 0.0
-    w[1, BLOCK:2 * BLOCK] = 0.0
+    w[1, BLOCK : 2 * BLOCK] = 0.0
     w[1, BLOCK + 5] = -3.25
     ours = quantize_q8(w)
     raw = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
@@ -67,8 +67,18 @@ def test_quantize_q8_is_the_gguf_packages_q8_0():
         assert torch.equal(back.scale, ours.scale)
 
 
-@pytest.mark.parametrize("case", ["random", "bf16_values", "one_element_off", "k_not_blocks",
-                                  "inf", "scale_not_fp16", "bf16_tensor"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "random",
+        "bf16_values",
+        "one_element_off",
+        "k_not_blocks",
+        "inf",
+        "scale_not_fp16",
+        "bf16_tensor",
+    ],
+)
 def test_factor_q8_refuses_what_it_cannot_reproduce(case):
     torch.manual_seed(1)
     w = quantize_q8(torch.randn(16, 2 * BLOCK)).dequantize(torch.float32)
@@ -79,7 +89,7 @@ def test_factor_q8_refuses_what_it_cannot_reproduce(case):
     elif case == "one_element_off":
         w[3, 7] = torch.nextafter(w[3, 7], torch.tensor(1e9))
     elif case == "k_not_blocks":
-        w = w[:, :BLOCK + 16].contiguous()
+        w = w[:, : BLOCK + 16].contiguous()
     elif case == "inf":
         w[0, 0] = float("inf")
     elif case == "scale_not_fp16":  # integers times a scale fp16 cannot hold
@@ -161,6 +171,7 @@ def test_the_blocks_are_dropped_when_the_weight_changes(tiny_llama):
     assert model.attach_q8_head(blocks) and model.q8_head() is blocks
     model.half()  # cast: another tensor, another dtype
     assert model.q8_head() is None
+
 
 def test_a_model_built_under_inference_mode_keeps_its_blocks(tiny_llama):
     """Built under ``torch.inference_mode`` (the benchmarks do), the weights are inference

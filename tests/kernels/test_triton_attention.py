@@ -60,8 +60,14 @@ def test_matches_textbook(hkv, g, d, window):
     start = 0
     for n, ctx, table in zip(q_lens, ctx_lens, tables, strict=True):
         pos = torch.arange(ctx - n, ctx, device=DEVICE)
-        want = reference_attention(q[start : start + n].cpu(), _contiguous(kc, table, ctx).cpu(),
-                                   _contiguous(vc, table, ctx).cpu(), pos.cpu(), d**-0.5, window)
+        want = reference_attention(
+            q[start : start + n].cpu(),
+            _contiguous(kc, table, ctx).cpu(),
+            _contiguous(vc, table, ctx).cpu(),
+            pos.cpu(),
+            d**-0.5,
+            window,
+        )
         got = out[start : start + n].cpu()
         torch.testing.assert_close(got.float(), want.float(), atol=TOL, rtol=TOL)
         start += n
@@ -152,8 +158,13 @@ def test_spread_splits_are_a_launch_option_only(monkeypatch, window):
 
     index = torch.empty(0, device=DEVICE).device.index  # cuda:0, or None on CPU
     monkeypatch.setitem(ta.SPREAD["sms"], index, 132)  # spread on the interpreter too
-    cases = [([1], [1]), ([1], [129]), ([1], [300]), ([1, 5], [700, 260]),
-             ([4, 1, 9], [1000, 128, 390])]
+    cases = [
+        ([1], [1]),
+        ([1], [129]),
+        ([1], [300]),
+        ([1, 5], [700, 260]),
+        ([4, 1, 9], [1000, 128, 390]),
+    ]
     for q_lens, ctx in cases:
         outs, runs = [], ta.SPREAD["runs"]
         for on in (False, True):
@@ -180,9 +191,14 @@ def test_spread_launches_replayed_from_a_graph_give_the_serial_bits():
     blocks = NUM_BLOCKS // b
     tables = torch.randperm(NUM_BLOCKS, device=DEVICE).view(b, blocks).long()  # disjoint
     ctx = torch.ones(b, dtype=torch.long, device=DEVICE)
-    meta = PagedMetadata(torch.full((b,), -1, dtype=torch.long, device=DEVICE), tables, ctx,
-                         torch.arange(b, device=DEVICE), torch.ones(b, dtype=torch.long,
-                                                                    device=DEVICE), 1)
+    meta = PagedMetadata(
+        torch.full((b,), -1, dtype=torch.long, device=DEVICE),
+        tables,
+        ctx,
+        torch.arange(b, device=DEVICE),
+        torch.ones(b, dtype=torch.long, device=DEVICE),
+        1,
+    )
     q = torch.randn(b, hkv * g, d, device=DEVICE).to(DTYPE)
 
     def step() -> torch.Tensor:
@@ -197,8 +213,9 @@ def test_spread_launches_replayed_from_a_graph_give_the_serial_bits():
     assert ta.SPREAD["runs"] == runs + 4, "the captured launches spread"
     gen = torch.Generator().manual_seed(12)
     contexts = [(1000, 300), (129, 1), (blocks * PAGE, 900), (257, 256)]
-    contexts += [tuple(torch.randint(1, blocks * PAGE + 1, (b,), generator=gen).tolist())
-                 for _ in range(24)]
+    contexts += [
+        tuple(torch.randint(1, blocks * PAGE + 1, (b,), generator=gen).tolist()) for _ in range(24)
+    ]
     for lens in contexts:
         ctx.copy_(torch.tensor(lens))
         graph.replay()

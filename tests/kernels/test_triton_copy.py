@@ -29,14 +29,15 @@ def test_kernel_copies_and_takes_the_head(n, heads, out):
     if out and heads is None:
         pytest.skip("the head's second copy needs a head")
     g = torch.Generator().manual_seed(n)
-    src = torch.randint(-2**40, 2**40, (n,), generator=g).to(DEVICE)
+    src = torch.randint(-(2**40), 2**40, (n,), generator=g).to(DEVICE)
     k = n if heads == "all" else heads
     head = None if k is None else torch.randint(0, 50_000, (k,), generator=g).to(DEVICE)
     dst = torch.full((n,), -7, dtype=torch.long, device=DEVICE)
     h = head if head is not None else src
     sent = torch.full((h.numel() + 3,), -5, dtype=torch.long, device=DEVICE)
-    _copy_kernel[(-(-n // BLOCK),)](dst, src, h, sent, n, 0 if head is None else head.numel(),
-                                     BLOCK=BLOCK, OUT=out)
+    _copy_kernel[(-(-n // BLOCK),)](
+        dst, src, h, sent, n, 0 if head is None else head.numel(), BLOCK=BLOCK, OUT=out
+    )
     assert torch.equal(dst.cpu(), _expected(src, head).cpu())
     # the second copy: the head's elements, nothing past them
     k = head.numel() if out else 0
@@ -50,7 +51,7 @@ def test_pinned_host_to_device_and_back_by_the_kernel(n):
     from mmserve.kernels import settings, triton_copy
 
     g = torch.Generator().manual_seed(n + 1)
-    host = torch.randint(-2**40, 2**40, (n,), generator=g).pin_memory()
+    host = torch.randint(-(2**40), 2**40, (n,), generator=g).pin_memory()
     head = torch.randint(0, 50_000, (min(n, 3),), generator=g).cuda()
     dev = torch.full((n,), -7, dtype=torch.long, device="cuda")
     sent = torch.full(head.shape, -3, dtype=torch.long).pin_memory()

@@ -29,16 +29,32 @@ def _launch(model, kv, x, positions, meta, programs, ids=None, scratch=None):
     from mmserve.kernels.triton_decode_stack import decode_stack as launch
 
     pm = paged_metadata(meta, 16)
-    return launch(x if ids is None else model.embed_tokens.weight,
-                  decode_stack.stacked_weights(model.layers), kv, model.rope.cos,
-                  model.rope.sin, positions, pm.slot_mapping, pm.block_tables, pm.context_lens,
-                  pm.query_start, pm.query_lens, pm.max_query_len, heads=model.num_heads,
-                  kv_heads=model.num_kv_heads, eps=model.eps, scale=model.head_dim**-0.5,
-                  programs=programs, ids=ids, scratch=scratch)
+    return launch(
+        x if ids is None else model.embed_tokens.weight,
+        decode_stack.stacked_weights(model.layers),
+        kv,
+        model.rope.cos,
+        model.rope.sin,
+        positions,
+        pm.slot_mapping,
+        pm.block_tables,
+        pm.context_lens,
+        pm.query_start,
+        pm.query_lens,
+        pm.max_query_len,
+        heads=model.num_heads,
+        kv_heads=model.num_kv_heads,
+        eps=model.eps,
+        scale=model.head_dim**-0.5,
+        programs=programs,
+        ids=ids,
+        scratch=scratch,
+    )
 
 
-def _check(model, kv, x, positions, meta, programs, what: str = "", real=None,
-           ids=None, scratch=None) -> None:
+def _check(
+    model, kv, x, positions, meta, programs, what: str = "", real=None, ids=None, scratch=None
+) -> None:
     """One step: the one launch against the layered path (hidden state of the ``real``
     rows, default all, and cache bytes); the cache then holds the layered path's bytes.
     ``ids``: x's token ids, which the launch gathers from the embedding table itself;
@@ -61,13 +77,16 @@ def _check_seqs(model, kv, seqs, programs, what: str = "", scratch=None) -> None
     """A step of several sequences, each ``(block table, first position, tokens)``: the
     launch gathers the embedding rows from the ids (as the model's forward runs it), the
     layers take the rows."""
-    meta = AttentionMetadata.build([len(t) for _, _, t in seqs],
-                                   [p + len(t) for _, p, t in seqs],
-                                   [table for table, _, _ in seqs], 16, DEVICE)
+    meta = AttentionMetadata.build(
+        [len(t) for _, _, t in seqs],
+        [p + len(t) for _, p, t in seqs],
+        [table for table, _, _ in seqs],
+        16,
+        DEVICE,
+    )
     positions = torch.tensor([p + i for _, p, t in seqs for i in range(len(t))], device=DEVICE)
     ids = torch.tensor([tok for _, _, t in seqs for tok in t], device=DEVICE)
-    _check(model, kv, model.embed(ids), positions, meta, programs, what, ids=ids,
-           scratch=scratch)
+    _check(model, kv, model.embed(ids), positions, meta, programs, what, ids=ids, scratch=scratch)
 
 
 def _check_step(model, runner, pos: int, token: int, programs, what: str = "") -> None:
@@ -85,8 +104,7 @@ def _tune(monkeypatch, tuning: dict | None) -> None:
     changes = dict(tuning or {})
     now = settings.current()
     spread = changes.pop("spread", now.spread)
-    tuned = dataclasses.replace(now, spread=spread,
-                                stack=dataclasses.replace(now.stack, **changes))
+    tuned = dataclasses.replace(now, spread=spread, stack=dataclasses.replace(now.stack, **changes))
     monkeypatch.setattr(settings, "_installed", [tuned])
 
 
@@ -96,20 +114,41 @@ def _model(tiny_llama):
 
 
 # launch settings are speed only: the bits must not move with them
-TUNINGS = [None, {"bk": 512, "bk_gated": 512, "num_stages": 3},
-           {"bk": 64, "bk_gated": 64, "num_stages": 2, "unroll": 16}, {"prefetch": False},
-           {"att_prefetch": 2}, {"unroll": 8}, {"gated_one_dot": False}, {"qkv_rope": False},
-           {"qkv_rope": False, "spread": False}, {"spread": False},
-           {"early": False}, {"bk_exact": False}, {"bk_exact": False, "qkv_rope": False},
-           {"defer": False}, {"defer": False, "qkv_rope": False}, {"defer": False, "unroll": 3},
-           {"gemm_stages": None}, {"gemm_stages": 6, "num_stages": 3}, {"att_stages": None},
-           {"att_stages": 2}, {"v_l1": True}, {"v_l1": True, "spread": False},
-           {"k_t": True}, {"k_t": True, "spread": False},
-           {"k_t": False, "v_l1": False}, {"k_t": False, "v_l1": False, "spread": False},
-           {"k_t": True, "v_l1": True}, {"qkv_hoist": True},
-           {"k_t": True, "v_l1": True, "qkv_hoist": True, "spread": False}, {"pdl": False},
-           {"poll": None}, {"poll": (4, 100, False), "spread": False},
-           {"poll": (1, 0, True), "spread": False}]
+TUNINGS = [
+    None,
+    {"bk": 512, "bk_gated": 512, "num_stages": 3},
+    {"bk": 64, "bk_gated": 64, "num_stages": 2, "unroll": 16},
+    {"prefetch": False},
+    {"att_prefetch": 2},
+    {"unroll": 8},
+    {"gated_one_dot": False},
+    {"qkv_rope": False},
+    {"qkv_rope": False, "spread": False},
+    {"spread": False},
+    {"early": False},
+    {"bk_exact": False},
+    {"bk_exact": False, "qkv_rope": False},
+    {"defer": False},
+    {"defer": False, "qkv_rope": False},
+    {"defer": False, "unroll": 3},
+    {"gemm_stages": None},
+    {"gemm_stages": 6, "num_stages": 3},
+    {"att_stages": None},
+    {"att_stages": 2},
+    {"v_l1": True},
+    {"v_l1": True, "spread": False},
+    {"k_t": True},
+    {"k_t": True, "spread": False},
+    {"k_t": False, "v_l1": False},
+    {"k_t": False, "v_l1": False, "spread": False},
+    {"k_t": True, "v_l1": True},
+    {"qkv_hoist": True},
+    {"k_t": True, "v_l1": True, "qkv_hoist": True, "spread": False},
+    {"pdl": False},
+    {"poll": None},
+    {"poll": (4, 100, False), "spread": False},
+    {"poll": (1, 0, True), "spread": False},
+]
 # ("defer" off: the normed phases norm from the rows, as the layered kernels do)
 # where the queries and keys are rotated and the keys and values cached: in the QKV phase's
 # epilogue (qkv_rope) or by the attention phase's programs
@@ -118,13 +157,20 @@ ROPE_MODES = [{"qkv_rope": True}, {"qkv_rope": False}]
 
 @needs_triton
 @torch.inference_mode()
-@pytest.mark.parametrize("programs,tuning", [(1, None), (3, None)]
-                         + [(None, t) for t in TUNINGS] if ON_CUDA
-                         else [(1, None), (1, {"spread": False}),
-                               (1, {"gated_one_dot": False}), (1, {"qkv_rope": False}),
-                               (1, {"early": False, "bk_exact": False}),
-                               (1, {"defer": False}),
-                               (1, {"k_t": True, "qkv_hoist": True, "v_l1": True})])
+@pytest.mark.parametrize(
+    "programs,tuning",
+    [(1, None), (3, None)] + [(None, t) for t in TUNINGS]
+    if ON_CUDA
+    else [
+        (1, None),
+        (1, {"spread": False}),
+        (1, {"gated_one_dot": False}),
+        (1, {"qkv_rope": False}),
+        (1, {"early": False, "bk_exact": False}),
+        (1, {"defer": False}),
+        (1, {"k_t": True, "qkv_hoist": True, "v_l1": True}),
+    ],
+)
 def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatch):
     """Eight decode steps after a 37-token prompt, scattered cache blocks: each step's
     hidden state and cache bytes from the one launch equal the layered path's, whatever
@@ -138,25 +184,45 @@ def test_decode_stack_equals_the_layers(tiny_llama, programs, tuning, monkeypatc
     prompt = rng.integers(0, 1000, 37).tolist()
     runner.step(prompt, 0)  # a prefill: the layered path
     for step in range(8):
-        _check_step(model, runner, len(prompt) + step, int(rng.integers(0, 1000)), programs,
-                    f"step {step}")
+        _check_step(
+            model, runner, len(prompt) + step, int(rng.integers(0, 1000)), programs, f"step {step}"
+        )
 
 
-def _grouped_model(heads: int, kv_heads: int, head_dim: int, positions: int = 512, *,
-                   hidden: int = 64, inter: int = 96, layers: int = 1):
+def _grouped_model(
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    positions: int = 512,
+    *,
+    hidden: int = 64,
+    inter: int = 96,
+    layers: int = 1,
+):
     """A random Llama whose kv heads each serve ``heads // kv_heads`` query heads (one
     layer of width 64 unless said)."""
     from mmserve.models.llama import hf_tensor_shapes
     from mmserve.models.registry import build_model
 
     h, vocab = hidden, 100
-    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=layers, head_dim=head_dim,
-               num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter,
-               vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=positions)
+    cfg = dict(
+        model_type="llama",
+        hidden_size=h,
+        num_hidden_layers=layers,
+        head_dim=head_dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+        max_position_embeddings=positions,
+    )
     shapes = hf_tensor_shapes(cfg)
     gen = torch.Generator().manual_seed(1)
-    sd = {k: torch.randn(v, generator=gen) * (1.0 if len(v) == 1 else v[-1] ** -0.5)
-          for k, v in shapes.items()}
+    sd = {
+        k: torch.randn(v, generator=gen) * (1.0 if len(v) == 1 else v[-1] ** -0.5)
+        for k, v in shapes.items()
+    }
     return build_model(cfg, sd, torch.bfloat16 if ON_CUDA else torch.float32, DEVICE)
 
 
@@ -177,14 +243,26 @@ def test_decode_stack_equals_the_layers_at_smollm2_widths(prompt, rope, monkeypa
     runner.table = rng.permutation(len(runner.table)).tolist()
     runner.step(rng.integers(0, 100, prompt).tolist(), 0)
     for step in range(4):
-        _check_step(model, runner, prompt + step, int(rng.integers(0, 100)),
-                    None if ON_CUDA else 1, f"step {step}")
+        _check_step(
+            model,
+            runner,
+            prompt + step,
+            int(rng.integers(0, 100)),
+            None if ON_CUDA else 1,
+            f"step {step}",
+        )
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA (bf16 bits; minutes under the interpreter)")
-@pytest.mark.parametrize("rope", [ROPE_MODES[0], ROPE_MODES[1],
-                                  {**ROPE_MODES[0], "spread": False},
-                                  {**ROPE_MODES[1], "spread": False}])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        ROPE_MODES[0],
+        ROPE_MODES[1],
+        {**ROPE_MODES[0], "spread": False},
+        {**ROPE_MODES[1], "spread": False},
+    ],
+)
 def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, monkeypatch):
     """The whole SmolLM2-135M shape (30 layers, random weights), 128 teacher-forced decode
     steps after a 128-token prompt (contexts 129-256: two key splits, which the graphs run
@@ -200,8 +278,9 @@ def test_decode_stack_equals_the_layers_over_a_real_models_steps(rope, monkeypat
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import stack_vs_layers
 
-    report = stack_vs_layers.check("smollm2-135m", None, 128, 1, 0, "cuda",
-                                   log=lambda *a, **k: None)
+    report = stack_vs_layers.check(
+        "smollm2-135m", None, 128, 1, 0, "cuda", log=lambda *a, **k: None
+    )
     sys.modules.pop("stack_vs_layers", None)
     assert report["differing_steps"] == []
 
@@ -234,8 +313,9 @@ def test_decode_stack_verify_blocks(tiny_llama, prompt, rope, monkeypatch):
     runner.step(rng.integers(0, 1000, pos).tolist(), 0)
     for n in (2, 5, 9, 16):
         toks = rng.integers(0, 1000, n).tolist()
-        _check_seqs(model, runner.kv, [(runner.table, pos, toks)], None if ON_CUDA else 1,
-                    f"{n} tokens")
+        _check_seqs(
+            model, runner.kv, [(runner.table, pos, toks)], None if ON_CUDA else 1, f"{n} tokens"
+        )
         pos += n
 
 
@@ -253,8 +333,14 @@ def test_decode_stack_long_context(rope, monkeypatch):
     runner.table = rng.permutation(len(runner.table)).tolist()
     runner.step(rng.integers(0, 100, 700).tolist(), 0)
     for step in range(4):
-        _check_step(model, runner, 700 + step, int(rng.integers(0, 100)),
-                    None if ON_CUDA else 1, f"step {step}")
+        _check_step(
+            model,
+            runner,
+            700 + step,
+            int(rng.integers(0, 100)),
+            None if ON_CUDA else 1,
+            f"step {step}",
+        )
 
 
 @needs_triton
@@ -268,7 +354,7 @@ def test_decode_stack_several_sequences(tiny_llama, rope, monkeypatch):
     runner = SequenceRunner(model, max_len=3 * 128)
     rng = np.random.default_rng(7)
     blocks = rng.permutation(len(runner.table)).tolist()
-    tables = [blocks[i * 8:(i + 1) * 8] for i in range(3)]
+    tables = [blocks[i * 8 : (i + 1) * 8] for i in range(3)]
     lens = [19, 70, 33]
     for table, n in zip(tables, lens, strict=True):
         runner.table = table
@@ -277,8 +363,10 @@ def test_decode_stack_several_sequences(tiny_llama, rope, monkeypatch):
     step = [(t, n, [int(rng.integers(0, 1000))]) for t, n in zip(tables, lens, strict=True)]
     _check_seqs(model, runner.kv, step, programs, "decode of three")
     lens = [n + 1 for n in lens]
-    mixed = [(t, n, rng.integers(0, 1000, k).tolist())
-             for t, n, k in zip(tables, lens, (1, 4, 2), strict=True)]
+    mixed = [
+        (t, n, rng.integers(0, 1000, k).tolist())
+        for t, n, k in zip(tables, lens, (1, 4, 2), strict=True)
+    ]
     _check_seqs(model, runner.kv, mixed, programs, "mixed step")
 
 
@@ -296,8 +384,9 @@ def test_decode_stack_graph_padding_layout(tiny_llama, rope, monkeypatch):
     runner = SequenceRunner(model, max_len=256)
     runner.step(list(range(5, 45)), 0)  # 40 cached tokens in blocks 0..2 of sequence 0
     q, counts = 5, (3, 5, 0)  # two sequences (3 and 5 tokens) and one of padding
-    table = torch.tensor([runner.table[:8], runner.table[8:16], runner.table[:8]],
-                         device=DEVICE, dtype=torch.int32)
+    table = torch.tensor(
+        [runner.table[:8], runner.table[8:16], runner.table[:8]], device=DEVICE, dtype=torch.int32
+    )
     starts = (40, 0, 0)
     ids, pos, slots, real = [], [], [], []
     for i, (n, s) in enumerate(zip(counts, starts, strict=True)):
@@ -310,12 +399,25 @@ def test_decode_stack_graph_padding_layout(tiny_llama, rope, monkeypatch):
             if ok:
                 real.append(i * q + j)
     ctx = [s + n if n else 1 for n, s in zip(counts, starts, strict=True)]
-    meta = PagedMetadata(torch.tensor(slots, device=DEVICE), table,
-                         torch.tensor(ctx, device=DEVICE), torch.arange(3, device=DEVICE) * q,
-                         torch.tensor([n or 1 for n in counts], device=DEVICE), q)
+    meta = PagedMetadata(
+        torch.tensor(slots, device=DEVICE),
+        table,
+        torch.tensor(ctx, device=DEVICE),
+        torch.arange(3, device=DEVICE) * q,
+        torch.tensor([n or 1 for n in counts], device=DEVICE),
+        q,
+    )
     x = model.embed(torch.tensor(ids, device=DEVICE))
-    _check(model, runner.kv, x, torch.tensor(pos, device=DEVICE), meta, None, "padded",
-           real=torch.tensor(real, device=DEVICE))
+    _check(
+        model,
+        runner.kv,
+        x,
+        torch.tensor(pos, device=DEVICE),
+        meta,
+        None,
+        "padded",
+        real=torch.tensor(real, device=DEVICE),
+    )
 
 
 @pytest.mark.skipif(not ON_CUDA or INTERPRET, reason="needs CUDA")

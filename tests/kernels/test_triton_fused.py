@@ -17,8 +17,12 @@ from mmserve.kernels.triton_matmul import TileConfig
 
 cuda_only = pytest.mark.skipif(not ON_CUDA, reason="bits and bf16 need CUDA + triton")
 EPS = 1e-5
-CONFIGS = (TileConfig(16, 16, 512, 4, 3), TileConfig(64, 32, 64, 4, 2),
-           TileConfig(128, 64, 128, 8, 2), TileConfig(128, 128, 64, 8, 3))
+CONFIGS = (
+    TileConfig(16, 16, 512, 4, 3),
+    TileConfig(64, 32, 64, 4, 2),
+    TileConfig(128, 64, 128, 8, 2),
+    TileConfig(128, 128, 64, 8, 3),
+)
 
 
 def _rand(*shape, scale=1.0):
@@ -67,8 +71,7 @@ def test_linear_residual_matches_composition(m, n, k):
 
 
 @needs_triton
-@pytest.mark.parametrize("m,n,k,segments", [(1, 96, 576, 3), (70, 200, 768, 4),
-                                            (300, 130, 256, 2)])
+@pytest.mark.parametrize("m,n,k,segments", [(1, 96, 576, 3), (70, 200, 768, 4), (300, 130, 256, 2)])
 def test_linear_residual_in_segments_matches_composition(m, n, k, segments):
     """The o product summed by kv-head group (``segments`` chains of K, added in order)
     is the same product to rounding (on CUDA its chains, and so its bits, are its own)."""
@@ -100,7 +103,7 @@ def test_silu_mul_is_torchs_silu_times_up(m, inter, dtype):
             assert torch.equal(got, want)
         else:
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    wide = (torch.randn(m, 2 * inter + 8, device=DEVICE) * 4).to(dtype)[:, 3:3 + 2 * inter]
+    wide = (torch.randn(m, 2 * inter + 8, device=DEVICE) * 4).to(dtype)[:, 3 : 3 + 2 * inter]
     gate, up = wide.split(inter, dim=-1)  # rows strided wider than the product
     torch.testing.assert_close(silu_mul(wide), F.silu(gate) * up, atol=TOL, rtol=TOL)
     if ON_CUDA:
@@ -109,8 +112,7 @@ def test_silu_mul_is_torchs_silu_times_up(m, inter, dtype):
 
 
 @needs_triton
-@pytest.mark.parametrize("m,inter,k", [(1, 48, 576), (9, 100, 130), (70, 160, 2100),
-                                       (300, 64, 64)])
+@pytest.mark.parametrize("m,inter,k", [(1, 48, 576), (9, 100, 130), (70, 160, 2100), (300, 64, 64)])
 def test_norm_gate_up_silu_matches_composition(m, inter, k):
     from mmserve.kernels.triton_fused import norm_gate_up_silu
 
@@ -223,19 +225,30 @@ def test_qkv_rope_is_the_product_then_rope_write_kv(hq, hkv, d, m, norm, with_bi
     from mmserve.kernels.triton_matmul import invariant_linear
 
     k = 576 if norm else 1000
-    x, nw, w, b, pos, slots, table, sentinel = _qkv_rope_case(m, hq, hkv, d, k, with_bias,
-                                                              m + d + norm)
+    x, nw, w, b, pos, slots, table, sentinel = _qkv_rope_case(
+        m, hq, hkv, d, k, with_bias, m + d + norm
+    )
     if norm:
         prod = norm_linear(x, nw, EPS, 0.0, w, b)
     else:
         prod = invariant_linear(x, w, b)
     q, kk, v = prod.split([hq * d, hkv * d, hkv * d], dim=-1)
     kc_want, vc_want = sentinel.clone(), sentinel.clone()
-    q_want = rope_write_kv(q.reshape(m, hq, d), kk.reshape(m, hkv, d), v.reshape(m, hkv, d),
-                           pos, table.cos, table.sin, kc_want, vc_want, slots)
+    q_want = rope_write_kv(
+        q.reshape(m, hq, d),
+        kk.reshape(m, hkv, d),
+        v.reshape(m, hkv, d),
+        pos,
+        table.cos,
+        table.sin,
+        kc_want,
+        vc_want,
+        slots,
+    )
     kc, vc = sentinel.clone(), sentinel.clone()
-    got = qkv_rope(x, w, b, (nw, EPS, 0.0) if norm else None, hq, hkv, pos, table.cos,
-                   table.sin, kc, vc, slots)
+    got = qkv_rope(
+        x, w, b, (nw, EPS, 0.0) if norm else None, hq, hkv, pos, table.cos, table.sin, kc, vc, slots
+    )
     assert got.shape == (m, hq, d)
     if ON_CUDA:
         assert torch.equal(got, q_want)
@@ -262,8 +275,21 @@ def test_qkv_rope_row_bits_independent_of_row_count_and_tile(norm):
 
     def run(m, cfg=None):
         kc, vc = sentinel.clone(), sentinel.clone()
-        q = qkv_rope(x[:m], w, None, (nw, EPS, 0.0) if norm else None, hq, hkv, pos[:m],
-                     table.cos, table.sin, kc, vc, slots[:m], config=cfg)
+        q = qkv_rope(
+            x[:m],
+            w,
+            None,
+            (nw, EPS, 0.0) if norm else None,
+            hq,
+            hkv,
+            pos[:m],
+            table.cos,
+            table.sin,
+            kc,
+            vc,
+            slots[:m],
+            config=cfg,
+        )
         return q[0], kc.view(-1, hkv, d)[5], vc.view(-1, hkv, d)[5]
 
     base = run(1)
@@ -283,24 +309,53 @@ if triton is not None:
     from mmserve.kernels.triton_fused import norm_partials, pair_sum, row_sumsq
 
     @triton.jit
-    def _norm_sums_kernel(x_ptr, y_ptr, ps_ptr, rows_ptr, tree_ptr, M, K, G,
-                          BM: tl.constexpr, CH: tl.constexpr, UNROLL: tl.constexpr,
-                          GP: tl.constexpr):
+    def _norm_sums_kernel(
+        x_ptr,
+        y_ptr,
+        ps_ptr,
+        rows_ptr,
+        tree_ptr,
+        M,
+        K,
+        G,
+        BM: tl.constexpr,
+        CH: tl.constexpr,
+        UNROLL: tl.constexpr,
+        GP: tl.constexpr,
+    ):
         """``_norm_sums``' one program."""
         rm = tl.arange(0, BM)
         row_ok = rm < M
-        tl.store(rows_ptr + rm, row_sumsq(x_ptr + rm[:, None] * K, row_ok, K, BM, CH, UNROLL,
-                                          ""), mask=row_ok)
+        tl.store(
+            rows_ptr + rm,
+            row_sumsq(x_ptr + rm[:, None] * K, row_ok, K, BM, CH, UNROLL, ""),
+            mask=row_ok,
+        )
         for g in range(0, G):  # the producers: one 16-column group each
             rn = g * 16 + tl.arange(0, 16)
             ok = row_ok[:, None] & (rn[None, :] < K)
             xo = tl.load(x_ptr + rm[:, None] * K + rn[None, :], mask=ok, other=0.0)
-            norm_partials(xo.to(tl.float32), y_ptr, tl.full([16], 1.0, tl.float32), ps_ptr, rm,
-                          rn, row_ok, ok, g, G, K, 0.0)
+            norm_partials(
+                xo.to(tl.float32),
+                y_ptr,
+                tl.full([16], 1.0, tl.float32),
+                ps_ptr,
+                rm,
+                rn,
+                row_ok,
+                ok,
+                g,
+                G,
+                K,
+                0.0,
+            )
         tl.debug_barrier()  # the subtrees other threads stored
         gi = tl.arange(0, GP)
-        ps = tl.load(ps_ptr + rm[:, None] * G + gi[None, :],
-                     mask=row_ok[:, None] & (gi[None, :] < G), other=0.0)
+        ps = tl.load(
+            ps_ptr + rm[:, None] * G + gi[None, :],
+            mask=row_ok[:, None] & (gi[None, :] < G),
+            other=0.0,
+        )
         tl.store(tree_ptr + rm, pair_sum(ps, GP), mask=row_ok)
 
 
@@ -323,8 +378,20 @@ def _norm_sums(x: torch.Tensor, chunk: int, unroll: int, bm: int):
     rows, tree = (torch.empty(m, dtype=torch.float32, device=x.device) for _ in range(2))
     y = torch.empty_like(x)
     ps = torch.empty(m, g, dtype=torch.float32, device=x.device)
-    _norm_sums_kernel[(1,)](x, y, ps, rows, tree, m, k, g, BM=bm, CH=chunk, UNROLL=unroll,
-                            GP=max(2, 1 << (g - 1).bit_length()))
+    _norm_sums_kernel[(1,)](
+        x,
+        y,
+        ps,
+        rows,
+        tree,
+        m,
+        k,
+        g,
+        BM=bm,
+        CH=chunk,
+        UNROLL=unroll,
+        GP=max(2, 1 << (g - 1).bit_length()),
+    )
     return rows, tree, y
 
 
@@ -346,8 +413,9 @@ def test_norm_sum_of_squares_is_the_pairwise_tree(k, chunk, unroll):
 
 
 @cuda_only
-@pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "linear_residual_segments",
-                                "norm_gate_up_silu"])
+@pytest.mark.parametrize(
+    "op", ["norm_linear", "linear_residual", "linear_residual_segments", "norm_gate_up_silu"]
+)
 def test_row_bits_independent_of_row_count_and_tile_shape(op):
     from mmserve.kernels import triton_fused
 
@@ -362,8 +430,9 @@ def test_row_bits_independent_of_row_count_and_tile_shape(op):
         if op == "linear_residual":
             return triton_fused.linear_residual(x[:m, :1024], w[:, :1024], r[:m], config=cfg)
         if op == "linear_residual_segments":  # K 1,152 in 3 chains of 384 (every BK cut)
-            return triton_fused.linear_residual(x[:m, :1152], w[:, :1152], r[:m], config=cfg,
-                                                segments=3)
+            return triton_fused.linear_residual(
+                x[:m, :1152], w[:, :1152], r[:m], config=cfg, segments=3
+            )
         return triton_fused.norm_gate_up_silu(x[:m], nw, EPS, 0.0, w, config=cfg)
 
     base = run(1)[0]
@@ -458,8 +527,7 @@ def test_unfused_path_is_the_plain_composition():
     torch.manual_seed(3)
     x, nw, w = torch.randn(5, 64), torch.randn(64), torch.randn(96, 64)
     r = torch.randn(5, 96)
-    assert torch.equal(fused.norm_linear(x, nw, EPS, 1.0, w),
-                       linear(rms_norm(x, nw, EPS, 1.0), w))
+    assert torch.equal(fused.norm_linear(x, nw, EPS, 1.0, w), linear(rms_norm(x, nw, EPS, 1.0), w))
     assert torch.equal(fused.linear_residual(x, w, r), r + linear(x, w))
     g, u = linear(rms_norm(x, nw, EPS), w).split(48, dim=-1)
     assert torch.equal(fused.norm_gate_up_silu(x, nw, EPS, 0.0, w), F.silu(g) * u)
@@ -473,31 +541,52 @@ def test_unfused_path_is_the_plain_composition():
     assert torch.equal(got, table.rotate(q, pos))
     assert torch.equal(kv.k, kv_want.k) and torch.equal(kv.v, kv_want.v)
     # the QKV product with rope in its epilogue is CUDA's only: the model composes the above
-    assert fused.qkv_rope(x, nw, EPS, 0.0, torch.randn(64, 64), None, 2, 1, pos, table, kv,
-                          slots) is None
+    assert (
+        fused.qkv_rope(x, nw, EPS, 0.0, torch.randn(64, 64), None, 2, 1, pos, table, kv, slots)
+        is None
+    )
 
 
 def _tiny_llama(h=256, inter=512, heads=4, kv_heads=2):
     from mmserve.models.registry import build_model
 
     layers, vocab = 2, 1000
-    cfg = dict(model_type="llama", hidden_size=h, num_hidden_layers=layers,
-               num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=inter,
-               vocab_size=vocab, head_dim=64, tie_word_embeddings=False,
-               max_position_embeddings=512, rms_norm_eps=EPS)
+    cfg = dict(
+        model_type="llama",
+        hidden_size=h,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        head_dim=64,
+        tie_word_embeddings=False,
+        max_position_embeddings=512,
+        rms_norm_eps=EPS,
+    )
     torch.manual_seed(0)
-    names = {"model.embed_tokens.weight": (vocab, h), "lm_head.weight": (vocab, h),
-             "model.norm.weight": (h,)}
+    names = {
+        "model.embed_tokens.weight": (vocab, h),
+        "lm_head.weight": (vocab, h),
+        "model.norm.weight": (h,),
+    }
     for i in range(layers):
         p = f"model.layers.{i}"
-        names |= {f"{p}.self_attn.q_proj.weight": (h, h), f"{p}.self_attn.k_proj.weight":
-                  (64 * kv_heads, h), f"{p}.self_attn.v_proj.weight": (64 * kv_heads, h),
-                  f"{p}.self_attn.o_proj.weight": (h, h), f"{p}.mlp.gate_proj.weight":
-                  (inter, h), f"{p}.mlp.up_proj.weight": (inter, h),
-                  f"{p}.mlp.down_proj.weight": (h, inter), f"{p}.input_layernorm.weight": (h,),
-                  f"{p}.post_attention_layernorm.weight": (h,)}
-    sd = {k: torch.randn(s) * (0.3 if len(s) == 1 else s[-1] ** -0.5) + (len(s) == 1)
-          for k, s in names.items()}
+        names |= {
+            f"{p}.self_attn.q_proj.weight": (h, h),
+            f"{p}.self_attn.k_proj.weight": (64 * kv_heads, h),
+            f"{p}.self_attn.v_proj.weight": (64 * kv_heads, h),
+            f"{p}.self_attn.o_proj.weight": (h, h),
+            f"{p}.mlp.gate_proj.weight": (inter, h),
+            f"{p}.mlp.up_proj.weight": (inter, h),
+            f"{p}.mlp.down_proj.weight": (h, inter),
+            f"{p}.input_layernorm.weight": (h,),
+            f"{p}.post_attention_layernorm.weight": (h,),
+        }
+    sd = {
+        k: torch.randn(s) * (0.3 if len(s) == 1 else s[-1] ** -0.5) + (len(s) == 1)
+        for k, s in names.items()
+    }
     return build_model(cfg, sd, torch.bfloat16, "cuda")
 
 
@@ -522,8 +611,13 @@ def test_whole_model_fused_matches_unfused(monkeypatch, qkv_rope):
     monkeypatch.setattr(settings, "_installed", [layered])
 
     calls = {"n": 0}
-    for name in ("norm_linear", "linear_residual", "norm_gate_up_silu", "rope_write_kv",
-                 "qkv_rope"):
+    for name in (
+        "norm_linear",
+        "linear_residual",
+        "norm_gate_up_silu",
+        "rope_write_kv",
+        "qkv_rope",
+    ):
         real = getattr(triton_fused, name)
 
         def counted(*a, _real=real, **kw):
@@ -568,8 +662,9 @@ def test_wide_model_fused_is_the_unfused_bits(monkeypatch, qkv_rope):
     decode."""
     from mmserve.kernels import settings, triton_fused
 
-    monkeypatch.setattr(settings, "_installed",
-                        [dataclasses.replace(settings.current(), qkv_rope=qkv_rope)])
+    monkeypatch.setattr(
+        settings, "_installed", [dataclasses.replace(settings.current(), qkv_rope=qkv_rope)]
+    )
     calls = {"n": 0}
     for name in ("linear_residual", "qkv_rope" if qkv_rope else "rope_write_kv", "silu_mul"):
         real = getattr(triton_fused, name)

@@ -29,9 +29,19 @@ if ON_CUDA or COMPILES:
     )
 
     @triton.jit
-    def _rounds(counter_ptr, flags_ptr, buf_ptr, err_ptr, R, P: tl.constexpr,
-                P2: tl.constexpr, POLL: tl.constexpr, MODE: tl.constexpr = 0,
-                LINES: tl.constexpr = 1, NP: tl.constexpr = 128):
+    def _rounds(
+        counter_ptr,
+        flags_ptr,
+        buf_ptr,
+        err_ptr,
+        R,
+        P: tl.constexpr,
+        P2: tl.constexpr,
+        POLL: tl.constexpr,
+        MODE: tl.constexpr = 0,
+        LINES: tl.constexpr = 1,
+        NP: tl.constexpr = 128,
+    ):
         """Each round every program writes a word, passes the barrier (``grid_sync``; MODE
         1-2: ``grid_sync_flags``' on the release words at ``flags_ptr``) and reads every
         program's word of that round (a stale one counts as an error); the words
@@ -67,8 +77,17 @@ def test_grid_sync_orders_writes_and_reads(programs, poll):
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
     buf = torch.full((2 * p2,), -1, dtype=torch.int32, device="cuda")
     err = torch.full((programs,), -1, dtype=torch.int32, device="cuda")
-    _rounds[(programs,)](counter, counter, buf, err, rounds, P=programs, P2=p2,
-                         POLL=poll_asm(*poll) if poll else "", num_warps=4)
+    _rounds[(programs,)](
+        counter,
+        counter,
+        buf,
+        err,
+        rounds,
+        P=programs,
+        P2=p2,
+        POLL=poll_asm(*poll) if poll else "",
+        num_warps=4,
+    )
     torch.cuda.synchronize()
     assert int(counter) == rounds * programs
     assert err.tolist() == [0] * programs
@@ -83,21 +102,35 @@ def test_poll_asm_compiles_for_sm90(poll, tmp_path):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sig = {"counter_ptr": "*i32", "flags_ptr": "*i32", "buf_ptr": "*i32", "err_ptr": "*i32",
-           "R": "i32", "P": "constexpr", "P2": "constexpr", "POLL": "constexpr",
-           "MODE": "constexpr", "LINES": "constexpr", "NP": "constexpr"}
-    src = ASTSource(_rounds, signature=sig,
-                    constexprs={"P": 96, "P2": 128, "POLL": poll_asm(*poll), "MODE": 0,
-                                "LINES": 1, "NP": 128})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": 4}).asm["ptx"]
+    sig = {
+        "counter_ptr": "*i32",
+        "flags_ptr": "*i32",
+        "buf_ptr": "*i32",
+        "err_ptr": "*i32",
+        "R": "i32",
+        "P": "constexpr",
+        "P2": "constexpr",
+        "POLL": "constexpr",
+        "MODE": "constexpr",
+        "LINES": "constexpr",
+        "NP": "constexpr",
+    }
+    src = ASTSource(
+        _rounds,
+        signature=sig,
+        constexprs={"P": 96, "P2": 128, "POLL": poll_asm(*poll), "MODE": 0, "LINES": 1, "NP": 128},
+    )
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
     sem = "acquire" if poll[2] else "relaxed"
     assert ptx.count(f"ld.{sem}.gpu.global.b32") == 2 * poll[0]
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     path = tmp_path / "k.ptx"
     path.write_text(ptx)
-    subprocess.run([ptxas, "-arch=sm_90a", str(path), "-o", str(tmp_path / "k.cubin")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [ptxas, "-arch=sm_90a", str(path), "-o", str(tmp_path / "k.cubin")],
+        check=True,
+        capture_output=True,
+    )
 
 
 # the wait on release words: (MODE, lines; 0: one a program), grid_sync_flags
@@ -123,9 +156,20 @@ def test_grid_sync_flags_orders_writes_and_reads(programs, form):
     flags = torch.zeros(32 * lines, dtype=torch.int32, device="cuda")
     buf = torch.full((2 * p2,), -1, dtype=torch.int32, device="cuda")
     err = torch.full((programs,), -1, dtype=torch.int32, device="cuda")
-    _rounds[(programs,)](counter, flags, buf, err, rounds, P=programs, P2=p2,
-                         POLL=_flags_poll(mode, lines), MODE=mode, LINES=lines,
-                         NP=max(triton.next_power_of_2(lines), 128), num_warps=4)
+    _rounds[(programs,)](
+        counter,
+        flags,
+        buf,
+        err,
+        rounds,
+        P=programs,
+        P2=p2,
+        POLL=_flags_poll(mode, lines),
+        MODE=mode,
+        LINES=lines,
+        NP=max(triton.next_power_of_2(lines), 128),
+        num_warps=4,
+    )
     torch.cuda.synchronize()
     assert int(counter) == rounds * programs
     assert err.tolist() == [0] * programs
@@ -142,15 +186,32 @@ def test_grid_sync_flags_compiles_for_sm90(form, tmp_path):
 
     mode, lines = form
     lines = lines or 96
-    sig = {"counter_ptr": "*i32", "flags_ptr": "*i32", "buf_ptr": "*i32", "err_ptr": "*i32",
-           "R": "i32", "P": "constexpr", "P2": "constexpr", "POLL": "constexpr",
-           "MODE": "constexpr", "LINES": "constexpr", "NP": "constexpr"}
-    src = ASTSource(_rounds, signature=sig,
-                    constexprs={"P": max(lines, 96), "P2": 256, "POLL": _flags_poll(mode, lines),
-                                "MODE": mode, "LINES": lines,
-                                "NP": max(triton.next_power_of_2(lines), 128)})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": 4}).asm["ptx"]
+    sig = {
+        "counter_ptr": "*i32",
+        "flags_ptr": "*i32",
+        "buf_ptr": "*i32",
+        "err_ptr": "*i32",
+        "R": "i32",
+        "P": "constexpr",
+        "P2": "constexpr",
+        "POLL": "constexpr",
+        "MODE": "constexpr",
+        "LINES": "constexpr",
+        "NP": "constexpr",
+    }
+    src = ASTSource(
+        _rounds,
+        signature=sig,
+        constexprs={
+            "P": max(lines, 96),
+            "P2": 256,
+            "POLL": _flags_poll(mode, lines),
+            "MODE": mode,
+            "LINES": lines,
+            "NP": max(triton.next_power_of_2(lines), 128),
+        },
+    )
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
     assert ptx.count("atom.global.gpu.release.add") + ptx.count("atom.release.gpu.global.add") == 1
     assert ptx.count("st.relaxed.gpu.global.b32") == (2 if mode == 1 else 1)
     # poll_asm: a load before its loop and one in it, the lead's wait and the others'
@@ -158,5 +219,8 @@ def test_grid_sync_flags_compiles_for_sm90(form, tmp_path):
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     path = tmp_path / "k.ptx"
     path.write_text(ptx)
-    subprocess.run([ptxas, "-arch=sm_90a", str(path), "-o", str(tmp_path / "k.cubin")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [ptxas, "-arch=sm_90a", str(path), "-o", str(tmp_path / "k.cubin")],
+        check=True,
+        capture_output=True,
+    )

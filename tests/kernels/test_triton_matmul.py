@@ -20,8 +20,7 @@ except ImportError:  # CPU-only installs: every test here skips
 if triton is not None:
 
     @triton.jit
-    def _dequant_kernel(q_ptr, d_ptr, o_ptr, QB: tl.constexpr, BN: tl.constexpr,
-                        FMA: tl.constexpr):
+    def _dequant_kernel(q_ptr, d_ptr, o_ptr, QB: tl.constexpr, BN: tl.constexpr, FMA: tl.constexpr):
         """``_q8_dequant`` alone: (programs x BN scales) x QB values."""
         rn = tl.program_id(0) * BN + tl.arange(0, BN)
         rk = tl.arange(0, QB)
@@ -74,8 +73,12 @@ def test_row_bits_independent_of_row_count_and_tile_shape():
     base = invariant_linear(x[:1], w, b)[0]
     for m in (1, 2, 7, 16, 17, 64, 65, 200, 300, 600):
         assert torch.equal(invariant_linear(x[:m], w, b)[0], base), m
-    for cfg in (TileConfig(16, 16, 512, 4, 3), TileConfig(64, 32, 64, 4, 2),
-                TileConfig(128, 64, 128, 8, 4), TileConfig(128, 256, 64, 8, 3)):
+    for cfg in (
+        TileConfig(16, 16, 512, 4, 3),
+        TileConfig(64, 32, 64, 4, 2),
+        TileConfig(128, 64, 128, 8, 4),
+        TileConfig(128, 256, 64, 8, 3),
+    ):
         assert torch.equal(invariant_linear(x[:96], w, b, config=cfg)[0], base), cfg
 
 
@@ -131,8 +134,9 @@ def test_q8_linear_is_the_gemm_at_its_tile_on_the_interpreter():
 
     w8 = _q8(300, 576, 3)
     x = _rand(5, 576)
-    assert torch.equal(q8_linear(x, w8),
-                       invariant_linear(x, w8.dequantize(DTYPE), config=q8_tile(300, x.device)))
+    assert torch.equal(
+        q8_linear(x, w8), invariant_linear(x, w8.dequantize(DTYPE), config=q8_tile(300, x.device))
+    )
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="bits: the interpreter's numpy matmul varies by shape")
@@ -151,10 +155,15 @@ def test_q8_linear_has_the_half_weights_bits(n, k, dtype):
         want = invariant_linear(x[:m], w, float_out=True)
         assert torch.equal(q8_linear(x[:m], w8, float_out=True), want), m
         assert torch.equal(q8_linear(x[:m], w8), invariant_linear(x[:m], w)), m
-    for cfg in (TileConfig(16, 64, 32, 4, 4), TileConfig(16, 128, 32, 4, 8),
-                TileConfig(16, 256, 32, 8, 6), TileConfig(64, 64, 32, 4, 3)):
-        assert torch.equal(q8_linear(x, w8, config=cfg, float_out=True),
-                           invariant_linear(x, w, float_out=True)), cfg
+    for cfg in (
+        TileConfig(16, 64, 32, 4, 4),
+        TileConfig(16, 128, 32, 4, 8),
+        TileConfig(16, 256, 32, 8, 6),
+        TileConfig(64, 64, 32, 4, 3),
+    ):
+        assert torch.equal(
+            q8_linear(x, w8, config=cfg, float_out=True), invariant_linear(x, w, float_out=True)
+        ), cfg
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="the Q8_0 LM head is a CUDA path")
@@ -166,8 +175,7 @@ def test_logits_linear_reads_q8_blocks_up_to_16_rows_with_the_same_bits():
     x = _rand(40, 576)
     with settings.override(q8_head=True):
         for m in (1, 16, 17, 40):  # 17 and 40: the half weight's GEMM
-            assert torch.equal(linear.logits_linear(x[:m], w, w8),
-                               linear.logits_linear(x[:m], w))
+            assert torch.equal(linear.logits_linear(x[:m], w, w8), linear.logits_linear(x[:m], w))
     with settings.override(q8_head=False):
         assert torch.equal(linear.logits_linear(x[:1], w, w8), linear.logits_linear(x[:1], w))
 
@@ -191,7 +199,8 @@ def test_q8_dequant_is_the_rounded_float32_product_for_every_scale(dtype):
     q[d == 0] = 0
     want = (q.float() * d[:, None]).to(dtype)
     out = torch.empty(want.shape, dtype=dtype, device=DEVICE)
-    kernel[(d.numel() // 64,)](q.to(DEVICE), d.to(DEVICE), out, QB=256, BN=64,
-                               FMA=not _interpreting())
+    kernel[(d.numel() // 64,)](
+        q.to(DEVICE), d.to(DEVICE), out, QB=256, BN=64, FMA=not _interpreting()
+    )
     bits = {2: torch.int16, 4: torch.int32}[want.element_size()]
     assert torch.equal(out.cpu().view(bits), want.view(bits))

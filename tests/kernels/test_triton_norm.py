@@ -30,9 +30,12 @@ def test_strided_rows():
     torch.manual_seed(1)
     x = torch.randn(5, 3 * 128, device=DEVICE).to(DTYPE)[:, 128:256]  # a split view
     w = torch.randn(128, device=DEVICE).to(DTYPE)
-    torch.testing.assert_close(cuda_rms_norm(x, w, 1e-5).cpu().double(),
-                               rms_norm(x.cpu().double(), w.cpu().double(), 1e-5),
-                               atol=TOL, rtol=TOL)
+    torch.testing.assert_close(
+        cuda_rms_norm(x, w, 1e-5).cpu().double(),
+        rms_norm(x.cpu().double(), w.cpu().double(), 1e-5),
+        atol=TOL,
+        rtol=TOL,
+    )
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="dispatch is by device: CUDA only")

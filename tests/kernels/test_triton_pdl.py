@@ -63,8 +63,10 @@ def test_dependent_chain_same_bits_with_pdl_eager_and_in_a_graph(rows, late):
         return (torch.randn(*s, device="cuda", generator=gen) * s[-1] ** -0.5).to(torch.bfloat16)
 
     h, inter = 576, 1536  # SmolLM2-135M's widths: K not a multiple of the prefetch stride
-    weights = [(rand(960, h), rand(h, 960), rand(2 * inter, h), rand(h, inter), rand(2 * h, h),
-                rand(h, h)) for _ in range(6)]
+    weights = [
+        (rand(960, h), rand(h, 960), rand(2 * inter, h), rand(h, inter), rand(2 * h, h), rand(h, h))
+        for _ in range(6)
+    ]
     norm = rand(h) + 1
     x0 = rand(rows, h) * 8
     with settings.override(pdl=False):

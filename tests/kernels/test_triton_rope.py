@@ -25,4 +25,5 @@ def test_bit_identical_to_reference(heads, head_dim):
     cpu = RotaryTable(head_dim, 500000.0, 4096).rotate_reference(x.cpu(), pos.cpu())
     assert torch.equal(got, want), (
         f"{(got != want).sum()} differ; cuda ref == cpu ref: {torch.equal(want.cpu(), cpu)}"
-        f"; triton == cpu ref: {torch.equal(got.cpu(), cpu)}")
+        f"; triton == cpu ref: {torch.equal(got.cpu(), cpu)}"
+    )

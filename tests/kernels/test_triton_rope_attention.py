@@ -42,8 +42,17 @@ def _two_kernels(qkv, hq, hkv, d, positions, table, kc, vc, meta, scale):
 
     n = qkv.shape[0]
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-    q = rope_write_kv(q.reshape(n, hq, d), k.reshape(n, hkv, d), v.reshape(n, hkv, d),
-                      positions, table.cos, table.sin, kc, vc, meta.slot_mapping)
+    q = rope_write_kv(
+        q.reshape(n, hq, d),
+        k.reshape(n, hkv, d),
+        v.reshape(n, hkv, d),
+        positions,
+        table.cos,
+        table.sin,
+        kc,
+        vc,
+        meta.slot_mapping,
+    )
     return cuda_paged_attention(q, kc, vc, meta, scale).reshape(n, hq * d)
 
 
@@ -67,8 +76,7 @@ def test_one_launch_equals_rope_write_then_attention(case, hq, hkv, d):
     kc_want, vc_want = kc.clone(), vc.clone()
     want = _two_kernels(qkv, hq, hkv, d, positions, table, kc_want, vc_want, meta, d**-0.5)
     for _ in range(2):  # again: the spread path's counters were left at zero
-        got = rope_attention(qkv, hq, hkv, positions, table.cos, table.sin, kc, vc, meta,
-                             d**-0.5)
+        got = rope_attention(qkv, hq, hkv, positions, table.cos, table.sin, kc, vc, meta, d**-0.5)
         if ON_CUDA:
             assert torch.equal(got, want), case
             assert torch.equal(kc, kc_want) and torch.equal(vc, vc_want), f"{case}: cache"

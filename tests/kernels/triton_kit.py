@@ -16,11 +16,13 @@ import torch
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")
 ON_CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 # jit functions compiled (for sm_90 on any machine), not interpreted
-COMPILES = (importlib.util.find_spec("triton") is not None
-            and os.environ.get("TRITON_INTERPRET") != "1")
+COMPILES = (
+    importlib.util.find_spec("triton") is not None and os.environ.get("TRITON_INTERPRET") != "1"
+)
 
-needs_triton = pytest.mark.skipif(not (ON_CUDA or INTERPRET),
-                                  reason="needs CUDA + triton (or TRITON_INTERPRET=1)")
+needs_triton = pytest.mark.skipif(
+    not (ON_CUDA or INTERPRET), reason="needs CUDA + triton (or TRITON_INTERPRET=1)"
+)
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 DTYPE = torch.bfloat16 if ON_CUDA else torch.float32
 TOL = 2e-2 if ON_CUDA else 1e-4

@@ -11,14 +11,31 @@ import transformers
 from mmserve.models.harness import SequenceRunner
 from mmserve.models.registry import build_model
 
-BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=300, max_position_embeddings=256,
-            rms_norm_eps=1e-5, tie_word_embeddings=False)
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=300,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
 
 CASES = {
-    "llama": (transformers.LlamaConfig, dict(rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64})),
+    "llama": (
+        transformers.LlamaConfig,
+        dict(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+    ),
     "smollm2_tied": (transformers.LlamaConfig, dict(tie_word_embeddings=True)),
     "qwen2": (transformers.Qwen2Config, dict()),
     "qwen3": (transformers.Qwen3Config, dict(head_dim=32)),

@@ -21,7 +21,7 @@ def _hf_greedy(model_dir, ids, n):
     with torch.no_grad():  # plain argmax over full forwards: no generate() logits processing
         for _ in range(n):
             seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
+    return seq[len(ids) :]
 
 
 @pytest.mark.parametrize("fixture,n", [("default_model_dir", 32), ("gemma_model_dir", 12)])

@@ -18,18 +18,32 @@ from mmserve.models.tokenizer import Tokenizer
 transformers = pytest.importorskip("transformers")
 
 TEXTS = [
-    "Hello, world!", "The quick brown fox jumps over the lazy dog.", "", " ", "\n",
-    "  leading spaces", "trailing spaces   ", "tabs\tand\nnewlines\n\n\nmany", "a    b     c",
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "",
+    " ",
+    "\n",
+    "  leading spaces",
+    "trailing spaces   ",
+    "tabs\tand\nnewlines\n\n\nmany",
+    "a    b     c",
     "Numbers: 1234567890, 3.14159, -42, 1e10, 2024-05-01 12:34:56, 0x1F",
     "Unicode: café naïve Straße Ελληνικά русский 中文字符 日本語のテキスト 한국어 עברית",
-    "Emoji: 😀🎉👍🏽 👨‍👩‍👧‍👦 🇺🇸 ❤️", "zero\u200bwidth\u200d nbsp\u00a0here \ufeffbom",
+    "Emoji: 😀🎉👍🏽 👨‍👩‍👧‍👦 🇺🇸 ❤️",
+    "zero\u200bwidth\u200d nbsp\u00a0here \ufeffbom",
     "def f(x):\n    return {'a': [1, 2, 3], \"b\": x ** 2}  # comment\n",
-    "for (int i = 0; i < n; ++i) {\r\n\tsum += a[i];\r\n}", "   \n\t  \n",
+    "for (int i = 0; i < n; ++i) {\r\n\tsum += a[i];\r\n}",
+    "   \n\t  \n",
     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
-    "<start_of_turn>user\nHi<end_of_turn>\n<bos>text<eos><pad>", "<unused0> [multimodal] <mask>",
-    "I'm you're they'll we've she'd it's DON'T", "https://example.com/p?q=1&r=two#frag",
-    "control\x01\x02\x7f chars", "αβγ∑∫√∞≠≤≥ ｆｕｌｌｗｉｄｔｈ", "....!!!???,,,;;;:::",
-    "\n\n\n\n\n\n\n\n\n\n\n", "x" * 200 + " " + "ab" * 100,
+    "<start_of_turn>user\nHi<end_of_turn>\n<bos>text<eos><pad>",
+    "<unused0> [multimodal] <mask>",
+    "I'm you're they'll we've she'd it's DON'T",
+    "https://example.com/p?q=1&r=two#frag",
+    "control\x01\x02\x7f chars",
+    "αβγ∑∫√∞≠≤≥ ｆｕｌｌｗｉｄｔｈ",
+    "....!!!???,,,;;;:::",
+    "\n\n\n\n\n\n\n\n\n\n\n",
+    "x" * 200 + " " + "ab" * 100,
 ]
 
 
@@ -104,8 +118,12 @@ def test_chat_template_matches_transformers(smol, messages, add_generation_promp
 
 def test_text_parts_are_joined_for_string_templates(smol):
     ours, ref = smol
-    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"},
-                                          {"type": "text", "text": "there"}]}]
+    parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}],
+        }
+    ]
     flat = [{"role": "user", "content": "Hi\nthere"}]
     assert ours.apply_chat_template(parts) == ref.apply_chat_template(
         flat, tokenize=False, add_generation_prompt=True
@@ -149,27 +167,53 @@ TOOLS_TEMPLATE = """
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather <b>now</b> & later, in °C",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather <b>now</b> & later, in °C",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 TOOL_CHAT = [
     {"role": "system", "content": "Use tools. Ünïcode ok."},
     {"role": "user", "content": "Weather in Zürich?"},
-    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-        "name": "get_weather", "arguments": {"city": "Zürich"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Zürich"}},
+            }
+        ],
+    },
     {"role": "tool", "content": "21°C"},
-    {"role": "user", "content": [{"type": "text", "text": "And "},
-                                 {"type": "text", "text": "Bern?"}]},
+    {
+        "role": "user",
+        "content": [{"type": "text", "text": "And "}, {"type": "text", "text": "Bern?"}],
+    },
 ]
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}])
 def test_tool_template_matches_transformers(smol, kwargs):
     ours, ref = smol
-    want = ref.apply_chat_template(TOOL_CHAT, tools=TOOLS, chat_template=TOOLS_TEMPLATE,
-                                   tokenize=False, add_generation_prompt=True, **kwargs)
+    want = ref.apply_chat_template(
+        TOOL_CHAT,
+        tools=TOOLS,
+        chat_template=TOOLS_TEMPLATE,
+        tokenize=False,
+        add_generation_prompt=True,
+        **kwargs,
+    )
     got = ours.apply_chat_template(TOOL_CHAT, tools=TOOLS, chat_template=TOOLS_TEMPLATE, **kwargs)
     assert got == want
     assert "<b>now</b> & later, in °C" in got and "And Bern?" in got
@@ -181,8 +225,33 @@ def _synthetic_meta(kind: str, pre: str | None = None) -> dict[str, Any]:
     """A tiny GGUF tokenizer (llama-sentencepiece or gpt2-byte-level) for the paths the two
     real models do not take."""
     if kind == "llama":
-        pieces = ["▁", "e", "h", "l", "o", "w", "r", "d", "!", "▁h", "he", "ll", "llo", "▁he",
-                  "▁hello", "▁w", "or", "▁wor", "ld", "▁world", "▁▁", "lo", "t", "▁t", "es"]
+        pieces = [
+            "▁",
+            "e",
+            "h",
+            "l",
+            "o",
+            "w",
+            "r",
+            "d",
+            "!",
+            "▁h",
+            "he",
+            "ll",
+            "llo",
+            "▁he",
+            "▁hello",
+            "▁w",
+            "or",
+            "▁wor",
+            "ld",
+            "▁world",
+            "▁▁",
+            "lo",
+            "t",
+            "▁t",
+            "es",
+        ]
         tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
         types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
         scores = [0.0] * 259 + [float(-i) for i in range(len(pieces))]
@@ -195,15 +264,21 @@ def _synthetic_meta(kind: str, pre: str | None = None) -> dict[str, Any]:
         tokens = ["<|end|>", *alphabet, *(m.replace(" ", "") for m in merges)]
         types = [3] + [1] * (len(tokens) - 1)
         extra = {"tokenizer.ggml.merges": merges, "tokenizer.ggml.pre": pre}
-    return {"general.architecture": "llama", "tokenizer.ggml.model": kind,
-            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-            "tokenizer.ggml.bos_token_id": 1 if kind == "llama" else None,
-            "tokenizer.ggml.eos_token_id": 2 if kind == "llama" else 0,
-            "tokenizer.ggml.unknown_token_id": 0 if kind == "llama" else None, **extra}
+    return {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": kind,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 1 if kind == "llama" else None,
+        "tokenizer.ggml.eos_token_id": 2 if kind == "llama" else 0,
+        "tokenizer.ggml.unknown_token_id": 0 if kind == "llama" else None,
+        **extra,
+    }
 
 
-@pytest.mark.parametrize("kind,pre", [("llama", None), ("gpt2", "llama-bpe"), ("gpt2", "qwen2"),
-                                      ("gpt2", "gpt2")])
+@pytest.mark.parametrize(
+    "kind,pre", [("llama", None), ("gpt2", "llama-bpe"), ("gpt2", "qwen2"), ("gpt2", "gpt2")]
+)
 def test_other_gguf_tokenizer_kinds_match_transformers(kind, pre):
     from transformers.integrations.gguf import convert_gguf_tokenizer
 
@@ -211,28 +286,47 @@ def test_other_gguf_tokenizer_kinds_match_transformers(kind, pre):
 
     meta = _synthetic_meta(kind, pre)
     ours = build_gguf_backend(meta)
-    names = {"tokens": "tokens", "scores": "scores", "token_type": "token_type",
-             "merges": "merges", "pre": "pre_tokenizer_type", "bos_token_id": "bos_token_id",
-             "eos_token_id": "eos_token_id", "unknown_token_id": "unk_token_id"}
+    names = {
+        "tokens": "tokens",
+        "scores": "scores",
+        "token_type": "token_type",
+        "merges": "merges",
+        "pre": "pre_tokenizer_type",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+        "unknown_token_id": "unk_token_id",
+    }
     tok_dict = {"tokenizer_type": kind} | {
         names[k]: meta[f"tokenizer.ggml.{k}"] for k in names if f"tokenizer.ggml.{k}" in meta
     }
     ref, _ = convert_gguf_tokenizer("llama", tok_dict)
-    for text in ["hello world!", " hello  world", "hélló wörld 😀 123456", "test\nhello\n\n", "",
-                 "  ", "<s>hello</s><|end|>", "I'll  don't 12345 \t x"]:
+    for text in [
+        "hello world!",
+        " hello  world",
+        "hélló wörld 😀 123456",
+        "test\nhello\n\n",
+        "",
+        "  ",
+        "<s>hello</s><|end|>",
+        "I'll  don't 12345 \t x",
+    ]:
         want = ref.encode(text, add_special_tokens=False).ids
         assert ours.encode(text, add_special_tokens=False).ids == want, text
         assert ours.decode(want, skip_special_tokens=False) == ref.decode(
-            want, skip_special_tokens=False)
+            want, skip_special_tokens=False
+        )
 
 
-@pytest.mark.parametrize("source,expected", [
-    ("{% for m in messages %}{{ m['content'] }}{% endfor %}", False),
-    ("{% for t in tools %}{% if t.type == 'function' %}{% endif %}{% endfor %}", False),
-    ("{% for part in message['content'] %}{% if part['type'] == 'image' %}", True),
-    ("{% if message.content is string %}{{ message.content }}{% endif %}", True),
-    ("{% if c.type == 'text' %}{{ c.text }}{% endif %}", True),
-])
+@pytest.mark.parametrize(
+    "source,expected",
+    [
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", False),
+        ("{% for t in tools %}{% if t.type == 'function' %}{% endif %}{% endfor %}", False),
+        ("{% for part in message['content'] %}{% if part['type'] == 'image' %}", True),
+        ("{% if message.content is string %}{{ message.content }}{% endif %}", True),
+        ("{% if c.type == 'text' %}{{ c.text }}{% endif %}", True),
+    ],
+)
 def test_part_list_detection(source, expected):
     from mmserve.models.chat_template import template_handles_parts
 

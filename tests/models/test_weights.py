@@ -53,8 +53,16 @@ def _check_against_transformers(model_dir: Path, gguf_path: Path) -> Any:
     for name, tensor in ours.items():
         assert tensor.dtype == torch.float32, name
         assert torch.equal(tensor, ref_sd[name]), name
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "max_position_embeddings", "vocab_size"):
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "vocab_size",
+    ):
         assert config[key] == getattr(ref.config, key), key
     assert config["rms_norm_eps"] == pytest.approx(ref.config.rms_norm_eps, rel=1e-6)
     ours_hf = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -93,9 +101,7 @@ def test_unpermute_inverts_llama_cpp_permute():
     n_head, head_dim, d_in = 3, 8, 5
     w = np.random.default_rng(0).standard_normal((n_head * head_dim, d_in)).astype(np.float32)
     # llama.cpp convert_hf_to_gguf.py LlamaModel.permute
-    permuted = (
-        w.reshape(n_head, 2, head_dim // 2, d_in).swapaxes(1, 2).reshape(w.shape)
-    )
+    permuted = w.reshape(n_head, 2, head_dim // 2, d_in).swapaxes(1, 2).reshape(w.shape)
     np.testing.assert_array_equal(unpermute_rotary(permuted, n_head), w)
 
 
@@ -111,8 +117,10 @@ def test_sharded_safetensors_and_dtype(tmp_path):
     gen = torch.Generator().manual_seed(0)
     tensors = {f"layer.{i}.weight": torch.randn(4, 3, generator=gen) for i in range(4)}
     tensors["step"] = torch.tensor([7], dtype=torch.int64)
-    shards = {"model-00001-of-00002.safetensors": ["layer.0.weight", "layer.1.weight"],
-              "model-00002-of-00002.safetensors": ["layer.2.weight", "layer.3.weight", "step"]}
+    shards = {
+        "model-00001-of-00002.safetensors": ["layer.0.weight", "layer.1.weight"],
+        "model-00002-of-00002.safetensors": ["layer.2.weight", "layer.3.weight", "step"],
+    }
     for file, names in shards.items():
         save_file({n: tensors[n] for n in names}, str(tmp_path / file))
     weight_map = {n: file for file, names in shards.items() for n in names}
@@ -120,8 +128,9 @@ def test_sharded_safetensors_and_dtype(tmp_path):
     loaded = load_state_dict(tmp_path, dtype=torch.bfloat16)
     assert set(loaded) == set(tensors)
     assert loaded["step"].dtype == torch.int64 and loaded["layer.2.weight"].dtype == torch.bfloat16
-    torch.testing.assert_close(loaded["layer.3.weight"].float(), tensors["layer.3.weight"],
-                               rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(
+        loaded["layer.3.weight"].float(), tensors["layer.3.weight"], rtol=1e-2, atol=1e-2
+    )
     (tmp_path / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="missing weight shards"):
         load_state_dict(tmp_path)

@@ -96,7 +96,7 @@ def check_deltas(deltas: list[dict[str, Any]]) -> None:
     seen: set[int] = set()
     for delta in deltas:
         assert len(delta) == 1, delta
-        (kind, value), = delta.items()
+        ((kind, value),) = delta.items()
         assert kind in ("content", "reasoning_content", "tool_calls"), delta
         if kind != "tool_calls":
             assert isinstance(value, str) and value, delta

@@ -6,13 +6,19 @@ import pytest
 
 from parsers import detect_formats, think_open_from_prompt
 
-QWEN3 = ("{%- if tools %}<tool_call>\\n{\"name\": <function-name>}</tool_call>{%- endif %}"
-         "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}")
+QWEN3 = (
+    '{%- if tools %}<tool_call>\\n{"name": <function-name>}</tool_call>{%- endif %}'
+    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}"
+)
 QWEN3_CODER = "<tool_call>\n<function=example>\n<parameter=x>\nv\n</parameter>\n</function>"
-DS_V3 = ("<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + "
-         "'<｜tool▁sep｜>' + name + '\\n```json\\n' + args + '\\n```<｜tool▁call▁end｜>'")
-DS_V31 = ("<｜Assistant｜><think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ name + "
-          "'<｜tool▁sep｜>' + args + '<｜tool▁call▁end｜>'")
+DS_V3 = (
+    "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + "
+    "'<｜tool▁sep｜>' + name + '\\n```json\\n' + args + '\\n```<｜tool▁call▁end｜>'"
+)
+DS_V31 = (
+    "<｜Assistant｜><think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ name + "
+    "'<｜tool▁sep｜>' + args + '<｜tool▁call▁end｜>'"
+)
 
 
 @pytest.mark.parametrize(

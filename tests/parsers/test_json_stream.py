@@ -47,21 +47,24 @@ def test_a_comma_and_an_escape_are_held_back() -> None:
 
 
 def _json_values() -> st.SearchStrategy[Any]:
-    scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False,
-                                                                    allow_infinity=False)
+    scalars = (
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    )
     scalars = scalars | st.text(max_size=8)
     return st.recursive(
         scalars,
-        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids,
-                                                                  max_size=4),
+        lambda kids: (
+            st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4)
+        ),
         max_leaves=12,
     )
 
 
 @settings(max_examples=150, deadline=None)
 @given(value=_json_values(), indent=st.sampled_from([None, 1]), ascii_only=st.booleans())
-def test_every_prefix_closes_into_valid_json(value: Any, indent: int | None,
-                                             ascii_only: bool) -> None:
+def test_every_prefix_closes_into_valid_json(
+    value: Any, indent: int | None, ascii_only: bool
+) -> None:
     doc = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
     for k in range(len(doc) + 1):
         closed = _closed(doc[:k])

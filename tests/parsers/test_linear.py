@@ -20,7 +20,7 @@ _HEADS = {
     "hermes-array": ("hermes", None, '<tool_call>{"name": "s", "arguments": {"q": [1'),
     "args-before-name": ("hermes", None, '<tool_call>{"arguments": {"q": "'),
     "qwen3_coder-value": ("qwen3_coder", None, "<tool_call><function=s><parameter=q>"),
-    "deepseek_v31": ("deepseek_v31", None, "<｜tool▁call▁begin｜>s<｜tool▁sep｜>{\"q\": \""),
+    "deepseek_v31": ("deepseek_v31", None, '<｜tool▁call▁begin｜>s<｜tool▁sep｜>{"q": "'),
 }
 
 

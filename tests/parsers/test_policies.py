@@ -22,23 +22,32 @@ def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
 
 # format -> (good call A, unknown-name call, good call B); A and B call search/now.
 UNKNOWN = {
-    "hermes": ('<tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call>',
-               '<tool_call>{"name": "bogus", "arguments": {"x": "</tool_call>"}}</tool_call>',
-               '<tool_call>{"name": "now"}</tool_call>'),
-    "qwen3_coder": ("<tool_call>\n<function=search>\n<parameter=query>\na\n</parameter>\n"
-                    "</function>\n</tool_call>",
-                    "<tool_call>\n<function=bogus>\n<parameter=x>\n1\n</parameter>\n"
-                    "</function>\n</tool_call>",
-                    "<tool_call>\n<function=now>\n</function>\n</tool_call>"),
-    "mistral": ('[TOOL_CALLS]search[ARGS]{"query": "a"}', '[TOOL_CALLS]bogus[ARGS]{"x": 1}',
-                "[TOOL_CALLS]now[ARGS]{}"),
-    "deepseek_v31": (f'{DS_CALL}search{DS_SEP}{{"query": "a"}}{DS_CALL_END}',
-                     f'{DS_CALL}bogus{DS_SEP}{{"x": "{DS_CALL_END}"}}{DS_CALL_END}',
-                     f"{DS_CALL}now{DS_SEP}{{}}{DS_CALL_END}"),
-    "deepseek_v3": (f'{DS_CALL}function{DS_SEP}search\n```json\n{{"query": "a"}}\n```'
-                    f"{DS_CALL_END}",
-                    f'{DS_CALL}function{DS_SEP}bogus\n```json\n{{"x": 1}}\n```{DS_CALL_END}',
-                    f"{DS_CALL}function{DS_SEP}now\n```json\n{{}}\n```{DS_CALL_END}"),
+    "hermes": (
+        '<tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call>',
+        '<tool_call>{"name": "bogus", "arguments": {"x": "</tool_call>"}}</tool_call>',
+        '<tool_call>{"name": "now"}</tool_call>',
+    ),
+    "qwen3_coder": (
+        "<tool_call>\n<function=search>\n<parameter=query>\na\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "<tool_call>\n<function=bogus>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=now>\n</function>\n</tool_call>",
+    ),
+    "mistral": (
+        '[TOOL_CALLS]search[ARGS]{"query": "a"}',
+        '[TOOL_CALLS]bogus[ARGS]{"x": 1}',
+        "[TOOL_CALLS]now[ARGS]{}",
+    ),
+    "deepseek_v31": (
+        f'{DS_CALL}search{DS_SEP}{{"query": "a"}}{DS_CALL_END}',
+        f'{DS_CALL}bogus{DS_SEP}{{"x": "{DS_CALL_END}"}}{DS_CALL_END}',
+        f"{DS_CALL}now{DS_SEP}{{}}{DS_CALL_END}",
+    ),
+    "deepseek_v3": (
+        f'{DS_CALL}function{DS_SEP}search\n```json\n{{"query": "a"}}\n```{DS_CALL_END}',
+        f'{DS_CALL}function{DS_SEP}bogus\n```json\n{{"x": 1}}\n```{DS_CALL_END}',
+        f"{DS_CALL}function{DS_SEP}now\n```json\n{{}}\n```{DS_CALL_END}",
+    ),
 }
 
 
@@ -58,8 +67,9 @@ def test_unknown_name_becomes_content_and_neighbours_survive(fmt: str) -> None:
 
 
 def test_without_tools_any_name_is_a_call() -> None:
-    message = check_invariant('<tool_call>{"name": "bogus", "arguments": {"x": 1}}</tool_call>',
-                              tool_format="hermes")
+    message = check_invariant(
+        '<tool_call>{"name": "bogus", "arguments": {"x": 1}}</tool_call>', tool_format="hermes"
+    )
     assert _calls(message) == [("bogus", {"x": 1})]
 
 
@@ -82,9 +92,11 @@ def test_broken_before_the_name_is_content(text: str, content: str) -> None:
 
 
 def test_broken_after_the_name_keeps_the_call_with_closed_arguments() -> None:
-    text = ('<tool_call>{"name": "search", "arguments": {"query": "x" oops}}</tool_call>\n'
-            '<tool_call>{"name": "get_weather", "arguments": {"city": "y", "days": }</tool_call>'
-            '<tool_call>{"name": "now"}</tool_call>')
+    text = (
+        '<tool_call>{"name": "search", "arguments": {"query": "x" oops}}</tool_call>\n'
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "y", "days": }</tool_call>'
+        '<tool_call>{"name": "now"}</tool_call>'
+    )
     message = check_invariant(text, tool_format="hermes", tools=TOOLS)
     assert _calls(message) == [
         ("search", {"query": "x"}),
@@ -123,14 +135,17 @@ def test_qwen3_coder_cut_inside_a_value_and_bad_names() -> None:
         ("get_weather", {"city": "Os"})
     ]
     bad = "<tool_call>\n<function=get weather>\n</function>\n</tool_call>"
-    message = check_invariant(bad + "<function=now></function>", markup_free=False,
-                              tool_format="qwen3_coder", tools=TOOLS)
+    message = check_invariant(
+        bad + "<function=now></function>", markup_free=False, tool_format="qwen3_coder", tools=TOOLS
+    )
     assert message["content"] == bad and _calls(message) == [("now", {})]
 
 
 def test_mistral_list_with_a_bad_element() -> None:
-    text = ('[TOOL_CALLS] [{"name": "bogus", "arguments": {}}, '
-            '{"name": "search", "arguments": {"query": "q"}}]')
+    text = (
+        '[TOOL_CALLS] [{"name": "bogus", "arguments": {}}, '
+        '{"name": "search", "arguments": {"query": "q"}}]'
+    )
     message = check_invariant(text, markup_free=False, tool_format="mistral", tools=TOOLS)
     assert message["content"] == '{"name": "bogus", "arguments": {}}'
     assert _calls(message) == [("search", {"query": "q"})]
@@ -138,8 +153,10 @@ def test_mistral_list_with_a_bad_element() -> None:
 
 
 def test_deepseek_broken_call_is_skipped_to_its_end() -> None:
-    text = (f"{DS_BEGIN}{DS_CALL}search{DS_SEP}{{\"query\": \"a\" ??? }}{DS_CALL_END}"
-            f"{DS_CALL}now{DS_SEP}{{}}{DS_CALL_END}{DS_END}after")
+    text = (
+        f'{DS_BEGIN}{DS_CALL}search{DS_SEP}{{"query": "a" ??? }}{DS_CALL_END}'
+        f"{DS_CALL}now{DS_SEP}{{}}{DS_CALL_END}{DS_END}after"
+    )
     message = check_invariant(text, tool_format="deepseek_v31", tools=TOOLS)
     assert _calls(message) == [("search", {"query": "a"}), ("now", {})]
     assert message["content"] == "after"
@@ -155,8 +172,10 @@ def test_llama3_python_tag_without_json_is_content() -> None:
     ("text", "content"),
     [
         ("Use the <tool_call> tag, ok?", "Use the <tool_call> tag, ok?"),
-        ('a <tool_call>{"name": "bogus"}</tool_call> b',
-         'a <tool_call>{"name": "bogus"}</tool_call> b'),
+        (
+            'a <tool_call>{"name": "bogus"}</tool_call> b',
+            'a <tool_call>{"name": "bogus"}</tool_call> b',
+        ),
         ('a\n<tool_call>{"name": "now"}</tool_call>\nb', "a\n\nb"),
     ],
 )

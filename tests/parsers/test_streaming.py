@@ -42,8 +42,10 @@ def test_reasoning_streams_before_it_closes() -> None:
 
 
 def test_several_calls_in_one_chunk_keep_their_braces() -> None:
-    text = ('<tool_call>{"name": "search", "arguments": {"query": {"deep": [1, {"x": 2}]}}}'
-            '</tool_call><tool_call>{"name": "now", "arguments": {}}</tool_call>')
+    text = (
+        '<tool_call>{"name": "search", "arguments": {"query": {"deep": [1, {"x": 2}]}}}'
+        '</tool_call><tool_call>{"name": "now", "arguments": {}}</tool_call>'
+    )
     p = StreamParser(tool_format="hermes", seed=1)
     message = reconstruct(p.feed(text) + p.finish())
     args = [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]]
@@ -53,16 +55,24 @@ def test_several_calls_in_one_chunk_keep_their_braces() -> None:
 LONG = "lorem ipsum dolor sit amet " * 100
 
 STREAMING = {
-    "hermes": ('<tool_call>{"name": "search", "arguments": {"query": "', LONG,
-               '"}}</tool_call>'),
-    "qwen3_coder": ("<tool_call>\n<function=search>\n<parameter=query>\n", LONG,
-                    "\n</parameter>\n</function>\n</tool_call>"),
+    "hermes": ('<tool_call>{"name": "search", "arguments": {"query": "', LONG, '"}}</tool_call>'),
+    "qwen3_coder": (
+        "<tool_call>\n<function=search>\n<parameter=query>\n",
+        LONG,
+        "\n</parameter>\n</function>\n</tool_call>",
+    ),
     "llama3_json": ('<|python_tag|>{"name": "search", "parameters": {"query": "', LONG, '"}}'),
     "mistral": ('[TOOL_CALLS]search[ARGS]{"query": "', LONG, '"}'),
-    "deepseek_v3": (f'{DS_BEGIN}{DS_CALL}function{DS_SEP}search\n```json\n{{"query": "', LONG,
-                    f'"}}\n```{DS_CALL_END}{DS_END}'),
-    "deepseek_v31": (f'{DS_BEGIN}{DS_CALL}search{DS_SEP}{{"query": "', LONG,
-                     f'"}}{DS_CALL_END}{DS_END}'),
+    "deepseek_v3": (
+        f'{DS_BEGIN}{DS_CALL}function{DS_SEP}search\n```json\n{{"query": "',
+        LONG,
+        f'"}}\n```{DS_CALL_END}{DS_END}',
+    ),
+    "deepseek_v31": (
+        f'{DS_BEGIN}{DS_CALL}search{DS_SEP}{{"query": "',
+        LONG,
+        f'"}}{DS_CALL_END}{DS_END}',
+    ),
 }
 
 

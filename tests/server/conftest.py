@@ -30,8 +30,9 @@ API_KEY = "sk-mmserve-test"
 def engine() -> Iterator[Any]:
     from mmserve.engine.async_engine import AsyncEngine
 
-    config = EngineConfig(device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=32,
-                          max_waiting=64)
+    config = EngineConfig(
+        device="cpu", max_model_len=MAX_MODEL_LEN, max_num_seqs=32, max_waiting=64
+    )
     if os.environ.get("MMSERVE_TEST_ENGINE") == "process":
         from mmserve.server.launch_split import spawn_engine
 

@@ -22,8 +22,7 @@ from mmserve.server.launch import bound_address, make_server
 class LiveServer:
     """``with LiveServer(engine, config) as srv:`` serves until the block ends."""
 
-    def __init__(self, engine: Any, config: ServerConfig | None = None,
-                 speech: Any = None) -> None:
+    def __init__(self, engine: Any, config: ServerConfig | None = None, speech: Any = None) -> None:
         self.config = config or ServerConfig(host="127.0.0.1", port=0, log_level="warning")
         self.engine = engine
         self.app = create_app(engine, self.config, speech)
@@ -86,18 +85,27 @@ class StreamRecord:
     first: threading.Event = field(default_factory=threading.Event)  # set on the first event
 
 
-def start_stream(url: str, max_tokens: int, timeout: float = 120.0,
-                 ) -> tuple[StreamRecord, threading.Thread]:
+def start_stream(
+    url: str,
+    max_tokens: int,
+    timeout: float = 120.0,
+) -> tuple[StreamRecord, threading.Thread]:
     """A streaming greedy chat on a thread (``ignore_eos``: it runs ``max_tokens``); returns
     once its first event has come, with the thread still reading."""
     record = StreamRecord()
-    body = {"messages": [{"role": "user", "content": "Count from one to one thousand."}],
-            "stream": True, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    body = {
+        "messages": [{"role": "user", "content": "Count from one to one thousand."}],
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
     def read() -> None:
         try:
-            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body,
-                              timeout=timeout) as r:
+            with httpx.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, timeout=timeout
+            ) as r:
                 record.status = r.status_code
                 if r.status_code != 200:
                     record.events.append(r.read().decode())

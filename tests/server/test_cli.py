@@ -150,7 +150,8 @@ def test_serve_subprocess_prints_address_answers_health_and_stops() -> None:
     err = last_json(stream.events)["error"]
     assert err["code"] == "engine_unavailable" and "shutting down" in err["message"]
     assert "mmserve: stopped; 1 request(s) cancelled at shutdown, 0 KV block(s) in use\n" in (
-        lines), "".join(lines)
+        lines
+    ), "".join(lines)
 
 
 def _check_default_voice(url: str) -> None:

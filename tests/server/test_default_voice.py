@@ -27,10 +27,12 @@ def test_the_default_voice_loads_and_speaks() -> None:
 
     if not (DEFAULT_VOICE_DIR / "voice.json").is_file():
         pytest.skip(f"the default voice is not installed in {DEFAULT_VOICE_DIR}")
-    speech = start_speech(SpeechConfig(voice_device="cpu", voice_max_num_seqs=2,
-                                       voice_kv_cache_memory_mb=32))
+    speech = start_speech(
+        SpeechConfig(voice_device="cpu", voice_max_num_seqs=2, voice_kv_cache_memory_mb=32)
+    )
     assert speech is not None
     try:
+
         async def say() -> np.ndarray:
             prompts, _ = await speech.prompts("Hello there.", "default")
             return np.concatenate([c async for c in speech.stream(prompts)])

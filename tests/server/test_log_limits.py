@@ -14,8 +14,10 @@ def _record(msg: str, exc: BaseException | None = None) -> logging.LogRecord:
 
 def test_one_line_per_failure_class_per_window() -> None:
     f = RepeatFilter(window_s=3600)
-    storm = [_record("Exception in ASGI application", OSError(24, "Too many open files"))
-             for _ in range(10_000)]
+    storm = [
+        _record("Exception in ASGI application", OSError(24, "Too many open files"))
+        for _ in range(10_000)
+    ]
     assert sum(f.filter(r) for r in storm) == 1
     assert f.filter(_record("Exception in ASGI application", ValueError("x")))  # new class
     assert f.filter(_record("Invalid HTTP request received."))

@@ -28,8 +28,10 @@ from mmserve.config import ServerConfig
 from mmserve.models.tokenizer import Tokenizer
 
 SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
-ANSWER = ("Sure, here it is. The capital of France is Paris, a city on the Seine, known for "
-          "its museums, its bridges and its food. It has about two million people.")
+ANSWER = (
+    "Sure, here it is. The capital of France is Paris, a city on the Seine, known for "
+    "its museums, its bridges and its food. It has about two million people."
+)
 LONG = " ".join([ANSWER] * 6)
 SHORT = "Sure, here it is. The capital of France is Paris."
 FRAME = 480  # samples of a 20 ms frame at 24 kHz
@@ -39,8 +41,16 @@ class SlowScript(ScriptedEngine):
     """The scripted answer, one chunk every ``delay`` seconds (a model writing it)."""
 
     def __init__(self, tokenizer: Any, delay: float = 0.02) -> None:
-        super().__init__(tokenizer, lambda prompt: LONG if "long answer" in prompt
-                         else SHORT if "briefly" in prompt.lower() else ANSWER)
+        super().__init__(
+            tokenizer,
+            lambda prompt: (
+                LONG
+                if "long answer" in prompt
+                else SHORT
+                if "briefly" in prompt.lower()
+                else ANSWER
+            ),
+        )
         self.delay = delay
         self.finished_at: float | None = None
 
@@ -61,8 +71,9 @@ def speech(tmp_path_factory):
     # FIFO: these tests are about the protocol; on a loaded CPU the deadline policy would
     # (rightly) refuse a stream while an earlier answer is still playing in its model of the
     # client (its scheduling has its own test; the page test runs it on a live server)
-    svc = SpeechService.start(str(path), "cpu", max_num_seqs=8, kv_cache_memory_mb=32,
-                              audio_scheduling="fifo")
+    svc = SpeechService.start(
+        str(path), "cpu", max_num_seqs=8, kv_cache_memory_mb=32, audio_scheduling="fifo"
+    )
     yield svc
     svc.shutdown()
 
@@ -80,8 +91,12 @@ def srv(speech, text):
 
 
 def _client(srv: LiveServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="unused",
-                              websocket_base_url=f"{srv.ws_url}/v1", max_retries=0)
+    return openai.AsyncOpenAI(
+        base_url=f"{srv.url}/v1",
+        api_key="unused",
+        websocket_base_url=f"{srv.ws_url}/v1",
+        max_retries=0,
+    )
 
 
 async def _recv(conn: Any) -> Any:
@@ -99,8 +114,13 @@ async def _until(conn: Any, kind: str) -> list[Any]:
 
 
 async def _ask(conn: Any, question: str) -> None:
-    await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-        {"type": "input_text", "text": question}]})
+    await conn.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": question}],
+        }
+    )
     await _until(conn, "conversation.item.done")
 
 
@@ -109,8 +129,9 @@ def _frames(speech: Any, text: str) -> int:
 
 
 def _pcm(events: list[Any]) -> bytes:
-    return b"".join(base64.b64decode(e.delta) for e in events
-                    if e.type == "response.output_audio.delta")
+    return b"".join(
+        base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+    )
 
 
 def test_spoken_answer_events_audio_and_transcript(srv, speech, text) -> None:
@@ -119,8 +140,14 @@ def test_spoken_answer_events_audio_and_transcript(srv, speech, text) -> None:
             created = await _recv(conn)
             assert created.session.output_modalities == ["audio"]  # a voice is loaded
             assert created.session.audio.output.format.rate == 24000
-            await conn.session.update(session={"type": "realtime", "audio": {"output": {
-                "voice": "alloy", "format": {"type": "audio/pcm", "rate": 24000}}}})
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "audio": {
+                        "output": {"voice": "alloy", "format": {"type": "audio/pcm", "rate": 24000}}
+                    },
+                }
+            )
             assert (await _recv(conn)).type == "session.updated"
             await _ask(conn, "What is the capital of France?")
             sent = time.monotonic()
@@ -131,17 +158,26 @@ def test_spoken_answer_events_audio_and_transcript(srv, speech, text) -> None:
                 if first_audio is None and events[-1].type == "response.output_audio.delta":
                     first_audio = time.monotonic()
             kinds = [e.type for e in events]
-            assert kinds[:4] == ["response.created", "response.output_item.added",
-                                 "conversation.item.added", "response.content_part.added"]
-            assert kinds[-6:] == ["response.output_audio.done",
-                                  "response.output_audio_transcript.done",
-                                  "response.content_part.done", "response.output_item.done",
-                                  "conversation.item.done", "response.done"]
+            assert kinds[:4] == [
+                "response.created",
+                "response.output_item.added",
+                "conversation.item.added",
+                "response.content_part.added",
+            ]
+            assert kinds[-6:] == [
+                "response.output_audio.done",
+                "response.output_audio_transcript.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "conversation.item.done",
+                "response.done",
+            ]
             assert "response.output_text.delta" not in kinds
             done = events[-1].response
             assert done.status == "completed" and done.output_modalities == ["audio"]
-            transcript = "".join(e.delta for e in events
-                                 if e.type == "response.output_audio_transcript.delta")
+            transcript = "".join(
+                e.delta for e in events if e.type == "response.output_audio_transcript.delta"
+            )
             assert transcript == events[-5].transcript
             assert transcript.split() == ANSWER.split()
             assert done.output[0].content[0].transcript == transcript
@@ -155,8 +191,7 @@ def test_spoken_answer_events_audio_and_transcript(srv, speech, text) -> None:
             assert np.abs(np.frombuffer(pcm, "<i2")).max() > 0
             # speaking while the answer is still being written
             assert first_audio is not None and text.finished_at is not None
-            assert first_audio < text.finished_at, (first_audio - sent,
-                                                    text.finished_at - sent)
+            assert first_audio < text.finished_at, (first_audio - sent, text.finished_at - sent)
 
     asyncio.run(run())
 
@@ -194,12 +229,19 @@ def test_truncate_cuts_the_stored_transcript_to_what_was_played(srv) -> None:
             events = await _until(conn, "response.done")
             item = events[-1].response.output[0]
             total_ms = len(_pcm(events)) / 2 / 24000 * 1000
-            await conn.send({"type": "conversation.item.truncate", "item_id": item.id,
-                             "content_index": 0, "audio_end_ms": int(total_ms + 500)})
+            await conn.send(
+                {
+                    "type": "conversation.item.truncate",
+                    "item_id": item.id,
+                    "content_index": 0,
+                    "audio_end_ms": int(total_ms + 500),
+                }
+            )
             err = await _recv(conn)
             assert err.type == "error" and err.error.param == "audio_end_ms"
-            await conn.conversation.item.truncate(item_id=item.id, content_index=0,
-                                                  audio_end_ms=int(total_ms / 2))
+            await conn.conversation.item.truncate(
+                item_id=item.id, content_index=0, audio_end_ms=int(total_ms / 2)
+            )
             truncated = await _recv(conn)
             assert truncated.type == "conversation.item.truncated"
             assert truncated.audio_end_ms == int(total_ms / 2)
@@ -215,12 +257,17 @@ def test_bad_audio_settings_are_errors_and_the_socket_stays_open(srv) -> None:
     async def run() -> None:
         async with _client(srv).realtime.connect(model="scripted") as conn:
             await _recv(conn)
-            await conn.session.update(session={"type": "realtime", "audio": {"output": {
-                "format": {"type": "audio/pcmu"}}}})
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "audio": {"output": {"format": {"type": "audio/pcmu"}}},
+                }
+            )
             err = await _recv(conn)
             assert err.type == "error" and "audio/pcm" in err.error.message
-            await conn.session.update(session={"type": "realtime", "audio": {"output": {
-                "voice": "nobody"}}})
+            await conn.session.update(
+                session={"type": "realtime", "audio": {"output": {"voice": "nobody"}}}
+            )
             err = await _recv(conn)
             assert err.type == "error" and "alloy" in err.error.message
             await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
@@ -244,8 +291,9 @@ def _metrics(srv: LiveServer) -> dict[str, float]:
     return out
 
 
-def test_a_refused_stream_is_an_error_event_and_the_socket_stays_open(srv, speech,
-                                                                      monkeypatch) -> None:
+def test_a_refused_stream_is_an_error_event_and_the_socket_stays_open(
+    srv, speech, monkeypatch
+) -> None:
     """The voice engine's admission control refuses a stream (its request ends
     ``overloaded`` before any audio): the client gets an ``error`` event saying so, the
     response fails, /metrics counts the refusal, and the socket serves the next response."""
@@ -286,8 +334,10 @@ def test_metrics_report_spoken_answers(srv) -> None:
     played = m["mmserve_audio_stream_rtf_count"]
     assert played >= 1 and m["mmserve_audio_stream_worst_gap_seconds_count"] == played
     assert m["mmserve_audio_stream_rtf_sum"] > 0
-    outcomes = [m.get(f'mmserve_audio_streams_total{{outcome="{o}"}}', 0.0)
-                for o in ("no_underrun", "underrun")]
+    outcomes = [
+        m.get(f'mmserve_audio_streams_total{{outcome="{o}"}}', 0.0)
+        for o in ("no_underrun", "underrun")
+    ]
     assert sum(outcomes) == played
     assert any(k.startswith("mmserve_audio_streams_refused_total") for k in m)
 
@@ -300,9 +350,20 @@ def test_voice_agent_demo_saves_the_spoken_answer(srv, tmp_path) -> None:
 
     demo = Path(__file__).resolve().parents[2] / "demos" / "voice_agent.py"
     out = tmp_path / "answer.wav"
-    done = subprocess.run([sys.executable, str(demo), "--base-url", f"{srv.url}/v1", "--out",
-                           str(out), "What is the capital of France?"],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(demo),
+            "--base-url",
+            f"{srv.url}/v1",
+            "--out",
+            str(out),
+            "What is the capital of France?",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ANSWER.split()  # the transcript, as it was spoken
     with wave.open(str(out)) as wav:

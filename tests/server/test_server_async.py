@@ -19,8 +19,14 @@ from live_server import LiveServer, wait_for_idle
 from mmserve.config import EngineConfig
 from mmserve.engine.async_engine import AsyncEngine
 
-PROMPTS = ["Count to five.", "What is 2+2?", "Name a fruit.", "Say goodbye.",
-           "Write a haiku about rain.", "List three colours."]
+PROMPTS = [
+    "Count to five.",
+    "What is 2+2?",
+    "Name a fruit.",
+    "Say goodbye.",
+    "Write a haiku about rain.",
+    "List three colours.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +43,17 @@ def ahead_server(ahead_engine: Any) -> Iterator[LiveServer]:
         yield srv
 
 
-async def _stream(url: str, model: str, prompt: str, max_tokens: int,
-                  stop_after: int | None = None) -> str:
+async def _stream(
+    url: str, model: str, prompt: str, max_tokens: int, stop_after: int | None = None
+) -> str:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
     stream = await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-        temperature=0, stream=True)
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+    )
     text, chunks = "", 0
     async for c in stream:
         if c.choices:
@@ -56,7 +67,8 @@ async def _stream(url: str, model: str, prompt: str, max_tokens: int,
 
 
 def test_concurrent_streams_equal_the_synchronous_engine(
-        ahead_server: LiveServer, ahead_engine: Any, server: LiveServer, model_name: str) -> None:
+    ahead_server: LiveServer, ahead_engine: Any, server: LiveServer, model_name: str
+) -> None:
     async def run(url: str) -> list[str]:
         return list(await asyncio.gather(*(_stream(url, model_name, p, 24) for p in PROMPTS)))
 
@@ -68,13 +80,14 @@ def test_concurrent_streams_equal_the_synchronous_engine(
 
 
 def test_client_gone_mid_stream_frees_blocks_and_serving_goes_on(
-        ahead_server: LiveServer, ahead_engine: Any, server: LiveServer,
-        model_name: str) -> None:
+    ahead_server: LiveServer, ahead_engine: Any, server: LiveServer, model_name: str
+) -> None:
     before = ahead_engine.stats().kv_blocks_used
 
     async def run(url: str, stop_after: int | None) -> tuple[list[str], str]:
-        cut = await asyncio.gather(*(_stream(url, model_name, p, 60, stop_after)
-                                     for p in PROMPTS[:4]))
+        cut = await asyncio.gather(
+            *(_stream(url, model_name, p, 60, stop_after) for p in PROMPTS[:4])
+        )
         after = await _stream(url, model_name, PROMPTS[4], 12)
         return list(cut), after
 

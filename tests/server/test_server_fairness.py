@@ -33,8 +33,13 @@ def long_engine() -> Iterator[Any]:
 
 def _timed_stream(url: str, text: str, max_tokens: int, times: list[float]) -> None:
     """Stream a greedy chat, appending the arrival time of each content chunk to ``times``."""
-    body = {"messages": [{"role": "user", "content": text}], "stream": True, "temperature": 0,
-            "max_tokens": max_tokens, "ignore_eos": True}
+    body = {
+        "messages": [{"role": "user", "content": text}],
+        "stream": True,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
@@ -43,15 +48,20 @@ def _timed_stream(url: str, text: str, max_tokens: int, times: list[float]) -> N
 
 
 def test_short_chat_is_not_stuck_behind_a_long_prompt(long_engine: Any) -> None:
-    text = " ".join(("the quick brown fox jumps over a lazy dog while seven ravens watch "
-                     * (WORDS // 13 + 1)).split()[:WORDS])
+    text = " ".join(
+        (
+            "the quick brown fox jumps over a lazy dog while seven ravens watch "
+            * (WORDS // 13 + 1)
+        ).split()[:WORDS]
+    )
     stream: list[float] = []
     long: list[float] = []
     short: list[float] = []
     config = ServerConfig(host="127.0.0.1", port=0, log_level="warning")
     with LiveServer(long_engine, config) as srv:
         decoding = threading.Thread(
-            target=_timed_stream, args=(srv.url, "Count from one to one hundred.", 64, stream))
+            target=_timed_stream, args=(srv.url, "Count from one to one hundred.", 64, stream)
+        )
         decoding.start()
         while not stream:  # the stream is decoding before the long prompt comes
             assert decoding.is_alive()
@@ -60,8 +70,11 @@ def test_short_chat_is_not_stuck_behind_a_long_prompt(long_engine: Any) -> None:
         clients[0].start()
         time.sleep(0.5)
         sent = time.monotonic()
-        clients.append(threading.Thread(
-            target=_timed_stream, args=(srv.url, "What is the capital of France?", 4, short)))
+        clients.append(
+            threading.Thread(
+                target=_timed_stream, args=(srv.url, "What is the capital of France?", 4, short)
+            )
+        )
         clients[1].start()
         for c in (*clients, decoding):
             c.join(timeout=600)

@@ -39,8 +39,9 @@ class StandInEngine:
     def _validate(self, *args: Any) -> None:
         pass
 
-    def add_request(self, prompt: list[int], params: Any, rid: str, spans: Any,
-                    audio: Any = None) -> None:
+    def add_request(
+        self, prompt: list[int], params: Any, rid: str, spans: Any, audio: Any = None
+    ) -> None:
         self.requests[rid] = prompt
 
     def abort(self, rid: str) -> None:
@@ -69,19 +70,24 @@ def _until(url: str, status: int) -> dict[str, Any]:
 def test_health_reports_stuck_then_dead_engine_and_requests_end(engine: Any) -> None:
     stand_in = StandInEngine(engine.tokenizer)
     eng = AsyncEngine(stand_in, "stand-in")  # type: ignore[arg-type]
-    config = ServerConfig(host="127.0.0.1", port=0, log_level="critical",
-                          engine_stall_timeout_s=0.3)
+    config = ServerConfig(
+        host="127.0.0.1", port=0, log_level="critical", engine_stall_timeout_s=0.3
+    )
     try:
         with LiveServer(eng, config) as srv:
             health = f"{srv.url}/health"
             assert _until(health, 200) == {"status": "ok"}
-            body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
-                    "stream": True}
+            body = {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+                "stream": True,
+            }
             result: dict[str, Any] = {}
 
             def in_flight() -> None:
-                with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body,
-                                  timeout=60) as r:
+                with httpx.stream(
+                    "POST", f"{srv.url}/v1/chat/completions", json=body, timeout=60
+                ) as r:
                     result["status"] = r.status_code
                     result["body"] = r.read().decode()
 

@@ -26,9 +26,16 @@ SEVEN_MB = "x" * (7 << 20)
 
 @pytest.fixture(scope="module")
 def hostile(engine: Any) -> Iterator[LiveServer]:
-    config = ServerConfig(host="127.0.0.1", port=0, log_level="warning", header_timeout_s=0.5,
-                          body_timeout_s=0.5, max_connections=MAX_CONNECTIONS,
-                          realtime_max_items=4, max_prompt_bytes=256 << 10)
+    config = ServerConfig(
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        header_timeout_s=0.5,
+        body_timeout_s=0.5,
+        max_connections=MAX_CONNECTIONS,
+        realtime_max_items=4,
+        max_prompt_bytes=256 << 10,
+    )
     with LiveServer(engine, config) as srv:
         yield srv
 
@@ -59,34 +66,58 @@ def test_megabyte_stop_string_is_refused_by_its_limit(http: httpx.Client) -> Non
     assert ok.status_code == 200, ok.text
 
 
-@pytest.mark.parametrize("route,body,param", [
-    ("/v1/chat/completions", '{"messages":[{"role":"user","content":"\\ud800"}]}',
-     "messages.0.content"),
-    ("/v1/chat/completions",
-     '{"messages":[{"role":"user","content":[{"type":"text","text":"a\\udfff"}]}]}',
-     "messages.0.content.0.text"),
-    ("/v1/completions", '{"prompt":"hi \\ud800"}', "prompt"),
-    ("/v1/completions", '{"prompt":["ok","\\ud83d"]}', "prompt.1"),
-], ids=["chat-string", "chat-part", "completion", "completion-list"])
+@pytest.mark.parametrize(
+    "route,body,param",
+    [
+        (
+            "/v1/chat/completions",
+            '{"messages":[{"role":"user","content":"\\ud800"}]}',
+            "messages.0.content",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"messages":[{"role":"user","content":[{"type":"text","text":"a\\udfff"}]}]}',
+            "messages.0.content.0.text",
+        ),
+        ("/v1/completions", '{"prompt":"hi \\ud800"}', "prompt"),
+        ("/v1/completions", '{"prompt":["ok","\\ud83d"]}', "prompt.1"),
+    ],
+    ids=["chat-string", "chat-part", "completion", "completion-list"],
+)
 def test_lone_surrogate_is_400(http: httpx.Client, route: str, body: str, param: str) -> None:
     resp = http.post(route, content=body, headers={"content-type": "application/json"})
     err = _error(resp)
     assert (err["param"], err["code"]) == (param, "invalid_unicode")
 
 
-@pytest.mark.parametrize("body,param,code", [
-    ({"prompt": [-1]}, "prompt", "invalid_token_id"),
-    ({"prompt": [[5, 49152]]}, "prompt", "invalid_token_id"),
-    ({"prompt": [9223372036854775808]}, "prompt.0", "integer_out_of_range"),
-    ({"prompt": "Hi", "seed": 2**70}, "seed", "integer_out_of_range"),
-    ({"prompt": "Hi", "seed": 2**63 - 1}, "seed", "invalid_request_error"),
-    ({"prompt": "Hi", "top_k": -(2**64)}, "top_k", "integer_out_of_range"),
-    ({"prompt": "Hi", "min_tokens": 2, "stop_token_ids": [9931234]}, None,
-     "invalid_request_error"),  # found by the fuzzer: it failed the whole engine step
-], ids=["negative-id", "id-past-vocab", "id-past-int64", "seed-2**70", "seed-past-n", "top_k",
-        "stop-token-id-past-vocab"])
-def test_out_of_range_integers_are_400(http: httpx.Client, body: dict[str, Any], param: str,
-                                       code: str) -> None:
+@pytest.mark.parametrize(
+    "body,param,code",
+    [
+        ({"prompt": [-1]}, "prompt", "invalid_token_id"),
+        ({"prompt": [[5, 49152]]}, "prompt", "invalid_token_id"),
+        ({"prompt": [9223372036854775808]}, "prompt.0", "integer_out_of_range"),
+        ({"prompt": "Hi", "seed": 2**70}, "seed", "integer_out_of_range"),
+        ({"prompt": "Hi", "seed": 2**63 - 1}, "seed", "invalid_request_error"),
+        ({"prompt": "Hi", "top_k": -(2**64)}, "top_k", "integer_out_of_range"),
+        (
+            {"prompt": "Hi", "min_tokens": 2, "stop_token_ids": [9931234]},
+            None,
+            "invalid_request_error",
+        ),  # found by the fuzzer: it failed the whole engine step
+    ],
+    ids=[
+        "negative-id",
+        "id-past-vocab",
+        "id-past-int64",
+        "seed-2**70",
+        "seed-past-n",
+        "top_k",
+        "stop-token-id-past-vocab",
+    ],
+)
+def test_out_of_range_integers_are_400(
+    http: httpx.Client, body: dict[str, Any], param: str, code: str
+) -> None:
     err = _error(http.post("/v1/completions", json={"max_tokens": 2, **body}))
     assert (err["param"], err["code"]) == (param, code), err
 
@@ -112,8 +143,9 @@ def test_request_that_can_never_fit_the_queue_is_400(http: httpx.Client, engine:
 
 def test_json_nested_2000_deep(http: httpx.Client, hostile: LiveServer) -> None:
     deep = '{"messages":' + "[" * 2000 + "]" * 2000 + "}"
-    resp = http.post("/v1/chat/completions", content=deep,
-                     headers={"content-type": "application/json"})
+    resp = http.post(
+        "/v1/chat/completions", content=deep, headers={"content-type": "application/json"}
+    )
     assert _error(resp)["code"] == "json_too_deep"
     tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
     node: dict[str, Any] = tool["function"]["parameters"]  # type: ignore[index]
@@ -126,8 +158,10 @@ def test_json_nested_2000_deep(http: httpx.Client, hostile: LiveServer) -> None:
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
         ws.send('{"type":' + "[" * 2000 + "]" * 2000 + "}")
         assert json.loads(ws.recv(timeout=30))["error"]["code"] == "json_too_deep"
-        ws.send('{"type": "conversation.item.create", "item": {"type": "message", "role": '
-                '"user", "content": [{"type": "input_text", "text": "x\\ud800"}]}}')
+        ws.send(
+            '{"type": "conversation.item.create", "item": {"type": "message", "role": '
+            '"user", "content": [{"type": "input_text", "text": "x\\ud800"}]}}'
+        )
         assert json.loads(ws.recv(timeout=30))["error"]["code"] == "invalid_unicode"
         ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 0}}))
         err = json.loads(ws.recv(timeout=30))["error"]
@@ -135,8 +169,16 @@ def test_json_nested_2000_deep(http: httpx.Client, hostile: LiveServer) -> None:
 
 
 def _item(text: str) -> str:
-    return json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    return json.dumps(
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": text}],
+            },
+        }
+    )
 
 
 def _next_of(ws: Any, kinds: tuple[str, ...]) -> dict[str, Any]:
@@ -162,8 +204,14 @@ def test_realtime_conversation_is_capped(hostile: LiveServer, engine: Any) -> No
         assert err["error"]["code"] == "conversation_full"
         assert "realtime_max_items" in err["error"]["message"]
         out_of_band = [json.loads(_item("y" * (300 << 10)))["item"]]  # > max_prompt_bytes
-        ws.send(json.dumps({"type": "response.create",
-                            "response": {"conversation": "none", "input": out_of_band}}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "response": {"conversation": "none", "input": out_of_band},
+                }
+            )
+        )
         err = _next_of(ws, ("error", "response.created"))
         assert err["error"]["code"] == "prompt_too_large"
         ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 2}}))
@@ -190,7 +238,7 @@ def test_slow_headers_and_bodies_are_cut_off(hostile: LiveServer, http: httpx.Cl
         reply = _read_all(sock)  # the server closes it: header_timeout_s
     assert reply.startswith(b"HTTP/1.1 408") and b"header_timeout_s" in reply
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-    with _partial(hostile, head + b"content-length: 100\r\n\r\n{\"prompt\"") as sock:
+    with _partial(hostile, head + b'content-length: 100\r\n\r\n{"prompt"') as sock:
         assert _read_all(sock) == b""  # closed without an answer: body_timeout_s
     held = [_partial(hostile, b"GET /health HTTP/1.1\r\n") for _ in range(3 * MAX_CONNECTIONS)]
     try:  # more slow connections than max_connections: the oldest make room

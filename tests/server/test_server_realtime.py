@@ -123,11 +123,27 @@ def test_ignore_eos_runs_to_the_token_limit(server: LiveServer, model_name: str)
     async def run() -> None:
         async with _client(server).realtime.connect(model=model_name) as conn:
             await _recv(conn)
-            await conn.send({"type": "session.update", "session": {
-                "type": "realtime", "output_modalities": ["text"], "ignore_eos": True}})
+            await conn.send(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "realtime",
+                        "output_modalities": ["text"],
+                        "ignore_eos": True,
+                    },
+                }
+            )
             assert (await _recv(conn)).type == "session.updated"
-            await conn.send({"type": "response.create", "response": {
-                "conversation": "none", "input": [USER_HI], "max_output_tokens": 24}})
+            await conn.send(
+                {
+                    "type": "response.create",
+                    "response": {
+                        "conversation": "none",
+                        "input": [USER_HI],
+                        "max_output_tokens": 24,
+                    },
+                }
+            )
             done = (await _until(conn, "response.done"))[-1].response
             assert done.usage.output_tokens == 24
             assert done.status == "incomplete"

@@ -21,8 +21,7 @@ GRACE_S = 5.0
 
 def test_stop_drains_short_requests_and_cancels_the_rest(engine: Any) -> None:
     before = engine.stats().kv_blocks_used
-    config = ServerConfig(host="127.0.0.1", port=0, log_level="critical",
-                          shutdown_grace_s=GRACE_S)
+    config = ServerConfig(host="127.0.0.1", port=0, log_level="critical", shutdown_grace_s=GRACE_S)
     srv = LiveServer(engine, config).start()
     short, short_thread = start_stream(srv.url, 6)  # well inside the grace
     long, long_thread = start_stream(srv.url, 400)  # far past it

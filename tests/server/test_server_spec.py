@@ -10,28 +10,36 @@ from prometheus_client.parser import text_string_to_metric_families
 from mmserve.config import EngineConfig
 from mmserve.engine.async_engine import AsyncEngine
 
-PARAGRAPH = ("The river town woke slowly. Fishermen pulled their boats onto the gravel, the "
-             "baker opened his shutters, and the old ferry bell rang twice.")
+PARAGRAPH = (
+    "The river town woke slowly. Fishermen pulled their boats onto the gravel, the "
+    "baker opened his shutters, and the old ferry bell rang twice."
+)
 
 
 @pytest.fixture(scope="module")
 def spec_server(default_model_dir):
-    engine = AsyncEngine.from_config(EngineConfig(
-        model=str(default_model_dir),
-        speculative_config='{"method": "ngram", "num_speculative_tokens": 4}'))
+    engine = AsyncEngine.from_config(
+        EngineConfig(
+            model=str(default_model_dir),
+            speculative_config='{"method": "ngram", "num_speculative_tokens": 4}',
+        )
+    )
     with LiveServer(engine) as srv:
         yield srv
     engine.shutdown_sync()
 
 
 def test_speculative_chat_matches_plain_and_reports_usage(spec_server, client):
-    messages = [{"role": "user",
-                 "content": f"Repeat the following paragraph exactly.\n\n{PARAGRAPH}"}]
+    messages = [
+        {"role": "user", "content": f"Repeat the following paragraph exactly.\n\n{PARAGRAPH}"}
+    ]
     spec_client = openai.OpenAI(base_url=spec_server.url + "/v1", api_key="x")
-    got = spec_client.chat.completions.create(model="smollm2-135m-instruct", messages=messages,
-                                              max_tokens=32, temperature=0)
-    plain = client.chat.completions.create(model="smollm2-135m-instruct", messages=messages,
-                                           max_tokens=32, temperature=0)
+    got = spec_client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=messages, max_tokens=32, temperature=0
+    )
+    plain = client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=messages, max_tokens=32, temperature=0
+    )
     assert got.choices[0].message.content == plain.choices[0].message.content
     details = got.usage.completion_tokens_details
     assert details.accepted_prediction_tokens > 0

@@ -52,8 +52,7 @@ def srv(speech):
 
 @pytest.fixture(scope="module")
 def client(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def _frames_for(speech, text: str) -> int:
@@ -63,8 +62,9 @@ def _frames_for(speech, text: str) -> int:
 
 
 def test_wav_reads_back_at_24khz(client, speech):
-    out = client.audio.speech.create(model="tts-1", voice="alloy", input="Hello there.",
-                                     response_format="wav")
+    out = client.audio.speech.create(
+        model="tts-1", voice="alloy", input="Hello there.", response_format="wav"
+    )
     audio, rate = soundfile.read(io.BytesIO(out.content), dtype="float32")
     assert rate == RATE and audio.ndim == 1
     assert len(audio) == _frames_for(speech, "Hello there.") * 480
@@ -72,25 +72,34 @@ def test_wav_reads_back_at_24khz(client, speech):
 
 def test_streamed_pcm_and_flac_carry_the_same_audio(client, speech):
     with client.audio.speech.with_streaming_response.create(
-            model="gpt-4o-mini-tts", voice="nova", input="Hello there.",
-            response_format="pcm") as resp:
+        model="gpt-4o-mini-tts", voice="nova", input="Hello there.", response_format="pcm"
+    ) as resp:
         chunks = [c for c in resp.iter_bytes()]
     pcm = np.frombuffer(b"".join(chunks), "<i2").astype(np.float32) / 32767
-    flac = client.audio.speech.create(model="tts-1", voice="default", input="Hello there.",
-                                      response_format="flac")
+    flac = client.audio.speech.create(
+        model="tts-1", voice="default", input="Hello there.", response_format="flac"
+    )
     audio, rate = soundfile.read(io.BytesIO(flac.content), dtype="float32")
     assert rate == RATE and len(audio) == len(pcm) > 0
     assert np.abs(audio - pcm).max() < 2 / 32767
 
 
 def test_sse_deltas_then_done(client, srv):
-    with httpx.stream("POST", f"{srv.url}/v1/audio/speech", timeout=120, json={
-            "model": "tts-1", "voice": "echo", "input": "One. Two.", "response_format": "pcm",
-            "stream_format": "sse"}) as resp:
+    with httpx.stream(
+        "POST",
+        f"{srv.url}/v1/audio/speech",
+        timeout=120,
+        json={
+            "model": "tts-1",
+            "voice": "echo",
+            "input": "One. Two.",
+            "response_format": "pcm",
+            "stream_format": "sse",
+        },
+    ) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
-        events = [json.loads(line[6:]) for line in resp.iter_lines()
-                  if line.startswith("data: ")]
+        events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
     assert deltas and events[-1]["type"] == "speech.audio.done"
     assert events[-1]["usage"]["output_tokens"] > 0
@@ -99,8 +108,9 @@ def test_sse_deltas_then_done(client, srv):
 
 def test_speed_changes_the_length(client):
     def seconds(speed: float) -> float:
-        out = client.audio.speech.create(model="tts-1", voice="alloy", input="Hello there.",
-                                         response_format="wav", speed=speed)
+        out = client.audio.speech.create(
+            model="tts-1", voice="alloy", input="Hello there.", response_format="wav", speed=speed
+        )
         audio, rate = soundfile.read(io.BytesIO(out.content))
         return len(audio) / rate
 
@@ -108,16 +118,19 @@ def test_speed_changes_the_length(client):
     assert abs(fast / normal - 0.5) < 0.05
 
 
-@pytest.mark.parametrize("body, param, allowed", [
-    ({"voice": "nobody"}, "voice", "alloy"),
-    ({"input": ""}, "input", "empty"),
-    ({"input": "   "}, "input", "empty"),
-    ({"input": "a" * 4097}, "input", "4096"),
-    ({"response_format": "mp3"}, "response_format", "wav, pcm, flac"),
-    ({"stream_format": "chunks"}, "stream_format", "audio, sse"),
-    ({"speed": 9.0}, "speed", "0.25"),
-    ({"model": "whisper-1"}, "model", "tts-1"),
-])
+@pytest.mark.parametrize(
+    "body, param, allowed",
+    [
+        ({"voice": "nobody"}, "voice", "alloy"),
+        ({"input": ""}, "input", "empty"),
+        ({"input": "   "}, "input", "empty"),
+        ({"input": "a" * 4097}, "input", "4096"),
+        ({"response_format": "mp3"}, "response_format", "wav, pcm, flac"),
+        ({"stream_format": "chunks"}, "stream_format", "audio, sse"),
+        ({"speed": 9.0}, "speed", "0.25"),
+        ({"model": "whisper-1"}, "model", "tts-1"),
+    ],
+)
 def test_bad_input_is_a_400_that_says_what_is_allowed(client, body, param, allowed):
     args = {"model": "tts-1", "voice": "alloy", "input": "Hello.", **body}
     with pytest.raises(openai.BadRequestError) as err:
@@ -130,17 +143,23 @@ def test_disconnect_frees_blocks_and_codec_slots(srv, speech):
     svc, _ = speech
     long_text = " ".join(["This sentence keeps the voice busy for a while."] * 12)
     before = svc.engine.engine.generation_tokens_total
-    with httpx.stream("POST", f"{srv.url}/v1/audio/speech", timeout=120, json={
-            "model": "tts-1", "voice": "alloy", "input": long_text,
-            "response_format": "pcm"}) as resp:
+    with httpx.stream(
+        "POST",
+        f"{srv.url}/v1/audio/speech",
+        timeout=120,
+        json={"model": "tts-1", "voice": "alloy", "input": long_text, "response_format": "pcm"},
+    ) as resp:
         first = next(resp.iter_bytes())
         assert first
     engine, stage = svc.engine.engine, svc.engine.stage
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         stats = engine.stats()
-        if (stats.num_running == stats.num_waiting == stats.kv_blocks_used == 0
-                and stage.slots.num_free == stage.slots.capacity and not stage.streams):
+        if (
+            stats.num_running == stats.num_waiting == stats.kv_blocks_used == 0
+            and stage.slots.num_free == stage.slots.capacity
+            and not stage.streams
+        ):
             break
         time.sleep(0.05)
     else:

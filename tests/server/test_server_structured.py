@@ -48,16 +48,35 @@ class Verdict(BaseModel):
     sure: bool
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                    "b": {"type": "integer"}},
-                   "required": ["a", "b"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS = [WEATHER, ADD]
 MODEL = "smollm2-135m-instruct"
 
@@ -66,11 +85,15 @@ MODEL = "smollm2-135m-instruct"
 def server() -> Iterator[LiveServer]:
     from mmserve.engine.async_engine import AsyncEngine
 
-    engine = AsyncEngine.from_config(EngineConfig(
-        device="cpu", max_model_len=512, max_num_seqs=8,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 3}))
-    config = ServerConfig(host="127.0.0.1", port=0, log_level="warning",
-                          tool_call_parser="hermes")
+    engine = AsyncEngine.from_config(
+        EngineConfig(
+            device="cpu",
+            max_model_len=512,
+            max_num_seqs=8,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+        )
+    )
+    config = ServerConfig(host="127.0.0.1", port=0, log_level="warning", tool_call_parser="hermes")
     try:
         with LiveServer(engine, config) as srv:
             yield srv
@@ -89,8 +112,12 @@ def _ask(text: str) -> list[dict[str, str]]:
 
 def test_parse_round_trips_a_nested_pydantic_model(sdk):
     out = sdk.chat.completions.parse(
-        model=MODEL, messages=_ask("Invent a person, with address, as JSON."),
-        response_format=Person, temperature=0, max_tokens=150)
+        model=MODEL,
+        messages=_ask("Invent a person, with address, as JSON."),
+        response_format=Person,
+        temperature=0,
+        max_tokens=150,
+    )
     choice = out.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
     assert isinstance(choice.message.parsed, Person)
@@ -104,10 +131,16 @@ def test_concurrent_constrained_requests_all_validate(sdk):
 
     def one(i: int) -> Any:
         return sdk.chat.completions.create(
-            model=MODEL, messages=_ask(f"Is animal #{i} a cat or a dog? Answer in JSON."),
-            temperature=1.0, seed=i, max_tokens=40,
-            response_format={"type": "json_schema", "json_schema": {
-                "name": "verdict", "schema": schema, "strict": True}})
+            model=MODEL,
+            messages=_ask(f"Is animal #{i} a cat or a dog? Answer in JSON."),
+            temperature=1.0,
+            seed=i,
+            max_tokens=40,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "verdict", "schema": schema, "strict": True},
+            },
+        )
 
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(one, range(4)))
@@ -119,18 +152,24 @@ def test_concurrent_constrained_requests_all_validate(sdk):
 
 def test_structured_outputs_regex_choice_and_json_object(sdk):
     def ask(extra: dict[str, Any], text: str) -> str:
-        out = sdk.chat.completions.create(model=MODEL, messages=_ask(text), temperature=0,
-                                          max_tokens=40, extra_body=extra)
+        out = sdk.chat.completions.create(
+            model=MODEL, messages=_ask(text), temperature=0, max_tokens=40, extra_body=extra
+        )
         assert out.choices[0].finish_reason == "stop"
         return out.choices[0].message.content or ""
 
-    assert re.fullmatch(r"\d{3}-\d{4}", ask({"structured_outputs": {"regex": r"\d{3}-\d{4}"}},
-                                             "Give a phone number."))
-    assert ask({"structured_outputs": {"choice": ["yes", "no"]}}, "Is water wet?") in (
-        "yes", "no")
+    assert re.fullmatch(
+        r"\d{3}-\d{4}",
+        ask({"structured_outputs": {"regex": r"\d{3}-\d{4}"}}, "Give a phone number."),
+    )
+    assert ask({"structured_outputs": {"choice": ["yes", "no"]}}, "Is water wet?") in ("yes", "no")
     obj = sdk.chat.completions.create(
-        model=MODEL, messages=_ask("A JSON object with a colour."), temperature=0, max_tokens=60,
-        response_format={"type": "json_object"})
+        model=MODEL,
+        messages=_ask("A JSON object with a colour."),
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_object"},
+    )
     if obj.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
     else:
@@ -140,8 +179,9 @@ def test_structured_outputs_regex_choice_and_json_object(sdk):
 def _stream_calls(sdk, **kw) -> tuple[list[dict[str, Any]], str | None]:
     calls: dict[int, dict[str, Any]] = {}
     finish = None
-    for chunk in sdk.chat.completions.create(model=MODEL, stream=True, temperature=0,
-                                             max_tokens=80, tools=TOOLS, **kw):
+    for chunk in sdk.chat.completions.create(
+        model=MODEL, stream=True, temperature=0, max_tokens=80, tools=TOOLS, **kw
+    ):
         ch = chunk.choices[0]
         finish = ch.finish_reason or finish
         for d in ch.delta.tool_calls or []:
@@ -152,40 +192,61 @@ def _stream_calls(sdk, **kw) -> tuple[list[dict[str, Any]], str | None]:
 
 
 def test_tool_choice_required_and_named_yield_valid_calls(sdk):
-    for choice, tool in (("required", None), ({"type": "function",
-                                               "function": {"name": "add"}}, ADD)):
-        calls, finish = _stream_calls(sdk, messages=_ask("What is 2 plus 3?"),
-                                      tool_choice=choice, parallel_tool_calls=False)
+    for choice, tool in (
+        ("required", None),
+        ({"type": "function", "function": {"name": "add"}}, ADD),
+    ):
+        calls, finish = _stream_calls(
+            sdk, messages=_ask("What is 2 plus 3?"), tool_choice=choice, parallel_tool_calls=False
+        )
         assert finish == "tool_calls" and len(calls) == 1
         by_name = {t["function"]["name"]: t for t in TOOLS}
         chosen = tool or by_name[calls[0]["name"]]
         assert calls[0]["name"] == chosen["function"]["name"]
-        jsonschema.validate(json.loads(calls[0]["arguments"]),
-                            chosen["function"]["parameters"])
+        jsonschema.validate(json.loads(calls[0]["arguments"]), chosen["function"]["parameters"])
 
 
 def test_unsupported_fields_and_bad_constraints_are_400s(server, sdk):
     def post(body: dict[str, Any]) -> httpx.Response:
-        return httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
-            "messages": _ask("hi"), "max_tokens": 2, **body})
+        return httpx.post(
+            f"{server.url}/v1/chat/completions",
+            timeout=60,
+            json={"messages": _ask("hi"), "max_tokens": 2, **body},
+        )
 
-    for field, value in (("best_of", 3), ("prompt_logprobs", 1),
-                         ("guided_json", {"type": "object"}), ("repetition_penalty", 1.2),
-                         ("chat_template", "{{ messages }}"),
-                         ("chat_template_kwargs", {"enable_thinking": False}),
-                         ("add_generation_prompt", False), ("continue_final_message", True),
-                         ("echo", True), ("reasoning_effort", "low"),
-                         ("modalities", ["text", "audio"])):
+    for field, value in (
+        ("best_of", 3),
+        ("prompt_logprobs", 1),
+        ("guided_json", {"type": "object"}),
+        ("repetition_penalty", 1.2),
+        ("chat_template", "{{ messages }}"),
+        ("chat_template_kwargs", {"enable_thinking": False}),
+        ("add_generation_prompt", False),
+        ("continue_final_message", True),
+        ("echo", True),
+        ("reasoning_effort", "low"),
+        ("modalities", ["text", "audio"]),
+    ):
         r = post({field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
-    for neutral in ({"best_of": 1}, {"add_generation_prompt": True},  # ask nothing new
-                    {"modalities": ["text"]}, {"echo": False}, {"store": True}):
+    for neutral in (
+        {"best_of": 1},
+        {"add_generation_prompt": True},  # ask nothing new
+        {"modalities": ["text"]},
+        {"echo": False},
+        {"store": True},
+    ):
         assert post(neutral).status_code == 200, neutral
-    r = post({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "nonsense"}}}})
+    r = post(
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+            }
+        }
+    )
     assert r.status_code == 400 and "Unsupported type" in r.json()["error"]["message"]
-    r = post({"tools": TOOLS, "tool_choice": {"type": "function",
-                                              "function": {"name": "nope"}}})
+    r = post({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
     r = post({"structured_outputs": {"regex": "a+", "choice": ["a"]}})
     assert r.status_code == 400
@@ -198,8 +259,9 @@ def test_logit_bias_through_the_sdk_moves_and_bans_the_pick(sdk, default_model_d
     target = tok.encode(" banana")[0]
 
     def first(**kw: Any) -> list[int]:
-        out = sdk.chat.completions.create(model=MODEL, messages=_ask("Name a fruit."),
-                                          temperature=0, max_tokens=1, **kw)
+        out = sdk.chat.completions.create(
+            model=MODEL, messages=_ask("Name a fruit."), temperature=0, max_tokens=1, **kw
+        )
         return tok.encode(out.choices[0].message.content or "")
 
     plain = first()
@@ -213,14 +275,23 @@ def test_vllm_output_extras_reach_the_engine(server):
     implements) are honoured, not dropped."""
     from mmserve.server.protocol import CompletionRequest
 
-    params = CompletionRequest(prompt="x", include_stop_str_in_output=True,
-                               skip_special_tokens=False).to_sampling_params(4)
+    params = CompletionRequest(
+        prompt="x", include_stop_str_in_output=True, skip_special_tokens=False
+    ).to_sampling_params(4)
     assert params.include_stop_str_in_output and not params.skip_special_tokens
 
     def text(**kw: Any) -> str:
-        r = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
-            "prompt": "One, two, three, four,", "max_tokens": 8, "temperature": 0,
-            "stop": [","], **kw})
+        r = httpx.post(
+            f"{server.url}/v1/completions",
+            timeout=60,
+            json={
+                "prompt": "One, two, three, four,",
+                "max_tokens": 8,
+                "temperature": 0,
+                "stop": [","],
+                **kw,
+            },
+        )
         assert r.status_code == 200, r.text
         return r.json()["choices"][0]["text"]
 
@@ -230,7 +301,11 @@ def test_vllm_output_extras_reach_the_engine(server):
 
 
 def test_a_document_cut_by_max_tokens_finishes_with_length(sdk):
-    out = sdk.chat.completions.create(model=MODEL, messages=_ask("A person as JSON."),
-                                      temperature=0, max_tokens=3,
-                                      response_format={"type": "json_object"})
+    out = sdk.chat.completions.create(
+        model=MODEL,
+        messages=_ask("A person as JSON."),
+        temperature=0,
+        max_tokens=3,
+        response_format={"type": "json_object"},
+    )
     assert out.choices[0].finish_reason == "length"

@@ -31,8 +31,10 @@ def _picture(width: int, height: int, seed: int) -> Image.Image:
     draw = ImageDraw.Draw(img)
     for _ in range(4):
         x, y = int(rng.integers(0, width)), int(rng.integers(0, height))
-        draw.rectangle([x, y, x + width // 4, y + height // 4],
-                       fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
+        draw.rectangle(
+            [x, y, x + width // 4, y + height // 4],
+            fill=tuple(int(c) for c in rng.integers(0, 255, 3)),
+        )
     return img
 
 
@@ -60,8 +62,12 @@ class Served:
 
     def ask(self, content: list[dict], stream: bool = False):
         return self.client.chat.completions.create(
-            model=self.name, messages=[{"role": "user", "content": content}], temperature=0,
-            max_tokens=MAX_TOKENS, stream=stream)
+            model=self.name,
+            messages=[{"role": "user", "content": content}],
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            stream=stream,
+        )
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
@@ -70,12 +76,16 @@ def served(request, tmp_path_factory, default_model_dir) -> Iterator[Served]:
 
     name = request.param
     path = BUILDERS[name](default_model_dir, tmp_path_factory.mktemp("vlm") / name)
-    engine = AsyncEngine.from_config(EngineConfig(model=str(path), device="cpu",
-                                                  kv_cache_memory_mb=32, max_model_len=1024))
+    engine = AsyncEngine.from_config(
+        EngineConfig(model=str(path), device="cpu", kv_cache_memory_mb=32, max_model_len=1024)
+    )
     assert engine.image_processor is not None  # the checkpoint's own vision side
     with LiveServer(engine, ServerConfig(host="127.0.0.1", port=0, log_level="warning")) as srv:
-        yield Served(name, path, openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x",
-                                               max_retries=0, timeout=120))
+        yield Served(
+            name,
+            path,
+            openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=120),
+        )
     engine.shutdown_sync()
 
 
@@ -87,31 +97,50 @@ def _image_tokens(processor, images: list[Image.Image], ids: torch.Tensor) -> in
     from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
 
     grid = processor.image_processor(images, return_row_col_info=True)
-    texts = [get_image_prompt_string(r, c, processor.image_seq_len, processor.fake_image_token,
-                                     processor.image_token, processor.global_image_token)
-             for r, c in zip(grid["rows"][0], grid["cols"][0], strict=True)]
-    return sum(len(processor.tokenizer(t, add_special_tokens=False)["input_ids"])
-               for t in texts)
+    texts = [
+        get_image_prompt_string(
+            r,
+            c,
+            processor.image_seq_len,
+            processor.fake_image_token,
+            processor.image_token,
+            processor.global_image_token,
+        )
+        for r, c in zip(grid["rows"][0], grid["cols"][0], strict=True)
+    ]
+    return sum(len(processor.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
 
 
 def test_image_chat_equals_hf_generate(served):
     images = [_picture(120, 70, 0), _picture(40, 90, 1)]  # SmolVLM: 3x2 and 1x3 tiles
     question = "What changed between these?"
-    hf_parts = [{"type": "text", "text": "Two pictures:"}, {"type": "image"},
-                {"type": "image"}, {"type": "text", "text": question}]
+    hf_parts = [
+        {"type": "text", "text": "Two pictures:"},
+        {"type": "image"},
+        {"type": "image"},
+        {"type": "text", "text": question},
+    ]
     want, n = served.hf_answer(hf_parts, images)
-    parts = [{"type": "image_url", "image_url": {"url": _url(img)}} if p["type"] == "image"
-             else p for p, img in zip(hf_parts, [None, *images, None], strict=True)]
+    parts = [
+        {"type": "image_url", "image_url": {"url": _url(img)}} if p["type"] == "image" else p
+        for p, img in zip(hf_parts, [None, *images, None], strict=True)
+    ]
     full = served.ask(parts)
     assert len(want) > 8 and full.choices[0].message.content == want
     assert full.usage.prompt_tokens == n
-    ids = served.processor(text=served.processor.apply_chat_template(
-        [{"role": "user", "content": hf_parts}], add_generation_prompt=True),
-        images=images, return_tensors="pt")["input_ids"]
-    assert full.usage.prompt_tokens_details.image_tokens == \
-        _image_tokens(served.processor, images, ids)
-    streamed = "".join(c.choices[0].delta.content or "" for c in served.ask(parts, True)
-                       if c.choices)
+    ids = served.processor(
+        text=served.processor.apply_chat_template(
+            [{"role": "user", "content": hf_parts}], add_generation_prompt=True
+        ),
+        images=images,
+        return_tensors="pt",
+    )["input_ids"]
+    assert full.usage.prompt_tokens_details.image_tokens == _image_tokens(
+        served.processor, images, ids
+    )
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in served.ask(parts, True) if c.choices
+    )
     assert streamed == want
 
 

@@ -21,9 +21,16 @@ from mmserve.config import ServerConfig
 from mmserve.models.tokenizer import Tokenizer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--autoplay-policy=no-user-gesture-required"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--autoplay-policy=no-user-gesture-required",
+]
 
 playwright = pytest.importorskip("playwright.sync_api")
 if not os.path.exists(CHROMIUM):
@@ -62,7 +69,9 @@ def test_page_speaks_the_answer_without_gaps(srv, speech) -> None:
             page.click("#send")
             page.wait_for_function(
                 "() => voiceStats.done && voiceStats.scheduled > 0 && "
-                "voiceStats.ended === voiceStats.scheduled", timeout=120_000)
+                "voiceStats.ended === voiceStats.scheduled",
+                timeout=120_000,
+            )
             stats = page.evaluate("() => voiceStats")
             shown = page.inner_text("#log")
         finally:

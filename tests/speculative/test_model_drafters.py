@@ -44,8 +44,9 @@ def test_target_drafting_for_itself_is_always_accepted(model: CausalLM, greedy_a
     greedy_b = SequenceRunner(model, max_len=64).greedy(PROMPT_B, 2)
     drafter = DraftModelDrafter(model, num_blocks=8, block_size=4)
     ids_a, ids_b = list(PROMPT_A), list(PROMPT_B)
-    first = drafter.propose([DraftRequest("a", ids_a, 3), DraftRequest("b", ids_b, 2),
-                             DraftRequest("idle", [5, 6], 0)])
+    first = drafter.propose(
+        [DraftRequest("a", ids_a, 3), DraftRequest("b", ids_b, 2), DraftRequest("idle", [5, 6], 0)]
+    )
     assert first[0].tokens == greedy_a[:3] and first[0].probs is None
     assert first[1].tokens == greedy_b and first[2].tokens == []
     ids_a += greedy_a[:4]  # all 3 accepted + the bonus token: catch-up of 2 tokens
@@ -57,8 +58,9 @@ def test_target_drafting_for_itself_is_always_accepted(model: CausalLM, greedy_a
 
 
 @pytest.mark.parametrize("accepted,decoded", [(1, 0), (0, 2)])
-def test_rollback_drafts_what_a_fresh_drafter_drafts(model: CausalLM, greedy_a: list[int],
-                                                     accepted: int, decoded: int):
+def test_rollback_drafts_what_a_fresh_drafter_drafts(
+    model: CausalLM, greedy_a: list[int], accepted: int, decoded: int
+):
     """``decoded`` tokens decoded without drafting after the verify step (k = 0 steps)
     move the stale draft KV inside the new history, where only the rollback removes it."""
     drafter = DraftModelDrafter(model, num_blocks=8, block_size=4)
@@ -81,7 +83,8 @@ def test_truncated_model_equals_the_targets_first_layers(model: CausalLM):
     assert view.target.layers[0].mlp is model.layers[0].mlp  # shared, not copied
     captured: list[torch.Tensor] = []  # layer L-1's output: full model first, then the view
     hook = model.layers[layers - 1].register_forward_hook(
-        lambda _mod, _inp, out: captured.append(out.clone()))
+        lambda _mod, _inp, out: captured.append(out.clone())
+    )
     try:
         SequenceRunner(model, max_len=16).step(PROMPT_A, 0)  # all 30 layers
         got = SequenceRunner(view, max_len=16).step(PROMPT_A, 0)
@@ -131,6 +134,6 @@ def test_temperature_aware_probs_are_real_and_accepted_by_the_same_model(model: 
     assert same.propose([DraftRequest("s", PROMPT_B, 3)])[0].tokens == draft.tokens
     # Verified by the very model that drafted: p == q, so every token is accepted.
     logits = SequenceRunner(view, max_len=32).step(PROMPT_B + draft.tokens, 0)
-    target_probs = torch.softmax(logits[len(PROMPT_B) - 1:], dim=-1)  # (k + 1, V)
+    target_probs = torch.softmax(logits[len(PROMPT_B) - 1 :], dim=-1)  # (k + 1, V)
     out = rejection_sample(target_probs, draft.tokens, draft.probs, torch.Generator())
     assert out[:3] == draft.tokens

@@ -336,9 +336,11 @@ def test_probes_within_the_cap_find_copying_and_dearer_ones_do_not_run() -> None
     a copying workload drafts deep; one costing 0.56 (the H200's 12-row verify) is over
     the 0.5 cap and does not run. Raised to 1.0, the cap let code at c=4 (acceptance
     ~0.4) draft at a loss on the H200 (docs/performance.md)."""
-    for verify_12, accept, check in ((0.0019, 0.9, lambda r, n: r > 2.5),
-                                     (0.0021, 0.9, lambda r, n: n == 0),
-                                     (0.0019, 0.0, lambda r, n: r > 0.98)):
+    for verify_12, accept, check in (
+        (0.0019, 0.9, lambda r, n: r > 2.5),
+        (0.0021, 0.9, lambda r, n: n == 0),
+        (0.0019, 0.0, lambda r, n: r > 0.98),
+    ):
         ctrl = SpecController(k_max=8)
         ctrl.padded, ctrl.query_sizes = True, PaddedSim.QSIZES
         for _ in range(2):  # the curves as a warm-up left them
@@ -356,8 +358,15 @@ def test_probes_within_the_cap_find_copying_and_dearer_ones_do_not_run() -> None
 def _plan(ctrl: SpecController, n: int):
     from mmserve.speculative.controller import _StepPlan
 
-    return _StepPlan(ctrl._cost, n, float(n), ctrl._verify_cost, padded=ctrl.padded,
-                     num_decoding=n, query_sizes=ctrl.query_sizes)
+    return _StepPlan(
+        ctrl._cost,
+        n,
+        float(n),
+        ctrl._verify_cost,
+        padded=ctrl.padded,
+        num_decoding=n,
+        query_sizes=ctrl.query_sizes,
+    )
 
 
 def test_a_probe_that_drafts_nothing_backs_off() -> None:
@@ -376,22 +385,22 @@ class RealizedSim(Sim):
     plain cost the controller's curves see: an engine whose verify steps are dearer than
     any estimate (noise, drift, a cost the model cannot see)."""
 
-    def __init__(self, ctrl: SpecController, cost: Cost, verify_penalty: float,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, ctrl: SpecController, cost: Cost, verify_penalty: float, seed: int = 0
+    ) -> None:
         super().__init__(ctrl, cost, seed)
         self.penalty, self.seconds, self.tokens = verify_penalty, 0.0, 0
 
-    def run(self, steps: int, accept: float, ids: Sequence[str] = ("r0",),
-            prefill: int = 0) -> None:
+    def run(
+        self, steps: int, accept: float, ids: Sequence[str] = ("r0",), prefill: int = 0
+    ) -> None:
         for _ in range(steps):
             ks = self.ctrl.choose(list(ids))
-            emitted = sum(self.verify(rid, k, accept) + 1
-                          for rid, k in zip(ids, ks, strict=True))
+            emitted = sum(self.verify(rid, k, accept) + 1 for rid, k in zip(ids, ks, strict=True))
             rows = len(ids) + sum(ks)
             verify = any(ks)
             seconds = self.cost(rows) * (self.penalty if verify else 1.0)
-            self.ctrl.record_step(rows, seconds, verify=verify, emitted=emitted,
-                                  sequences=len(ids))
+            self.ctrl.record_step(rows, seconds, verify=verify, emitted=emitted, sequences=len(ids))
             self.seconds += seconds
             self.tokens += emitted
 
@@ -478,9 +487,11 @@ def test_a_probe_is_refunded_only_when_accepted_whole_and_followed_by_drafting()
     charge comes back. Accepted in part, it is not refunded; accepted whole but in a step
     too dear for drafting to follow, it is neither refunded nor retried at once (it waits
     as a failed probe would, not every other step)."""
-    for accepted, verify_s, refunded, drafts in ((2, 0.0013, True, True),
-                                                 (1, 0.0013, False, None),
-                                                 (2, 0.0018, False, False)):
+    for accepted, verify_s, refunded, drafts in (
+        (2, 0.0013, True, True),
+        (1, 0.0013, False, None),
+        (2, 0.0018, False, False),
+    ):
         ctrl = SpecController(k_max=8, probe_max_overhead=1.0)  # the dear probe may run
         for _ in range(2):
             ctrl.record_step(1, 0.0010)
@@ -501,8 +512,9 @@ def test_a_probe_is_refunded_only_when_accepted_whole_and_followed_by_drafting()
             assert [ctrl.choose(["r"])[0] for _ in range(3)] == [0, 0, 0]
 
 
-def _mixed_run(ctrl: SpecController, steps: int, accept: dict[str, float],
-               sim: Sim) -> list[list[int]]:
+def _mixed_run(
+    ctrl: SpecController, steps: int, accept: dict[str, float], sim: Sim
+) -> list[list[int]]:
     """Steps of requests with their own acceptance; -> the ks of each step."""
     ids, out = list(accept), []
     for _ in range(steps):

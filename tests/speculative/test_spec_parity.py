@@ -20,8 +20,10 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 
 def battery() -> list[str]:
     rng = random.Random(0)
-    words = ("alpha beta gamma delta river stone cloud paper seven orange window garden "
-             "silver quiet bridge engine market winter copper signal").split()
+    words = (
+        "alpha beta gamma delta river stone cloud paper seven orange window garden "
+        "silver quiet bridge engine market winter copper signal"
+    ).split()
     prompts = []
     for i in range(40):  # copy-heavy: the continuation repeats the prompt
         line = " ".join(rng.choice(words) for _ in range(8))
@@ -83,8 +85,7 @@ def test_greedy_parity_at_batch_1_4_16(default_model_dir, reference, table_path,
         llm = LLM(str(default_model_dir), max_num_seqs=batch, speculative_config=config)
         got = [r.token_ids for r in llm.generate(PROMPTS[::stride], GREEDY)]
         want = reference[:: stride // REFERENCE_STRIDE]
-        mismatched = [i * stride for i, (a, b) in enumerate(zip(got, want, strict=True))
-                      if a != b]
+        mismatched = [i * stride for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b]
         assert not mismatched, (method, batch, mismatched[:5])
         stats = llm.engine.stats()
         assert stats.spec_draft_tokens_total > 0, "the drafter never proposed anything"
@@ -97,8 +98,12 @@ def test_auto_k_parity_mixed_with_plain_requests_and_preemption(default_model_di
     greedy = SamplingParams(temperature=0, max_tokens=24)
     prompts = PROMPTS[:24]
     reference = [r.token_ids for r in LLM(str(default_model_dir)).generate(prompts, greedy)]
-    llm = LLM(str(default_model_dir), max_num_seqs=8, num_kv_blocks=7,
-              speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    llm = LLM(
+        str(default_model_dir),
+        max_num_seqs=8,
+        num_kv_blocks=7,
+        speculative_config={"method": "ngram", "num_speculative_tokens": "auto"},
+    )
     with_logprobs = SamplingParams(temperature=0, max_tokens=24, logprobs=2)
     eng = llm.engine
     ids = {}
@@ -122,8 +127,11 @@ def test_speculation_switched_off_is_plain_decode_on_the_same_engine(default_mod
     without a speculative_config, is refused."""
     prompts = PROMPTS[:6]
     greedy = SamplingParams(temperature=0, max_tokens=16)
-    llm = LLM(str(default_model_dir), max_num_seqs=4,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    llm = LLM(
+        str(default_model_dir),
+        max_num_seqs=4,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 4},
+    )
     eng = llm.engine
     on = [r.token_ids for r in llm.generate(prompts, greedy)]
     drafted = eng.stats().spec_draft_tokens_total
@@ -143,16 +151,18 @@ def test_speculation_switched_off_is_plain_decode_on_the_same_engine(default_mod
         LLM(str(default_model_dir)).engine.set_speculation(True)
 
 
-def test_a_drafts_first_index_is_kept_out_of_the_measured_step_cost(default_model_dir,
-                                                                     monkeypatch):
+def test_a_drafts_first_index_is_kept_out_of_the_measured_step_cost(default_model_dir, monkeypatch):
     """The drafter prepares (indexes) a request's context once, before its first draft,
     and that one-off time is not charged to the step's cost: made 1 s slower here, it
     shows in no verify step the controller measured. A request that never drafts is
     never indexed."""
     import time
 
-    llm = LLM(str(default_model_dir), max_num_seqs=2,
-              speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    llm = LLM(
+        str(default_model_dir),
+        max_num_seqs=2,
+        speculative_config={"method": "ngram", "num_speculative_tokens": "auto"},
+    )
     spec = llm.engine.speculator
     drafter, calls = spec.drafter, []
     real = drafter.prepare
@@ -181,8 +191,11 @@ def test_steps_nobody_can_probe_skip_the_pass_and_change_nothing(default_model_d
     request ends that (it probes at once). Outputs equal plain decode's."""
     prompts = PROMPTS[:4]
     greedy = SamplingParams(temperature=0, max_tokens=24)
-    llm = LLM(str(default_model_dir), max_num_seqs=4,
-              speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    llm = LLM(
+        str(default_model_dir),
+        max_num_seqs=4,
+        speculative_config={"method": "ngram", "num_speculative_tokens": "auto"},
+    )
     spec = llm.engine.speculator
     for rows in range(1, 80):  # a verify step priced at 100 plain steps: no draft can pay
         for _ in range(2):
@@ -195,7 +208,8 @@ def test_steps_nobody_can_probe_skip_the_pass_and_change_nothing(default_model_d
 
 
 def test_probes_ask_for_longer_matches_and_the_queue_reaches_the_controller(
-        default_model_dir, monkeypatch):
+    default_model_dir, monkeypatch
+):
     """The engine tells the controller how many requests wait for a slot (6 prompts, 2
     slots: 4, then fewer), and a probe's draft request asks for a match of 2 tokens or
     more while a drafting request's asks for 1; a request the drafter said has no such
@@ -204,16 +218,20 @@ def test_probes_ask_for_longer_matches_and_the_queue_reaches_the_controller(
 
     prompts = PROMPTS[:3] + PROMPTS[40:43]  # copy-heavy and code
     greedy = SamplingParams(temperature=0, max_tokens=16)
-    llm = LLM(str(default_model_dir), max_num_seqs=2,
-              speculative_config={"method": "ngram", "num_speculative_tokens": "auto"})
+    llm = LLM(
+        str(default_model_dir),
+        max_num_seqs=2,
+        speculative_config={"method": "ngram", "num_speculative_tokens": "auto"},
+    )
     spec = llm.engine.speculator
     ctrl, seen, waits = spec.controller, [], []
     no_match: set[tuple[int, str]] = set()  # (choose call, request) the drafter said no to
     real_propose, real_choose = spec.drafter.propose, ctrl.choose
 
     def propose(batch):
-        seen.extend((r.min_match, ctrl.probing(r.request_id), len(waits), r.request_id)
-                    for r in batch)
+        seen.extend(
+            (r.min_match, ctrl.probing(r.request_id), len(waits), r.request_id) for r in batch
+        )
         return real_propose(batch)
 
     def choose(ids, other=0, has_match=None):

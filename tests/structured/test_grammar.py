@@ -18,13 +18,22 @@ from mmserve.structured.bitmask import apply_bitmask, bitmask_words
 from mmserve.structured.grammar import GrammarCompiler, GrammarLoader, fill_many
 
 VOCAB = 49152
-SCHEMA = {"type": "object", "properties": {
-    "user": {"type": "object", "properties": {"id": {"type": "integer"},
-                                              "tags": {"type": "array",
-                                                       "items": {"type": "string"}}},
-             "required": ["id", "tags"]},
-    "kind": {"enum": ["a", "b"]}, "score": {"type": "number"}},
-    "required": ["user", "kind", "score"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "user": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["id", "tags"],
+        },
+        "kind": {"enum": ["a", "b"]},
+        "score": {"type": "number"},
+    },
+    "required": ["user", "kind", "score"],
+}
 DOC = '{"user": {"id": 7, "tags": ["x", "yz"]}, "kind": "b", "score": -1.5}'
 
 
@@ -41,14 +50,20 @@ def grammars(tok) -> GrammarCompiler:
 def _allowed(mask: torch.Tensor, row: int) -> set[int]:
     """The row's allowed ids (``apply_bitmask`` is checked against a per-bit reference
     below)."""
-    masked = apply_bitmask(torch.zeros(1, VOCAB), mask[row:row + 1])
+    masked = apply_bitmask(torch.zeros(1, VOCAB), mask[row : row + 1])
     return set(torch.isfinite(masked[0]).nonzero().flatten().tolist())
 
 
 def test_constraints_are_plain_data_and_validated():
     assert StructuredOutput.json_schema(SCHEMA) == StructuredOutput("json", json.dumps(SCHEMA))
-    for bad in (("xml", "x"), ("json", "[1]"), ("json", "{"), ("choice", "[]"),
-                ("choice", '["a", 1]'), ("regex", "")):
+    for bad in (
+        ("xml", "x"),
+        ("json", "[1]"),
+        ("json", "{"),
+        ("choice", "[]"),
+        ("choice", '["a", 1]'),
+        ("regex", ""),
+    ):
         with pytest.raises(ValueError):
             StructuredOutput(*bad)
     with pytest.raises(ValueError, match="ignore_eos"):
@@ -122,7 +137,7 @@ def test_mask_ahead_of_drafts_equals_a_matcher_advanced_by_them(grammars, tok):
     state = grammars.state(spec)
     mask = torch.empty(2, bitmask_words(VOCAB), dtype=torch.int32)
     for i in range(0, len(ids) - 3, 3):
-        drafts = ids[i:i + 3]
+        drafts = ids[i : i + 3]
         ref = grammars.state(spec)
         for t in ids[:i] + drafts:
             assert ref.accept(t)
@@ -151,7 +166,7 @@ def test_apply_bitmask_equals_a_per_token_reference():
     vocab = 1000
     logits = torch.randn(5, vocab, generator=g)
     words = bitmask_words(vocab)
-    mask = torch.randint(-2**31, 2**31 - 1, (5, words), generator=g, dtype=torch.int64)
+    mask = torch.randint(-(2**31), 2**31 - 1, (5, words), generator=g, dtype=torch.int64)
     mask = mask.to(torch.int32)
     out = apply_bitmask(logits.clone(), mask)
     for r in range(5):
@@ -161,8 +176,11 @@ def test_apply_bitmask_equals_a_per_token_reference():
 
 
 def test_batched_fill_equals_one_by_one(grammars, tok):
-    specs = [StructuredOutput.json_schema(SCHEMA), StructuredOutput("json_object"),
-             StructuredOutput("regex", r"\d{3}")]
+    specs = [
+        StructuredOutput.json_schema(SCHEMA),
+        StructuredOutput("json_object"),
+        StructuredOutput("regex", r"\d{3}"),
+    ]
     states = [grammars.state(s) for s in specs]
     for state, text in zip(states, ['{"user": {', '{"a', "1"], strict=True):
         for t in tok.encode(text):
@@ -185,7 +203,7 @@ def test_bitmask_through_the_pinned_buffer_on_cuda_equals_cpu():
     logits = torch.randn(4, vocab, generator=g)
     buf = MaskBuffer(vocab, torch.device("cuda"))
     host = buf.take(4)
-    host.copy_(torch.randint(-2**31, 2**31 - 1, host.shape, generator=g).to(torch.int32))
+    host.copy_(torch.randint(-(2**31), 2**31 - 1, host.shape, generator=g).to(torch.int32))
     want = apply_bitmask(logits.clone(), host.clone())
     got = apply_bitmask(logits.cuda(), buf.to_device(host))
     assert torch.equal(got.cpu(), want)

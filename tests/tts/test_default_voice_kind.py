@@ -26,8 +26,12 @@ def test_frame_codec_streaming_equals_whole():
 
 
 def test_split_clauses_keeps_every_word_and_the_limit():
-    text = ("Short one. " + "A long clause, with commas, that goes on and on; " * 6
-            + "Supercalifragilisticexpialidocious" * 3 + " end?")
+    text = (
+        "Short one. "
+        + "A long clause, with commas, that goes on and on; " * 6
+        + "Supercalifragilisticexpialidocious" * 3
+        + " end?"
+    )
     pieces = split_clauses(text, 60)
     assert all(len(p) <= 60 for p in pieces)
     assert "".join(pieces).replace(" ", "") == text.replace(" ", "")
@@ -45,8 +49,12 @@ def test_training_llama_is_hf_llama():
     transformers = pytest.importorskip("transformers")
     from tts.train.llama import TrainLlama, llama_config
 
-    cfg = llama_config("small", 300) | {"hidden_size": 128, "num_attention_heads": 2,
-                                        "num_key_value_heads": 1, "intermediate_size": 256}
+    cfg = llama_config("small", 300) | {
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 256,
+    }
     torch.manual_seed(0)
     ours = TrainLlama(cfg).eval()
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
@@ -62,9 +70,28 @@ def test_voice_train_end_to_end_at_toy_scale(tmp_path):
     from tts.synthesizer import Synthesizer
 
     work = tmp_path / "work"
-    argv = ["voice", "train", "--work-dir", str(work), "--sentences", "6", "--held-out", "2",
-            "--codec-steps", "2", "--codec-batch", "2", "--backbone-steps", "2",
-            "--backbone-batch", "2", "--backbone-size", "tiny", "--device", "cpu"]
+    argv = [
+        "voice",
+        "train",
+        "--work-dir",
+        str(work),
+        "--sentences",
+        "6",
+        "--held-out",
+        "2",
+        "--codec-steps",
+        "2",
+        "--codec-batch",
+        "2",
+        "--backbone-steps",
+        "2",
+        "--backbone-batch",
+        "2",
+        "--backbone-size",
+        "tiny",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     assert main(argv) == 0  # every stage done: resumes to nothing
     voice = work / "voice"
@@ -80,9 +107,11 @@ def test_clause_stream_pieces_do_not_depend_on_chunking():
 
     from tts.text import ClauseStream
 
-    text = ("Well, I think so. The answer, as far as I can tell, is 42; or maybe not! "
-            "Here is a very long run of words without any punctuation at all that keeps "
-            "going and going until it must be cut somewhere sensible - then it ends.")
+    text = (
+        "Well, I think so. The answer, as far as I can tell, is 42; or maybe not! "
+        "Here is a very long run of words without any punctuation at all that keeps "
+        "going and going until it must be cut somewhere sensible - then it ends."
+    )
 
     def pieces(chunks: list[str]) -> list[str]:
         cs = ClauseStream(min_chars=15, max_chars=60)

@@ -44,7 +44,7 @@ def ref_codes(token_ids: list[int]) -> list[list[int]]:
             buffer.append(code)
     c0, c1, c2 = [], [], []
     for j in range(len(buffer) // 7):
-        f = buffer[7 * j: 7 * j + 7]
+        f = buffer[7 * j : 7 * j + 7]
         c0.append(f[0])
         c1 += [f[1], f[4]]
         c2 += [f[2], f[3], f[5], f[6]]
@@ -106,8 +106,9 @@ def test_engine_speaks_the_planted_frames_as_the_reference_decodes_them(planted)
     from tts.synthesizer import Synthesizer
 
     path, frames, tokens = planted
-    synth = Synthesizer(str(path), device="cpu", kv_cache_memory_mb=64, max_num_seqs=4,
-                        batch_invariant=False)
+    synth = Synthesizer(
+        str(path), device="cpu", kv_cache_memory_mb=64, max_num_seqs=4, batch_invariant=False
+    )
     prompt = synth.voice.prompts("Hello there.", "leo")[0]
     assert prompt[0] == START_OF_HUMAN and prompt[-1] == START_OF_SPEECH
     audio = synth.synthesize("Hello there.", speaker="leo")
@@ -118,8 +119,14 @@ def test_engine_speaks_the_planted_frames_as_the_reference_decodes_them(planted)
     assert np.abs(audio.samples - whole).max() < 1e-5  # streamed == whole
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = snac_ref.SNAC(**{**codec.cfg.__dict__, "encoder_rates": [2, 4, 8, 8],
-                               "decoder_rates": [8, 8, 4, 2], "vq_strides": [4, 2, 1]})
+        ref = snac_ref.SNAC(
+            **{
+                **codec.cfg.__dict__,
+                "encoder_rates": [2, 4, 8, 8],
+                "decoder_rates": [8, 8, 4, 2],
+                "vq_strides": [4, 2, 1],
+            }
+        )
     from safetensors.torch import load_file
 
     ref_sd = ref.state_dict()
@@ -136,7 +143,8 @@ def _unfold(ref_sd: dict, ours: dict) -> dict:
     out = {}
     for key in ref_sd:
         base = key.removesuffix(".parametrizations.weight.original0").removesuffix(
-            ".parametrizations.weight.original1")
+            ".parametrizations.weight.original1"
+        )
         w = ours.get(base + ".weight") if base != key else ours.get(key)
         if w is None:
             continue

@@ -27,9 +27,19 @@ from tts.streaming import gaussian_noise
 snac_ref = pytest.importorskip("snac")
 
 TOL = 1e-5
-CFG = dict(sampling_rate=24000, encoder_dim=4, encoder_rates=[2, 4, 8, 8], decoder_dim=64,
-           decoder_rates=[8, 8, 4, 2], attn_window_size=None, codebook_size=4096,
-           codebook_dim=8, vq_strides=[4, 2, 1], noise=True, depthwise=True)
+CFG = dict(
+    sampling_rate=24000,
+    encoder_dim=4,
+    encoder_rates=[2, 4, 8, 8],
+    decoder_dim=64,
+    decoder_rates=[8, 8, 4, 2],
+    attn_window_size=None,
+    codebook_size=4096,
+    codebook_dim=8,
+    vq_strides=[4, 2, 1],
+    noise=True,
+    depthwise=True,
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +71,9 @@ def _reference(ref, ours: SNAC, codes: torch.Tensor, seeds: list[int]) -> torch.
     def noise(shape, device=None, dtype=None, **_):
         b, _, n = shape
         block, calls[0] = calls[0], calls[0] + 1
-        return gaussian_noise(torch.tensor(seeds), block, torch.arange(n).expand(b, n),
-                              dtype or torch.float32)
+        return gaussian_noise(
+            torch.tensor(seeds), block, torch.arange(n).expand(b, n), dtype or torch.float32
+        )
 
     torch.randn = noise  # the reference's NoiseBlock draws through torch.randn
     try:
@@ -105,7 +116,7 @@ def test_streaming_equals_whole(models, chunks):
     got: list[list[np.ndarray]] = [[], []]
     at = 0
     for n in chunks:
-        for r, pcm in enumerate(ours.step(codes[:, at:at + n], state).rows()):
+        for r, pcm in enumerate(ours.step(codes[:, at : at + n], state).rows()):
             got[r].append(pcm)
         at += n
     for r, pcm in enumerate(ours.flush(state).rows()):
@@ -136,10 +147,10 @@ def test_slots_batch_streams_of_different_ages(models):
     sb = slots.open(seed=9)
     out[sb] = []
     for t in range(3):
-        pb, pa = slots.step([sb, sa], torch.cat([b[:, t:t + 1], a[:, t + 2:t + 3]]))
+        pb, pa = slots.step([sb, sa], torch.cat([b[:, t : t + 1], a[:, t + 2 : t + 3]]))
         out[sa].append(pa)
         out[sb].append(pb)
-    tail_a, = slots.close([sa])
+    (tail_a,) = slots.close([sa])
     out[sa].append(tail_a)
     out[sb] += slots.step([sb], b[:, 3:4]) + slots.close([sb])
     assert slots.num_free == 3

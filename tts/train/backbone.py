@@ -37,15 +37,21 @@ def build_lm_data(work: Path) -> Path:
     vocab = PhonemeVocab(symbols, NUM_Q, _codebook(work))
     seqs, starts, offsets = [], [], [0]
     for i, it in enumerate(index):
-        frames = codes["codes"][codes["offsets"][i]:codes["offsets"][i + 1]]
+        frames = codes["codes"][codes["offsets"][i] : codes["offsets"][i + 1]]
         seq, start = sequence(vocab, it, frames)
         seqs.append(seq)
         starts.append(start)
         offsets.append(offsets[-1] + len(seq))
     dtype = np.int16 if vocab.size < 2**15 else np.int32  # small enough to carry to a GPU
-    np.savez_compressed(work / "lm_data.tmp.npz", tokens=np.concatenate(seqs).astype(dtype),
-             offsets=np.array(offsets, np.int64), loss_from=np.array(starts, np.int64),
-             symbols=np.array(vocab.symbols), num_q=NUM_Q, codebook=vocab.codebook)
+    np.savez_compressed(
+        work / "lm_data.tmp.npz",
+        tokens=np.concatenate(seqs).astype(dtype),
+        offsets=np.array(offsets, np.int64),
+        loss_from=np.array(starts, np.int64),
+        symbols=np.array(vocab.symbols),
+        num_q=NUM_Q,
+        codebook=vocab.codebook,
+    )
     (work / "lm_data.tmp.npz").replace(out)
     return out
 
@@ -62,8 +68,9 @@ def sequence(vocab: PhonemeVocab, item: dict, frames: np.ndarray) -> tuple[np.nd
     if not prompt or ph.num_phonemes == 0:
         return np.zeros(0, np.int64), 0
     centres = np.arange(len(frames)) * HOP + HOP
-    ks = np.clip(np.searchsorted(np.array(item["starts"]), centres, side="right") - 1,
-                 0, ph.num_phonemes - 1)
+    ks = np.clip(
+        np.searchsorted(np.array(item["starts"]), centres, side="right") - 1, 0, ph.num_phonemes - 1
+    )
     body = np.stack([vocab.q_base + ks, vocab.code_base + frames.astype(np.int64)], 1)
     seq = np.concatenate([prompt, body.reshape(-1), [EOS]])
     return seq, len(prompt)
@@ -79,19 +86,20 @@ class LMData:
         train = [i for i in range(n - held_out) if lengths[i] > 0]
         self.by_length = sorted(train, key=lambda i: int(lengths[i]))  # for bucketing
 
-    def batch(self, rng: np.random.Generator, size: int, device: str
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, rng: np.random.Generator, size: int, device: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids (B, T), loss mask (B, T)) for ``size`` random training sentences of about
         the same length (neighbours in length order: little padding)."""
         at = int(rng.integers(0, len(self.by_length) - size + 1))
-        pick = self.by_length[at: at + size]
-        seqs = [self.tokens[self.offsets[i]:self.offsets[i + 1]] for i in pick]
+        pick = self.by_length[at : at + size]
+        seqs = [self.tokens[self.offsets[i] : self.offsets[i + 1]] for i in pick]
         t = max(len(s) for s in seqs)
         ids = np.full((size, t), PAD, np.int64)
         mask = np.zeros((size, t), np.float32)
         for b, (i, s) in enumerate(zip(pick, seqs, strict=True)):
             ids[b, : len(s)] = s
-            mask[b, self.loss_from[i]: len(s)] = 1.0  # targets: after <speech>, to <eos>
+            mask[b, self.loss_from[i] : len(s)] = 1.0  # targets: after <speech>, to <eos>
         return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
 
 
@@ -109,21 +117,31 @@ def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool
                 logits = model(ids[:, :-1])
         else:
             logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                               reduction="none")
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+        )
         m = mask[:, 1:].reshape(-1)
         return (loss * m).sum() / m.sum()
 
     steps = cfg.backbone_steps or fit_steps(model, step_fn, deadline, work / "backbone")
-    if not train("backbone", work / "backbone", model, step_fn, steps,
-                 cfg.backbone_lr, warmup=min(500, steps // 10), deadline=deadline):
+    if not train(
+        "backbone",
+        work / "backbone",
+        model,
+        step_fn,
+        steps,
+        cfg.backbone_lr,
+        warmup=min(500, steps // 10),
+        deadline=deadline,
+    ):
         return False
     save_backbone(model, mcfg, data.vocab, work / "backbone" / "final")
     return True
 
 
-def fit_steps(model: TrainLlama, step_fn, deadline: float | None, work: Path,
-              probe: int = 20) -> int:
+def fit_steps(
+    model: TrainLlama, step_fn, deadline: float | None, work: Path, probe: int = 20
+) -> int:
     """``--backbone-steps 0``: as many steps as fit before ``deadline`` (a 5 % margin),
     from the time of ``probe`` forward/backward passes that update nothing (after 3 to warm
     up). The count is fixed before training starts and kept in ``steps.json``, so the
@@ -153,14 +171,16 @@ def save_backbone(model: TrainLlama, mcfg: dict, vocab: PhonemeVocab, out: Path)
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to(torch.float16).cpu().contiguous()
-          for k, v in model.state_dict().items()}
+    sd = {k: v.detach().to(torch.float16).cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(sd, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(mcfg, indent=1))
     (out / "tokenizer.json").write_text(vocab.tokenizer_json())
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}))
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 1, "eos_token_id": EOS, "pad_token_id": PAD}))
-    (out / "vocab.json").write_text(json.dumps(
-        {"symbols": vocab.symbols, "num_q": vocab.num_q, "codebook": vocab.codebook}))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"})
+    )
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": EOS, "pad_token_id": PAD})
+    )
+    (out / "vocab.json").write_text(
+        json.dumps({"symbols": vocab.symbols, "num_q": vocab.num_q, "codebook": vocab.codebook})
+    )

@@ -19,23 +19,32 @@ from tts.train.losses import mel_l1, multi_resolution_stft
 from tts.train.teacher import Teacher
 
 
-def crops(teacher: Teacher, rng: np.random.Generator, batch: int, frames: int,
-          hop: int, items: list[int]) -> torch.Tensor:
+def crops(
+    teacher: Teacher, rng: np.random.Generator, batch: int, frames: int, hop: int, items: list[int]
+) -> torch.Tensor:
     """(batch, frames * hop) random crops, frame-aligned, zero-padded past an end."""
     n = frames * hop
     out = np.zeros((batch, n), np.float32)
     for b in range(batch):
         wav = teacher.wav(int(rng.choice(items)))
         start = hop * int(rng.integers(0, max(1, (len(wav) - n) // hop + 1)))
-        piece = wav[start:start + n]
+        piece = wav[start : start + n]
         out[b, : len(piece)] = piece
     return torch.from_numpy(out)
 
 
-def train_codec(teacher: Teacher, work: Path, train_items: list[int], steps: int,
-                batch: int = 16, crop_frames: int = 60, lr: float = 1e-3,
-                device: str = "cpu", deadline: float | None = None,
-                cfg: FrameCodecConfig | None = None) -> FrameCodec | None:
+def train_codec(
+    teacher: Teacher,
+    work: Path,
+    train_items: list[int],
+    steps: int,
+    batch: int = 16,
+    crop_frames: int = 60,
+    lr: float = 1e-3,
+    device: str = "cpu",
+    deadline: float | None = None,
+    cfg: FrameCodecConfig | None = None,
+) -> FrameCodec | None:
     """The trained codec, or None if ``deadline`` came first (a checkpoint is kept)."""
     torch.manual_seed(0)
     codec = FrameCodec(cfg).to(device)

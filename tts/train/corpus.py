@@ -10,39 +10,55 @@ from __future__ import annotations
 
 import random
 
-NAMES = ("Alice Ben Carla David Emma Felix Grace Henry Iris Jack Karen Leo Maria Noah Olivia "
-         "Peter Quinn Rosa Sam Tara Umar Vera Will Xena Yusuf Zoe Anna Boris Chloe Diego "
-         "Elena Frank Gina Hugo Ines James Kofi Lena Marco Nadia Oscar Priya Ravi Sofia "
-         "Tomas Ursula Victor Wendy").split()
-PLACES = ("the station|the old library|the harbour|the market|the north tower|the school|"
-          "the village|the museum|the bakery|the river bank|the airport|the hospital|"
-          "the garden|the mountain hut|the city hall|the factory|the beach|the forest|"
-          "the lab|the concert hall|the stadium|the kitchen|the office|the bridge").split("|")
-NOUNS = ("letter report bicycle camera window ticket puzzle engine violin recipe map lamp "
-         "notebook garden computer message bottle blanket painting battery sandwich parcel "
-         "umbrella ladder telescope guitar jacket kettle mirror pillow rocket tablet wallet "
-         "candle compass hammer journal keyboard magnet orchard pencil radio saddle tunnel "
-         "vessel whistle anchor basket cabinet diamond elephant feather glacier horizon "
-         "island jungle lantern meadow needle ocean planet question river shadow thunder "
-         "valley weather").split()
-ADJECTIVES = ("quiet bright heavy narrow ancient careful sudden gentle strange curious "
-              "golden broken silver tiny enormous quick patient clever honest nervous calm "
-              "crowded empty frozen warm simple complex distant hidden lucky modern noisy "
-              "polite rapid rough shiny smooth sticky tired wild").split()
-VERBS_PAST = ("found opened repaired painted carried delivered borrowed described cleaned "
-              "packed measured ordered returned sold visited watched wrote built checked "
-              "dropped followed studied covered moved replaced tested counted noticed").split()
-VERBS_BASE = ("find open repair paint carry deliver borrow describe clean pack measure order "
-              "return sell visit watch write build check follow study cover move replace "
-              "test count notice explain remember finish").split()
-ADVERBS = ("slowly quickly carefully quietly suddenly happily easily rarely often nearly "
-           "finally honestly gently loudly barely").split()
-TIMES = ("yesterday|this morning|last week|on Monday|in the evening|after lunch|at dawn|"
-         "before midnight|two days ago|in March|during the storm|on the weekend").split("|")
-CONNECT = ("because|although|while|after|before|since|unless|when|even though|so that"
-           ).split("|")
-MONTHS = ("January February March April May June July August September October November "
-          "December").split()
+NAMES = (
+    "Alice Ben Carla David Emma Felix Grace Henry Iris Jack Karen Leo Maria Noah Olivia "
+    "Peter Quinn Rosa Sam Tara Umar Vera Will Xena Yusuf Zoe Anna Boris Chloe Diego "
+    "Elena Frank Gina Hugo Ines James Kofi Lena Marco Nadia Oscar Priya Ravi Sofia "
+    "Tomas Ursula Victor Wendy"
+).split()
+PLACES = (
+    "the station|the old library|the harbour|the market|the north tower|the school|"
+    "the village|the museum|the bakery|the river bank|the airport|the hospital|"
+    "the garden|the mountain hut|the city hall|the factory|the beach|the forest|"
+    "the lab|the concert hall|the stadium|the kitchen|the office|the bridge"
+).split("|")
+NOUNS = (
+    "letter report bicycle camera window ticket puzzle engine violin recipe map lamp "
+    "notebook garden computer message bottle blanket painting battery sandwich parcel "
+    "umbrella ladder telescope guitar jacket kettle mirror pillow rocket tablet wallet "
+    "candle compass hammer journal keyboard magnet orchard pencil radio saddle tunnel "
+    "vessel whistle anchor basket cabinet diamond elephant feather glacier horizon "
+    "island jungle lantern meadow needle ocean planet question river shadow thunder "
+    "valley weather"
+).split()
+ADJECTIVES = (
+    "quiet bright heavy narrow ancient careful sudden gentle strange curious "
+    "golden broken silver tiny enormous quick patient clever honest nervous calm "
+    "crowded empty frozen warm simple complex distant hidden lucky modern noisy "
+    "polite rapid rough shiny smooth sticky tired wild"
+).split()
+VERBS_PAST = (
+    "found opened repaired painted carried delivered borrowed described cleaned "
+    "packed measured ordered returned sold visited watched wrote built checked "
+    "dropped followed studied covered moved replaced tested counted noticed"
+).split()
+VERBS_BASE = (
+    "find open repair paint carry deliver borrow describe clean pack measure order "
+    "return sell visit watch write build check follow study cover move replace "
+    "test count notice explain remember finish"
+).split()
+ADVERBS = (
+    "slowly quickly carefully quietly suddenly happily easily rarely often nearly "
+    "finally honestly gently loudly barely"
+).split()
+TIMES = (
+    "yesterday|this morning|last week|on Monday|in the evening|after lunch|at dawn|"
+    "before midnight|two days ago|in March|during the storm|on the weekend"
+).split("|")
+CONNECT = ("because|although|while|after|before|since|unless|when|even though|so that").split("|")
+MONTHS = (
+    "January February March April May June July August September October November December"
+).split()
 
 
 def _number(r: random.Random) -> str:
@@ -77,8 +93,11 @@ def _np(r: random.Random) -> str:
         adj = r.choice(ADJECTIVES)
         det = "an" if adj[0] in "aeiou" else "a"
         return f"{det} {adj} {r.choice(NOUNS)}"
-    return f"{det} {r.choice(ADJECTIVES)} {r.choice(NOUNS)}" if r.random() < 0.6 else \
-        f"{det} {r.choice(NOUNS)}"
+    return (
+        f"{det} {r.choice(ADJECTIVES)} {r.choice(NOUNS)}"
+        if r.random() < 0.6
+        else f"{det} {r.choice(NOUNS)}"
+    )
 
 
 def _clause(r: random.Random) -> str:
@@ -124,8 +143,9 @@ def _sentence(r: random.Random) -> str:
         text = parts[0] + "".join(f"{g} {p}" for g, p in zip(glue, parts[1:], strict=True))
         return _cap(text) + "."
     if kind == 10:
-        return (f"On {r.choice(MONTHS)} {_number(r)}, {r.choice(NAMES)} paid {_number(r)} "
-                f"for {_np(r)}.")
+        return (
+            f"On {r.choice(MONTHS)} {_number(r)}, {r.choice(NAMES)} paid {_number(r)} for {_np(r)}."
+        )
     return f"Is {_np(r)} really {r.choice(ADJECTIVES)}, or is it {r.choice(ADJECTIVES)}?"
 
 

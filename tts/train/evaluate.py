@@ -32,9 +32,12 @@ def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4)
 
     vdir = resolve(voice_dir)
     meta = json.loads((vdir / "voice.json").read_text())
-    corpus = meta.get("corpus") or {"sentences": cfg.sentences, "held_out": cfg.held_out,
-                                     "seed": cfg.seed}
-    texts = sentences(corpus["sentences"], corpus["seed"])[-corpus["held_out"]:][:n]
+    corpus = meta.get("corpus") or {
+        "sentences": cfg.sentences,
+        "held_out": cfg.held_out,
+        "seed": cfg.seed,
+    }
+    texts = sentences(corpus["sentences"], corpus["seed"])[-corpus["held_out"] :][:n]
     synth = Synthesizer(str(vdir), device=cfg.device if cfg.device != "auto" else "auto")
     encoder = _trained_codec(cfg, FrameCodec)
     out = Path(report)
@@ -44,10 +47,13 @@ def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4)
         teacher, _ = speak(text)
         t0 = time.perf_counter()
         voice = synth.synthesize(text).samples
-        row = {"text": text, "synth_s": time.perf_counter() - t0,
-               "mcd_voice_db": quality.mcd(teacher, voice),
-               "teacher_s": quality.speech_seconds(teacher),
-               "voice_s": quality.speech_seconds(voice)}
+        row = {
+            "text": text,
+            "synth_s": time.perf_counter() - t0,
+            "mcd_voice_db": quality.mcd(teacher, voice),
+            "teacher_s": quality.speech_seconds(teacher),
+            "voice_s": quality.speech_seconds(voice),
+        }
         pics = [("teacher (espeak-ng)", teacher)]
         if encoder is not None:
             with torch.inference_mode():
@@ -59,12 +65,16 @@ def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4)
         if i < pictures:
             quality.spectrogram_png(pics, out / f"spectrogram_{i}.png")
         rows.append(row)
-        print(f"[{i + 1}/{len(texts)}] MCD voice {row['mcd_voice_db']:.2f} dB"
-              + (f", resynth {row['mcd_resynth_db']:.2f} dB" if "mcd_resynth_db" in row else "")
-              + f"; {row['voice_s']:.2f} s vs {row['teacher_s']:.2f} s", flush=True)
+        print(
+            f"[{i + 1}/{len(texts)}] MCD voice {row['mcd_voice_db']:.2f} dB"
+            + (f", resynth {row['mcd_resynth_db']:.2f} dB" if "mcd_resynth_db" in row else "")
+            + f"; {row['voice_s']:.2f} s vs {row['teacher_s']:.2f} s",
+            flush=True,
+        )
     summary = _summary(rows)
-    (out / "voice_quality.json").write_text(json.dumps({"summary": summary, "rows": rows,
-                                                        "voice": str(vdir)}, indent=1))
+    (out / "voice_quality.json").write_text(
+        json.dumps({"summary": summary, "rows": rows, "voice": str(vdir)}, indent=1)
+    )
     print(json.dumps(summary, indent=1))
     return summary
 
@@ -83,10 +93,13 @@ def _trained_codec(cfg, cls):
 def _summary(rows: list[dict]) -> dict:
     voice = np.array([r["mcd_voice_db"] for r in rows])
     ratio = np.array([r["voice_s"] / r["teacher_s"] for r in rows])
-    s = {"sentences": len(rows), "mcd_voice_db": float(voice.mean()),
-         "duration_ratio_mean": float(ratio.mean()),
-         "duration_within_15pct": float(np.mean(np.abs(ratio - 1) <= DURATION_TARGET)),
-         "duration_abs_err_mean": float(np.mean(np.abs(ratio - 1)))}
+    s = {
+        "sentences": len(rows),
+        "mcd_voice_db": float(voice.mean()),
+        "duration_ratio_mean": float(ratio.mean()),
+        "duration_within_15pct": float(np.mean(np.abs(ratio - 1) <= DURATION_TARGET)),
+        "duration_abs_err_mean": float(np.mean(np.abs(ratio - 1))),
+    }
     if all("mcd_resynth_db" in r for r in rows):
         resynth = np.array([r["mcd_resynth_db"] for r in rows])
         s["mcd_resynth_db"] = float(resynth.mean())

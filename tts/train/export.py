@@ -7,8 +7,7 @@ import shutil
 from pathlib import Path
 
 
-def export_voice(work: Path, out: Path, name: str = "default",
-                 corpus: dict | None = None) -> None:
+def export_voice(work: Path, out: Path, name: str = "default", corpus: dict | None = None) -> None:
     """``corpus``: how the teacher sentences were drawn (the quality report re-draws the
     held-out ones)."""
     backbone, codec = work / "backbone" / "final", work / "codec" / "final"
@@ -21,7 +20,14 @@ def export_voice(work: Path, out: Path, name: str = "default",
             shutil.copy2(f, out / f.name)
     shutil.copytree(codec, out / "codec", dirs_exist_ok=True)
     vocab = json.loads((backbone / "vocab.json").read_text())
-    meta = {"kind": "phoneme-frame", "name": name, **vocab, "codec": "codec",
-            "temperature": 0.0, "max_frames_per_phoneme": 40,
-            "teacher": "espeak-ng en-us (espeakng-loader)", "corpus": corpus or {}}
+    meta = {
+        "kind": "phoneme-frame",
+        "name": name,
+        **vocab,
+        "codec": "codec",
+        "temperature": 0.0,
+        "max_frames_per_phoneme": 40,
+        "teacher": "espeak-ng en-us (espeakng-loader)",
+        "corpus": corpus or {},
+    }
     (out / "voice.json").write_text(json.dumps(meta, indent=1))

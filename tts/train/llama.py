@@ -14,25 +14,52 @@ from torch import nn
 SIZES: dict[str, dict] = {
     # the shipped voice: ~7.5M parameters, 15 MB in float16 (under 16 MiB a file, which is
     # what a GPU machine's output may hold)
-    "base": dict(hidden_size=384, num_hidden_layers=5, num_attention_heads=6,
-                 num_key_value_heads=2, intermediate_size=640),
+    "base": dict(
+        hidden_size=384,
+        num_hidden_layers=5,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=640,
+    ),
     # a model one CPU thread trains in hours, for a voice when no GPU is at hand
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=512),
+    "small": dict(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+    ),
     # a toy, for tests of the recipe's plumbing
-    "tiny": dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=1,
-                 num_key_value_heads=1, intermediate_size=128),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        intermediate_size=128,
+    ),
 }
 
 
 def llama_config(size: str, vocab: int, max_len: int = 2048) -> dict:
     if size not in SIZES:
         raise ValueError(f"unknown backbone size {size!r}; known: {', '.join(SIZES)}")
-    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **SIZES[size],
-            "vocab_size": vocab, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0, "max_position_embeddings": max_len, "head_dim": 64,
-            "hidden_act": "silu", "attention_bias": False, "bos_token_id": 1,
-            "eos_token_id": 2, "pad_token_id": 0, "torch_dtype": "float16"}
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        **SIZES[size],
+        "vocab_size": vocab,
+        "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": max_len,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "torch_dtype": "float16",
+    }
 
 
 class RMSNorm(nn.Module):

@@ -29,8 +29,11 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
 
 
 def _set_rng(state: dict) -> None:
@@ -39,15 +42,29 @@ def _set_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def train(name: str, work: Path, model: nn.Module, step_fn: Callable[[int], torch.Tensor],
-          steps: int, lr: float, warmup: int = 200, deadline: float | None = None,
-          save_every_s: float = 300.0, log_every: int = 50, weight_decay: float = 0.01,
-          on_log: Callable[[int, float], None] | None = None) -> bool:
+def train(
+    name: str,
+    work: Path,
+    model: nn.Module,
+    step_fn: Callable[[int], torch.Tensor],
+    steps: int,
+    lr: float,
+    warmup: int = 200,
+    deadline: float | None = None,
+    save_every_s: float = 300.0,
+    log_every: int = 50,
+    weight_decay: float = 0.01,
+    on_log: Callable[[int, float], None] | None = None,
+) -> bool:
     """Train until ``steps`` (True) or until ``deadline`` (time.time(); False)."""
     work.mkdir(parents=True, exist_ok=True)
     ckpt = work / "ckpt.pt"
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
-                            betas=(0.9, 0.98), weight_decay=weight_decay)
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=lr,
+        betas=(0.9, 0.98),
+        weight_decay=weight_decay,
+    )
     step = 0
     if ckpt.is_file():
         saved = torch.load(ckpt, map_location="cpu", weights_only=False)
@@ -74,8 +91,10 @@ def train(name: str, work: Path, model: nn.Module, step_fn: Callable[[int], torc
         value = float(loss.detach())
         avg = value if avg is None else 0.98 * avg + 0.02 * value
         if step % log_every == 0 or step == steps:
-            print(f"{name}: step {step}/{steps} loss {avg:.4f} "
-                  f"({(time.time() - t0) / 60:.1f} min)", flush=True)
+            print(
+                f"{name}: step {step}/{steps} loss {avg:.4f} ({(time.time() - t0) / 60:.1f} min)",
+                flush=True,
+            )
             if on_log is not None:
                 on_log(step, avg)
         if time.time() - last_save > save_every_s:
@@ -88,6 +107,8 @@ def train(name: str, work: Path, model: nn.Module, step_fn: Callable[[int], torc
 
 def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                "rng": _rng_state()}, tmp)
+    torch.save(
+        {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "rng": _rng_state()},
+        tmp,
+    )
     os.replace(tmp, path)

@@ -25,8 +25,14 @@ def multi_resolution_stft(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return total / len(RESOLUTIONS)
 
 
-def mel_l1(y: torch.Tensor, x: torch.Tensor, sample_rate: int, n_fft: int = 1024,
-           hop: int = 256, n_mels: int = 80) -> torch.Tensor:
+def mel_l1(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    sample_rate: int,
+    n_fft: int = 1024,
+    hop: int = 256,
+    n_mels: int = 80,
+) -> torch.Tensor:
     fb = mel_filters(sample_rate, n_fft, n_mels).to(y.device)
 
     def lm(a: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,16 @@ from typing import Any
 from mmserve.bench.stress import phases
 from mmserve.bench.stress.target import spawn
 
-PHASES = ("fuzz-http", "fuzz-ws", "abort-storm", "overload", "slow-clients", "long-prefill",
-          "eviction", "soak")
+PHASES = (
+    "fuzz-http",
+    "fuzz-ws",
+    "abort-storm",
+    "overload",
+    "slow-clients",
+    "long-prefill",
+    "eviction",
+    "soak",
+)
 
 
 @dataclass
@@ -41,8 +49,16 @@ class StressConfig:
 
 
 def _server_flags(cfg: StressConfig, extra: list[str]) -> list[str]:
-    flags = ["--device", cfg.device, "--max-model-len", "4096",
-             "--max-num-seqs", str(cfg.max_num_seqs), "--max-waiting", str(cfg.max_waiting)]
+    flags = [
+        "--device",
+        cfg.device,
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        str(cfg.max_num_seqs),
+        "--max-waiting",
+        str(cfg.max_waiting),
+    ]
     return flags + (["--model", cfg.model] if cfg.model else []) + extra
 
 
@@ -56,10 +72,14 @@ def run_stress(cfg: StressConfig) -> list[phases.PhaseResult]:
             for name in main_phases:
                 results.append(_run_phase(name, target, cfg))
                 _print_row(results[-1])
-            results.append(phases.PhaseResult(
-                "server", crashes=int(not target.alive()),
-                rss_growth_pct=round(100 * (target.rss_mb() - rss0) / rss0, 2),
-                extra={"rss_mb_start": round(rss0, 1), "rss_mb_end": round(target.rss_mb(), 1)}))
+            results.append(
+                phases.PhaseResult(
+                    "server",
+                    crashes=int(not target.alive()),
+                    rss_growth_pct=round(100 * (target.rss_mb() - rss0) / rss0, 2),
+                    extra={"rss_mb_start": round(rss0, 1), "rss_mb_end": round(target.rss_mb(), 1)},
+                )
+            )
         finally:
             target.stop()
     if "eviction" in cfg.only:
@@ -74,15 +94,17 @@ def run_stress(cfg: StressConfig) -> list[phases.PhaseResult]:
 
 def _run_phase(name: str, target: Any, cfg: StressConfig) -> phases.PhaseResult:
     if name == "fuzz-http":
-        return phases.fuzz_http(target, int(cfg.fuzz_inputs * 0.6), cfg.seed,
-                                give_up_s=cfg.fuzz_give_up_s)
+        return phases.fuzz_http(
+            target, int(cfg.fuzz_inputs * 0.6), cfg.seed, give_up_s=cfg.fuzz_give_up_s
+        )
     if name == "fuzz-ws":
         return phases.fuzz_ws(target, cfg.fuzz_inputs - int(cfg.fuzz_inputs * 0.6), cfg.seed)
     if name == "abort-storm":
         return phases.abort_storm(target, cfg.aborts, rng_seed=cfg.seed)
     if name == "overload":
-        return phases.overload(target, cfg.max_num_seqs, cfg.max_waiting,
-                               rounds=cfg.overload_rounds)
+        return phases.overload(
+            target, cfg.max_num_seqs, cfg.max_waiting, rounds=cfg.overload_rounds
+        )
     if name == "slow-clients":
         return phases.slow_clients(target)
     if name == "long-prefill":
@@ -97,8 +119,11 @@ HEADER = f"{'phase':<14}{'inputs':>8}{'crashes':>9}{'5xx':>6}{'leaked':>8}{'rss 
 
 def _print_row(r: phases.PhaseResult) -> None:
     rss = "" if r.rss_growth_pct is None else f"{r.rss_growth_pct:.2f}"
-    print(f"{r.name:<14}{r.inputs:>8}{r.crashes:>9}{r.status_5xx:>6}{r.leaked_blocks:>8}"
-          f"{rss:>8}  {json.dumps(r.extra)}", flush=True)
+    print(
+        f"{r.name:<14}{r.inputs:>8}{r.crashes:>9}{r.status_5xx:>6}{r.leaked_blocks:>8}"
+        f"{rss:>8}  {json.dumps(r.extra)}",
+        flush=True,
+    )
 
 
 def _report(cfg: StressConfig, results: list[phases.PhaseResult]) -> None:
@@ -107,6 +132,10 @@ def _report(cfg: StressConfig, results: list[phases.PhaseResult]) -> None:
         _print_row(r)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": platform.platform(), "processor": platform.processor(),
-           "config": asdict(cfg), "phases": [asdict(r) for r in results]}
+    doc = {
+        "machine": platform.platform(),
+        "processor": platform.processor(),
+        "config": asdict(cfg),
+        "phases": [asdict(r) for r in results],
+    }
     (out / "stress.json").write_text(json.dumps(doc, indent=2))

@@ -47,8 +47,12 @@ def _schema(model: Any) -> dict[str, Any]:
 def _http_inputs() -> st.SearchStrategy[tuple[str, Any]]:
     chat = from_schema(_schema(ChatCompletionRequest))
     cmpl = from_schema(_schema(CompletionRequest))
-    raw = st.one_of(st.binary(max_size=200), st.sampled_from(
-        [b"{", b"[]", b"null", b'{"messages": [' * 3, b"\xff\xfe", b'"' + b"a" * 1000]))
+    raw = st.one_of(
+        st.binary(max_size=200),
+        st.sampled_from(
+            [b"{", b"[]", b"null", b'{"messages": [' * 3, b"\xff\xfe", b'"' + b"a" * 1000]
+        ),
+    )
     return st.one_of(
         st.tuples(st.just("/v1/chat/completions"), chat),
         st.tuples(st.just("/v1/completions"), cmpl),
@@ -72,8 +76,9 @@ def dumps(value: Any) -> str:
         sys.setrecursionlimit(old)
 
 
-def _run_examples(strategy: st.SearchStrategy[Any], n: int, rng_seed: int,
-                  test: Callable[[Any], None]) -> None:
+def _run_examples(
+    strategy: st.SearchStrategy[Any], n: int, rng_seed: int, test: Callable[[Any], None]
+) -> None:
     """``test`` on ``n`` examples of ``strategy``. Hypothesis may end a run before
     ``max_examples`` (examples it discards, a space it has covered), so runs with the
     next seeds continue until ``n`` are done or a run adds none."""
@@ -87,8 +92,13 @@ def _run_examples(strategy: st.SearchStrategy[Any], n: int, rng_seed: int,
     for round_ in range(n):
         before = done
         run = given(strategy)(counted)
-        settings(max_examples=n - done, database=None, deadline=None, phases=[Phase.generate],
-                 suppress_health_check=list(HealthCheck))(run)
+        settings(
+            max_examples=n - done,
+            database=None,
+            deadline=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )(run)
         seed(rng_seed + round_)(run)()
         if done >= n or done == before:
             return
@@ -131,12 +141,16 @@ def fuzz_http(target: Target, n: int, rng_seed: int = 0, give_up_s: float = 5.0)
 
 
 def _ws_inputs() -> st.SearchStrategy[str | bytes]:
-    events = [from_schema(_schema(model)).map(partial(_typed, kind=kind))
-              for kind, model in CLIENT_EVENTS.items()]
+    events = [
+        from_schema(_schema(model)).map(partial(_typed, kind=kind))
+        for kind, model in CLIENT_EVENTS.items()
+    ]
     garbage = st.one_of(
-        st.text(max_size=100), st.binary(max_size=50),
+        st.text(max_size=100),
+        st.binary(max_size=50),
         st.integers(100, 3000).map(lambda d: '{"type":' + "[" * d + "]" * d + "}"),
-        nasty().map(dumps))
+        nasty().map(dumps),
+    )
     return st.one_of(*[e.map(dumps) for e in events], garbage)
 
 
@@ -154,8 +168,7 @@ def fuzz_ws(target: Target, n: int, rng_seed: int = 0) -> PhaseResult:
 
     def socket_() -> Any:
         if state["ws"] is None:
-            state["ws"] = ws_connect(f"{target.ws_url}/v1/realtime", max_size=None,
-                                     open_timeout=30)
+            state["ws"] = ws_connect(f"{target.ws_url}/v1/realtime", max_size=None, open_timeout=30)
         return state["ws"]
 
     def drain(ws: Any, wait: float) -> None:
@@ -190,18 +203,24 @@ def fuzz_ws(target: Target, n: int, rng_seed: int = 0) -> PhaseResult:
         state["ws"].close()
     result.crashes += not target.alive()
     result.leaked_blocks = target.wait_idle()
-    result.extra.update(events_received=state["events"],
-                        sockets_closed_abnormally=state["closed_abnormally"])
+    result.extra.update(
+        events_received=state["events"], sockets_closed_abnormally=state["closed_abnormally"]
+    )
     return result
 
 
 def _chat(text: str, max_tokens: int, stream: bool = True, **extra: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "stream": stream, **extra}
+    return {
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        **extra,
+    }
 
 
-async def _stream_gaps(http: httpx.AsyncClient, body: dict[str, Any],
-                       stop_after: int | None = None) -> tuple[int, list[float], float | None]:
+async def _stream_gaps(
+    http: httpx.AsyncClient, body: dict[str, Any], stop_after: int | None = None
+) -> tuple[int, list[float], float | None]:
     """POST a streaming chat; (status, gaps between content chunks, time to first chunk)."""
     start = time.perf_counter()
     last, gaps, ttft = None, [], None
@@ -231,8 +250,15 @@ def abort_storm(target: Target, n: int, concurrency: int = 32, rng_seed: int = 0
     chunks, or on a timer); then no KV block may stay in use."""
     result = PhaseResult("abort-storm")
     rng = random.Random(rng_seed)
-    plans = [(rng.choice(["timer", "chunks", "chunks"]), rng.uniform(0.0, 1.5),
-              rng.randint(0, 12), rng.randint(8, 64)) for _ in range(n)]
+    plans = [
+        (
+            rng.choice(["timer", "chunks", "chunks"]),
+            rng.uniform(0.0, 1.5),
+            rng.randint(0, 12),
+            rng.randint(8, 64),
+        )
+        for _ in range(n)
+    ]
 
     async def run() -> None:
         sem = asyncio.Semaphore(concurrency)
@@ -240,14 +266,16 @@ def abort_storm(target: Target, n: int, concurrency: int = 32, rng_seed: int = 0
 
             async def one(plan: tuple[str, float, int, int]) -> None:
                 how, delay, chunks, max_tokens = plan
-                body = _chat(f"Tell me about the number {rng.randint(0, 999)}.", max_tokens,
-                             temperature=1.0)
+                body = _chat(
+                    f"Tell me about the number {rng.randint(0, 999)}.", max_tokens, temperature=1.0
+                )
                 async with sem:
                     result.inputs += 1
                     try:
                         if how == "timer":
                             status, _, _ = await asyncio.wait_for(
-                                _stream_gaps(http, body), timeout=delay)
+                                _stream_gaps(http, body), timeout=delay
+                            )
                         else:
                             status, _, _ = await _stream_gaps(http, body, stop_after=chunks)
                         result.status_5xx += status >= 500
@@ -262,20 +290,29 @@ def abort_storm(target: Target, n: int, concurrency: int = 32, rng_seed: int = 0
     return result
 
 
-async def _itl_run(target: Target, clients: int, requests_each: int, max_tokens: int,
-                   ) -> dict[str, Any]:
+async def _itl_run(
+    target: Target,
+    clients: int,
+    requests_each: int,
+    max_tokens: int,
+) -> dict[str, Any]:
     gaps: list[float] = []
     ttfts: list[float] = []
     statuses: dict[int, int] = {}
     retry_after_missing = 0
-    async with httpx.AsyncClient(base_url=target.url, timeout=600,
-                                 limits=httpx.Limits(max_connections=clients + 8)) as http:
+    async with httpx.AsyncClient(
+        base_url=target.url, timeout=600, limits=httpx.Limits(max_connections=clients + 8)
+    ) as http:
 
         async def client(i: int) -> None:
             nonlocal retry_after_missing
             for j in range(requests_each):
-                body = _chat(f"Write a story about client {i}, part {j}.", max_tokens,
-                             temperature=0.0, ignore_eos=True)
+                body = _chat(
+                    f"Write a story about client {i}, part {j}.",
+                    max_tokens,
+                    temperature=0.0,
+                    ignore_eos=True,
+                )
                 async with http.stream("POST", "/v1/chat/completions", json=body) as r:
                     statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
                     if r.status_code == 429:
@@ -294,8 +331,12 @@ async def _itl_run(target: Target, clients: int, requests_each: int, max_tokens:
                             last = now
 
         await asyncio.gather(*(client(i) for i in range(clients)))
-    return {"gaps": gaps, "ttfts": ttfts, "statuses": statuses,
-            "retry_after_missing": retry_after_missing}
+    return {
+        "gaps": gaps,
+        "ttfts": ttfts,
+        "statuses": statuses,
+        "retry_after_missing": retry_after_missing,
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -305,8 +346,9 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def overload(target: Target, max_num_seqs: int, max_waiting: int, max_tokens: int = 32,
-             rounds: int = 3) -> PhaseResult:
+def overload(
+    target: Target, max_num_seqs: int, max_waiting: int, max_tokens: int = 32, rounds: int = 3
+) -> PhaseResult:
     """Unloaded: ``max_num_seqs`` streams at once (a full batch, nobody queued). Then 2x:
     twice the clients the server can hold (running + waiting), each sending ``rounds``
     requests: the excess must be answered 429 with Retry-After, and the admitted streams'
@@ -323,15 +365,22 @@ def overload(target: Target, max_num_seqs: int, max_waiting: int, max_tokens: in
         "retry_after_missing": load["retry_after_missing"],
         "itl_ms_p50": [round(1000 * p50[0], 1), round(1000 * p50[1], 1)],  # unloaded, 2x
         "itl_ms_p90": [round(1000 * p90[0], 1), round(1000 * p90[1], 1)],
-        "itl_ratio_p50": round(p50[1] / p50[0], 2), "itl_ratio_p90": round(p90[1] / p90[0], 2),
+        "itl_ratio_p50": round(p50[1] / p50[0], 2),
+        "itl_ratio_p90": round(p90[1] / p90[0], 2),
     }
     result.crashes += not target.alive()
     result.leaked_blocks = target.wait_idle()
     return result
 
 
-def soak(target: Target, clients: int, seconds: float, sample_s: float = 5.0,
-         warmup_frac: float = 0.25, rng_seed: int = 0) -> PhaseResult:
+def soak(
+    target: Target,
+    clients: int,
+    seconds: float,
+    sample_s: float = 5.0,
+    warmup_frac: float = 0.25,
+    rng_seed: int = 0,
+) -> PhaseResult:
     """``clients`` loop a mix (streamed and whole chats, completions, early aborts) for
     ``seconds``; RSS and blocks are sampled every ``sample_s``. RSS growth is the last
     samples' mean over the RSS at the end of the warm-up (``warmup_frac`` of the run)."""
@@ -341,8 +390,9 @@ def soak(target: Target, clients: int, seconds: float, sample_s: float = 5.0,
     deadline = time.monotonic() + seconds
 
     async def run() -> None:
-        async with httpx.AsyncClient(base_url=target.url, timeout=120,
-                                     limits=httpx.Limits(max_connections=clients + 8)) as http:
+        async with httpx.AsyncClient(
+            base_url=target.url, timeout=120, limits=httpx.Limits(max_connections=clients + 8)
+        ) as http:
 
             async def client(i: int) -> None:
                 while time.monotonic() < deadline:
@@ -352,15 +402,27 @@ def soak(target: Target, clients: int, seconds: float, sample_s: float = 5.0,
                         if kind < 0.5:
                             stop = rng.randint(1, 8) if kind < 0.1 else None
                             status, _, _ = await _stream_gaps(
-                                http, _chat(f"Client {i}: say something.", rng.randint(4, 24),
-                                            temperature=1.0), stop_after=stop)
+                                http,
+                                _chat(
+                                    f"Client {i}: say something.",
+                                    rng.randint(4, 24),
+                                    temperature=1.0,
+                                ),
+                                stop_after=stop,
+                            )
                         elif kind < 0.8:
-                            r = await http.post("/v1/chat/completions", json=_chat(
-                                f"Client {i}: a fact?", rng.randint(4, 16), stream=False))
+                            r = await http.post(
+                                "/v1/chat/completions",
+                                json=_chat(
+                                    f"Client {i}: a fact?", rng.randint(4, 16), stream=False
+                                ),
+                            )
                             status = r.status_code
                         else:
-                            r = await http.post("/v1/completions", json={
-                                "prompt": f"{i} {rng.random()}", "max_tokens": 8})
+                            r = await http.post(
+                                "/v1/completions",
+                                json={"prompt": f"{i} {rng.random()}", "max_tokens": 8},
+                            )
                             status = r.status_code
                         result.status_5xx += status >= 500
                         if status == 429:
@@ -370,8 +432,13 @@ def soak(target: Target, clients: int, seconds: float, sample_s: float = 5.0,
 
             async def sampler() -> None:
                 while time.monotonic() < deadline:
-                    samples.append((time.monotonic(), target.rss_mb(),
-                                    await asyncio.to_thread(target.blocks_used)))
+                    samples.append(
+                        (
+                            time.monotonic(),
+                            target.rss_mb(),
+                            await asyncio.to_thread(target.blocks_used),
+                        )
+                    )
                     await asyncio.sleep(sample_s)
 
             await asyncio.gather(sampler(), *(client(i) for i in range(clients)))
@@ -383,29 +450,38 @@ def soak(target: Target, clients: int, seconds: float, sample_s: float = 5.0,
     warm = samples[max(1, int(len(samples) * warmup_frac))][1]
     tail = [s[1] for s in samples[-3:]]
     result.rss_growth_pct = round(100 * (statistics.mean(tail) - warm) / warm, 2)
-    result.extra = {"rss_mb_after_warmup": round(warm, 1), "rss_mb_end": round(tail[-1], 1),
-                    "rss_mb_max": round(max(s[1] for s in samples), 1), "samples": len(samples),
-                    "blocks_max": max(s[2] for s in samples)}
+    result.extra = {
+        "rss_mb_after_warmup": round(warm, 1),
+        "rss_mb_end": round(tail[-1], 1),
+        "rss_mb_max": round(max(s[1] for s in samples), 1),
+        "samples": len(samples),
+        "blocks_max": max(s[2] for s in samples),
+    }
     return result
 
 
-def eviction(target: Target, prefixes: int = 4, suffixes: int = 6, concurrency: int = 12,
-             rng_seed: int = 0) -> PhaseResult:
+def eviction(
+    target: Target, prefixes: int = 4, suffixes: int = 6, concurrency: int = 12, rng_seed: int = 0
+) -> PhaseResult:
     """Prompts sharing long prefixes, greedy: once one at a time (the reference), then all
     at once in a shuffled order on a KV pool too small to keep the prefixes cached, so
     blocks are evicted and requests preempted. Outputs must equal the reference."""
     result = PhaseResult("eviction")
     rng = random.Random(rng_seed)
-    heads = [f"Document {p}: " + " ".join(rng.choice(["alpha", "beta", "gamma", "delta"])
-                                          for _ in range(60)) for p in range(prefixes)]
+    heads = [
+        f"Document {p}: "
+        + " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(60))
+        for p in range(prefixes)
+    ]
     prompts = [f"{h}\nQuestion {s}: what comes next?" for h in heads for s in range(suffixes)]
 
     def body(p: str) -> dict[str, Any]:
         return {"prompt": p, "max_tokens": 12, "temperature": 0}
 
     with httpx.Client(base_url=target.url, timeout=600) as http:
-        reference = [http.post("/v1/completions", json=body(p)).json()["choices"][0]["text"]
-                     for p in prompts]
+        reference = [
+            http.post("/v1/completions", json=body(p)).json()["choices"][0]["text"] for p in prompts
+        ]
 
     async def storm() -> list[str | None]:
         sem = asyncio.Semaphore(concurrency)
@@ -431,8 +507,9 @@ def eviction(target: Target, prefixes: int = 4, suffixes: int = 6, concurrency: 
     return result
 
 
-def slow_clients(target: Target, partial: int = 50, readers: int = 8,
-                 health_probes: int = 20) -> PhaseResult:
+def slow_clients(
+    target: Target, partial: int = 50, readers: int = 8, health_probes: int = 20
+) -> PhaseResult:
     """Connections that send half a header, and streams read slowly, while ``/health`` and a
     normal request are asked for: both must still be answered."""
     result = PhaseResult("slow-clients")
@@ -445,8 +522,9 @@ def slow_clients(target: Target, partial: int = 50, readers: int = 8,
     result.inputs = partial + readers
 
     async def slow_reader(http: httpx.AsyncClient, i: int) -> None:
-        async with http.stream("POST", "/v1/chat/completions",
-                               json=_chat(f"Reader {i}: count to twenty.", 24)) as r:
+        async with http.stream(
+            "POST", "/v1/chat/completions", json=_chat(f"Reader {i}: count to twenty.", 24)
+        ) as r:
             result.status_5xx += r.status_code >= 500
             async for _ in r.aiter_raw(16):
                 await asyncio.sleep(0.2)
@@ -475,8 +553,10 @@ def slow_clients(target: Target, partial: int = 50, readers: int = 8,
         except OSError:
             pass
         s.close()
-    result.extra = {"health_max_ms": round(1000 * max(latencies), 1),
-                    "partial_connections_closed_408": closed}
+    result.extra = {
+        "health_max_ms": round(1000 * max(latencies), 1),
+        "partial_connections_closed_408": closed,
+    }
     result.crashes += not target.alive()
     result.leaked_blocks = target.wait_idle()
     return result
@@ -487,26 +567,32 @@ def long_prefill(target: Target, words: int = 1500) -> PhaseResult:
     2 s later. Reports the short chat's time to first token (and unloaded), and the
     running stream's largest gap while the long prompt prefilled."""
     result = PhaseResult("long-prefill")
-    text = " ".join(("the quick brown fox jumps over a lazy dog while seven ravens watch "
-                     * (words // 13 + 1)).split()[:words])
+    text = " ".join(
+        (
+            "the quick brown fox jumps over a lazy dog while seven ravens watch "
+            * (words // 13 + 1)
+        ).split()[:words]
+    )
 
     async def run() -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=target.url, timeout=600) as http:
             _, _, unloaded = await _stream_gaps(http, _chat("What is the capital of France?", 8))
-            stream = asyncio.create_task(_stream_gaps(
-                http, _chat("Count from one to one hundred.", 200, ignore_eos=True)))
+            stream = asyncio.create_task(
+                _stream_gaps(http, _chat("Count from one to one hundred.", 200, ignore_eos=True))
+            )
             await asyncio.sleep(1.0)
             long = asyncio.create_task(_stream_gaps(http, _chat(text, 1)))
             await asyncio.sleep(2.0)
-            _, _, short_ttft = await _stream_gaps(http, _chat("What is the capital of France?",
-                                                              8))
+            _, _, short_ttft = await _stream_gaps(http, _chat("What is the capital of France?", 8))
             _, gaps, _ = await stream
             _, _, long_ttft = await long
-            return {"short_ttft_unloaded_s": round(unloaded or 0, 2),
-                    "short_ttft_behind_long_s": round(short_ttft or 0, 2),
-                    "long_ttft_s": round(long_ttft or 0, 2),
-                    "stream_max_gap_s": round(max(gaps), 2) if gaps else None,
-                    "stream_median_gap_s": round(statistics.median(gaps), 3) if gaps else None}
+            return {
+                "short_ttft_unloaded_s": round(unloaded or 0, 2),
+                "short_ttft_behind_long_s": round(short_ttft or 0, 2),
+                "long_ttft_s": round(long_ttft or 0, 2),
+                "stream_max_gap_s": round(max(gaps), 2) if gaps else None,
+                "stream_median_gap_s": round(statistics.median(gaps), 3) if gaps else None,
+            }
 
     result.inputs = 4
     result.extra = asyncio.run(run())

@@ -13,10 +13,29 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-SMALL_INT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n",
-                    "min_tokens", "top_logprobs", "logprobs")
-NASTY_STRINGS = ["", "\ud800", "a\udfff", "\x00", "😀" * 50, "a" * 5000, "{{", "<think>",
-                 "</s>", "<|im_end|>", "\u202e", "null"]
+SMALL_INT_FIELDS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "n",
+    "min_tokens",
+    "top_logprobs",
+    "logprobs",
+)
+NASTY_STRINGS = [
+    "",
+    "\ud800",
+    "a\udfff",
+    "\x00",
+    "😀" * 50,
+    "a" * 5000,
+    "{{",
+    "<think>",
+    "</s>",
+    "<|im_end|>",
+    "\u202e",
+    "null",
+]
 BREAK_ONE_IN = 40
 NASTY_INTS = [-1, 0, 2**31, 2**63, -(2**63) - 1, 2**70, 10**30]
 
@@ -24,11 +43,21 @@ NASTY_INTS = [-1, 0, 2**31, 2**63, -(2**63) - 1, 2**70, 10**30]
 def nasty() -> st.SearchStrategy[Any]:
     """A value of any JSON type, often one that has hurt a server."""
     leaf = st.one_of(
-        st.sampled_from(NASTY_STRINGS), st.sampled_from(NASTY_INTS), st.text(max_size=40),
-        st.integers(), st.floats(allow_nan=False), st.booleans(), st.none())
+        st.sampled_from(NASTY_STRINGS),
+        st.sampled_from(NASTY_INTS),
+        st.text(max_size=40),
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.booleans(),
+        st.none(),
+    )
     deep = st.integers(1, 3000).map(lambda d: _nest(d))
-    return st.one_of(leaf, deep, st.lists(leaf, max_size=4),
-                     st.dictionaries(st.text(max_size=8), leaf, max_size=4))
+    return st.one_of(
+        leaf,
+        deep,
+        st.lists(leaf, max_size=4),
+        st.dictionaries(st.text(max_size=8), leaf, max_size=4),
+    )
 
 
 def _nest(depth: int) -> Any:
@@ -38,8 +67,9 @@ def _nest(depth: int) -> Any:
     return value
 
 
-def from_schema(schema: dict[str, Any], defs: dict[str, Any] | None = None,
-                name: str = "", depth: int = 0) -> st.SearchStrategy[Any]:
+def from_schema(
+    schema: dict[str, Any], defs: dict[str, Any] | None = None, name: str = "", depth: int = 0
+) -> st.SearchStrategy[Any]:
     """A strategy for ``schema`` (pydantic's JSON schema), with ~1 field in 40 broken (a
     request of a dozen fields is then valid about three times in four)."""
     defs = defs if defs is not None else schema.get("$defs", {})
@@ -47,8 +77,9 @@ def from_schema(schema: dict[str, Any], defs: dict[str, Any] | None = None,
     return st.integers(0, BREAK_ONE_IN - 1).flatmap(lambda i: nasty() if i == 0 else good)
 
 
-def _valid(schema: dict[str, Any], defs: dict[str, Any], name: str,
-           depth: int) -> st.SearchStrategy[Any]:
+def _valid(
+    schema: dict[str, Any], defs: dict[str, Any], name: str, depth: int
+) -> st.SearchStrategy[Any]:
     if "$ref" in schema:
         return from_schema(defs[schema["$ref"].split("/")[-1]], defs, name, depth)
     if "const" in schema:
@@ -73,8 +104,7 @@ def _valid(schema: dict[str, Any], defs: dict[str, Any], name: str,
             return st.integers(1, 2)
         return st.integers(schema.get("minimum", -5), schema.get("maximum", 2**40))
     if kind == "number":
-        return st.floats(schema.get("minimum", -3.0), schema.get("maximum", 3.0),
-                         allow_nan=False)
+        return st.floats(schema.get("minimum", -3.0), schema.get("maximum", 3.0), allow_nan=False)
     if kind == "boolean":
         return st.booleans()
     return nasty()
@@ -86,6 +116,7 @@ def _object(schema: dict[str, Any], defs: dict[str, Any], depth: int) -> st.Sear
         return st.dictionaries(st.text(max_size=8), nasty(), max_size=3)
     required = set(schema.get("required", []))
     fixed = {k: from_schema(v, defs, k, depth + 1) for k, v in props.items() if k in required}
-    optional = {k: from_schema(v, defs, k, depth + 1) for k, v in props.items()
-                if k not in required}
+    optional = {
+        k: from_schema(v, defs, k, depth + 1) for k, v in props.items() if k not in required
+    }
     return st.fixed_dictionaries(fixed, optional=optional)

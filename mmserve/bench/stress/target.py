@@ -71,14 +71,34 @@ class Target:
                 self.proc.kill()
 
 
-def spawn(flags: list[str], startup_s: float = 300.0, log_path: str | None = None,
-          log_level: str = "warning") -> Target:
+def spawn(
+    flags: list[str],
+    startup_s: float = 300.0,
+    log_path: str | None = None,
+    log_level: str = "warning",
+) -> Target:
     """Start ``mmserve serve --host 127.0.0.1 --port 0 FLAGS`` and wait for its address;
     its output goes to ``log_path`` (None: nowhere)."""
-    cmd = [sys.executable, "-m", "mmserve.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--log-level", log_level, *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmserve.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--log-level",
+        log_level,
+        *flags,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.monotonic() + startup_s
     assert proc.stdout is not None
     sink = open(log_path or os.devnull, "w")  # noqa: SIM115 - closed by the pump
