@@ -85,6 +85,9 @@ HELP = {
     "ZeroMQ (default: off: the loop runs on a thread of the API server)",
     "api_server_count": "API-server processes accepting on the one port, all served by one "
     "engine core; > 1 implies --engine-process",
+    "voice_max_chunk_ms": "a stream's later audio chunks hold up to this much audio, decoded "
+    "in one codec call (its first chunk is one frame; 0: every frame decodes as it "
+    "completes; default 320)",
 }
 
 

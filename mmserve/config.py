@@ -230,6 +230,9 @@ class SpeechConfig:
     voice_device: str = "auto"  # auto | cpu | cuda
     voice_max_num_seqs: int = 32  # voice pieces decoded together
     voice_kv_cache_memory_mb: int = 256
+    # a stream's later audio chunks hold up to this much audio, decoded in one codec call
+    # (its first chunk is one frame; 0: every frame decodes as it completes)
+    voice_max_chunk_ms: int = 320
     max_speech_input_chars: int = 4096  # longer inputs get HTTP 400 (OpenAI's limit)
 
     def __post_init__(self) -> None:
@@ -238,6 +241,8 @@ class SpeechConfig:
         for name in ("voice_max_num_seqs", "voice_kv_cache_memory_mb", "max_speech_input_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.voice_max_chunk_ms < 0:
+            raise ValueError(f"voice_max_chunk_ms must be >= 0, got {self.voice_max_chunk_ms}")
 
     @property
     def enabled(self) -> bool:

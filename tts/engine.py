@@ -14,6 +14,7 @@ import torch
 
 from mmserve.config import EngineConfig
 from mmserve.engine.engine import LLMEngine
+from tts.chunking import DEFAULT_MAX_CHUNK_S
 from tts.stage import AudioStage
 from tts.voice import Voice
 
@@ -36,13 +37,17 @@ def engine_config(voice: Voice, device: str = "auto", **options: Any) -> EngineC
 
 
 def voice_engine(
-    voice: Voice, device: str = "auto", **options: Any
+    voice: Voice,
+    device: str = "auto",
+    max_chunk_s: float = DEFAULT_MAX_CHUNK_S,
+    **options: Any,
 ) -> tuple[LLMEngine, AudioStage]:
     """The backbone's engine and the audio stage decoding its frames (slots for every
-    sequence the engine can run at once)."""
+    sequence the engine can run at once; later chunks of up to ``max_chunk_s`` of audio a
+    codec call, ``tts.chunking``)."""
     from mmserve.engine.factory import create_engine
 
     config = engine_config(voice, device, **options)
     engine = create_engine(config)
     codec = voice.load_codec(engine.device).to(torch.float32).eval()
-    return engine, AudioStage(codec, voice.layout, engine.sizes.max_num_seqs)
+    return engine, AudioStage(codec, voice.layout, engine.sizes.max_num_seqs, max_chunk_s)

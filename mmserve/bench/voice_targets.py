@@ -76,10 +76,12 @@ class VoiceTarget:
     sample_rate: int = 24000
 
     def open(self, rid: str, seed: int) -> None:
+        """The stream's stage state; its engine request carries an ``AudioSpec``, so the
+        engine paces its chunks."""
         if self.stage is not None:
             from tts.stage import AudioRequest
 
-            self.stage.open(rid, AudioRequest(seed))
+            self.stage.open(rid, AudioRequest(seed, paced=True))
 
     def step(self) -> list:
         outs = self.engine.step()

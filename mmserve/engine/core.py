@@ -167,7 +167,7 @@ class EngineCore:
             return
         try:
             if msg.stage_seed is not None:
-                m.stage.open(rid, _stage_request(msg.stage_seed))
+                m.stage.open(rid, _stage_request(msg.stage_seed, msg.audio is not None))
         except Exception as exc:
             self._release(m, rid)
             self._fail(sock, msg.engine, rid, exc, owner)
@@ -213,7 +213,8 @@ class EngineCore:
             sock.send_multipart([owner, enc.encode(health)])
 
 
-def _stage_request(seed: int) -> Any:
+def _stage_request(seed: int, paced: bool) -> Any:
+    """``paced``: the request has an ``AudioSpec`` (the engine chunks its tokens)."""
     from tts.stage import AudioRequest
 
-    return AudioRequest(seed)
+    return AudioRequest(seed, paced)

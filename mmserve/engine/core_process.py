@@ -180,6 +180,7 @@ def _voice(config: SpeechConfig) -> tuple[Member, wire.MemberInfo] | None:
         config.voice_device,
         max_num_seqs=config.voice_max_num_seqs,
         kv_cache_memory_mb=config.voice_kv_cache_memory_mb,
+        max_chunk_s=config.voice_max_chunk_ms / 1000,
     )
     info = _member_info(v.name, engine)
     info.sample_rate, info.frame_s = stage.sample_rate, stage.codec.frame_duration

@@ -198,6 +198,7 @@ def start_speech(config: SpeechConfig, text_engine: object = None):  # -> Speech
         share_loop_with=text_engine if isinstance(text_engine, AsyncEngine) else None,
         max_num_seqs=config.voice_max_num_seqs,
         kv_cache_memory_mb=config.voice_kv_cache_memory_mb,
+        max_chunk_s=config.voice_max_chunk_ms / 1000,
     )
 
 

@@ -177,7 +177,7 @@ class Speaker:
                 prompt,
                 sp.voice.sampling(prompt, seed),
                 f"{self.stream_id}-{uuid.uuid4().hex[:8]}",
-                stage_request=AudioRequest(seed),
+                stage_request=AudioRequest(seed, paced=True),  # the engine chunks it (spec)
                 audio=spec,
             )
             try:
