@@ -432,6 +432,13 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
         "frames) and/or default (default both)",
     )
     speech.add_argument("--seconds", type=float, default=4.0, help="audio each stream generates")
+    speech.add_argument(
+        "--chunk-ms",
+        type=float,
+        default=320.0,
+        help="speech: most audio a stream's later chunks hold, one codec call each "
+        "(0: every frame decodes as it completes, the ungrouped baseline)",
+    )
     speech.add_argument("--buffer-ms", type=float, default=200.0, help="voice: the client's buffer")
     speech.add_argument("--ramp-s", type=float, default=1.0, help="voice: streams arrive over this")
     speech.add_argument(
@@ -486,6 +493,7 @@ def bench(args: argparse.Namespace) -> int:
             args.seconds,
             args.device,
             args.out_dir,
+            args.chunk_ms,
         )
         return 0
     if args.which == "structured":

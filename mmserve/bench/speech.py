@@ -5,8 +5,11 @@ on a GPU) generates their frames and the audio stage decodes them on the same de
 ``mmserve serve`` does. Per stream: time to first audio (arrival -> first PCM out of the
 stage), and its real-time factor (arrival -> last PCM, over the audio's length; < 1 is
 faster than real time); aggregate RTF is the wall time over all streams' audio. Also the
-codec's share of the wall time, and the text frontend's time for one sentence (espeak-ng
-phonemes, CPU), which a request pays before its prompt reaches the engine.
+codec's share of the wall time, the codec alone at one frame a call and at the stage's
+largest chunk (``--chunk-ms``: ms per frame, the overhead grouping saves), and the text
+frontend's time for one sentence (espeak-ng phonemes, CPU), which a request pays before its
+prompt reaches the engine. ``--chunk-ms 0`` decodes every frame as it completes (no
+grouping), the baseline to compare against on the same machine.
 
 Voices: ``default`` (the shipped voice), ``orpheus-3b`` (Orpheus's Llama-3.2-3B shape and
 vocabulary, random bf16 weights, SNAC 24 kHz with random weights: speed does not depend on
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 
 from mmserve.engine.engine import LLMEngine
+from tts.chunking import DEFAULT_MAX_CHUNK_S
 from tts.layout import FrameLayout, FrameParser
 from tts.stage import AudioRequest, AudioStage
 
@@ -74,7 +78,10 @@ class ForcedLayout(FrameLayout):
         return _Forced(self)
 
     def frame_tokens(self, frames: list[list[int]]) -> list[int]:
-        raise NotImplementedError
+        """Each frame's codes, then zeros up to ``tokens_per_frame`` (which read back as
+        that frame: only the first ``codes_per_frame`` tokens are codes)."""
+        pad = [0] * (self.tokens_per_frame - self.codes_per_frame)
+        return [t for frame in frames for t in (*frame, *pad)]
 
 
 class _Forced(FrameParser):
@@ -103,7 +110,12 @@ class Bench:
 
 
 def run_speech_bench(
-    voices: list[str], streams: list[int], seconds: float, device: str, out_dir: str
+    voices: list[str],
+    streams: list[int],
+    seconds: float,
+    device: str,
+    out_dir: str,
+    chunk_ms: float = 1000 * DEFAULT_MAX_CHUNK_S,
 ) -> dict:
     dev = (
         "cuda"
@@ -113,29 +125,34 @@ def run_speech_bench(
     result: dict[str, Any] = {
         "machine": _machine(dev),
         "seconds_per_stream": seconds,
+        "chunk_ms": chunk_ms,
         "streams": streams,
         "voices": {},
     }
     for name in voices:
-        bench = _build(name, dev, max(streams))
+        bench = _build(name, dev, max(streams), chunk_ms / 1000)
         rows = {}
         _run(bench, 1, min(seconds, 1.0))  # warm-up: first launches, codec kernels
         for n in streams:
             rows[str(n)] = _run(bench, n, seconds)
             print(_line(name, n, rows[str(n)]), flush=True)
-        costs = codec_costs(bench.stage.codec, [1, 8, max(streams)])
-        print(
-            f"{name:<12} codec alone: "
-            + ", ".join(
-                f"b{b} {c['ms_per_step']:.2f} ms/step ({c['rtf']:.4f} RTF)"
-                for b, c in costs.items()
-            ),
-            flush=True,
-        )
+        chunk = bench.stage.policy.max_chunk_frames
+        costs = {k: codec_costs(bench.stage.codec, [1, 8, max(streams)], k) for k in {1, chunk}}
+        for k, by_batch in sorted(costs.items()):
+            print(
+                f"{name:<12} codec alone, {k} frame(s) a call: "
+                + ", ".join(
+                    f"b{b} {c['ms_per_call']:.2f} ms/call {c['ms_per_frame']:.2f} ms/frame "
+                    f"({c['rtf']:.4f} RTF)"
+                    for b, c in by_batch.items()
+                ),
+                flush=True,
+            )
         result["voices"][name] = {
             "frontend_ms": bench.frontend_ms,
             "runs": rows,
-            "codec_alone": costs,
+            "codec_alone": costs[1],
+            "codec_alone_chunked": {"frames_per_call": chunk, "batches": costs[chunk]},
             "tokens_per_frame": bench.tokens_per_frame,
             "frame_ms": 1000 * bench.stage.codec.frame_duration,
             "codec": type(bench.stage.codec).__name__,
@@ -195,14 +212,18 @@ def _run(b: Bench, n: int, seconds: float) -> dict:
     }
 
 
-def codec_costs(codec, batches: list[int], steps: int = 8) -> dict[str, dict]:
-    """The codec alone, streaming one frame a row a step at each batch size: ms a step and
-    its real-time factor (step time over one frame's duration). Where a codec can run is
-    read from this: RTF < 1 at the batch a server needs."""
+def codec_costs(
+    codec, batches: list[int], frames_per_call: int = 1, steps: int = 8
+) -> dict[str, dict]:
+    """The codec alone, streaming ``frames_per_call`` frames a row a call at each batch
+    size: ms a call, ms a frame, and the real-time factor (a frame's time over its
+    duration). Where a codec can run is read from this (RTF < 1 at the batch a server
+    needs), and what grouping frames saves (the per-call overhead)."""
     out = {}
     for b in sorted(set(batches)):
         state = codec.init_state(b)
-        codes = torch.randint(0, codec.codebook_size, (b, 1, codec.codes_per_frame))
+        shape = (b, frames_per_call, codec.codes_per_frame)
+        codes = torch.randint(0, codec.codebook_size, shape)
         codec.step(codes, state)  # warm-up
         if codec.device.type == "cuda":
             torch.cuda.synchronize()
@@ -210,7 +231,12 @@ def codec_costs(codec, batches: list[int], steps: int = 8) -> dict[str, dict]:
         for _ in range(steps):
             codec.step(codes, state).rows()
         ms = 1000 * (time.perf_counter() - t) / steps
-        out[str(b)] = {"ms_per_step": ms, "rtf": ms / 1000 / codec.frame_duration}
+        per_frame = ms / frames_per_call
+        out[str(b)] = {
+            "ms_per_call": ms,
+            "ms_per_frame": per_frame,
+            "rtf": per_frame / 1000 / codec.frame_duration,
+        }
     return out
 
 
@@ -224,16 +250,16 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.array(xs), q))
 
 
-def _build(name: str, device: str, max_streams: int) -> Bench:
+def _build(name: str, device: str, max_streams: int, chunk_s: float) -> Bench:
     if name in ("orpheus-3b", "orpheus-tiny"):
-        return _orpheus(name, device, max_streams)
+        return _orpheus(name, device, max_streams, chunk_s)
     from tts.engine import voice_engine
     from tts.registry import load
     from tts.text import phonemize
 
     voice = load(None if name == "default" else name)
     engine, stage = voice_engine(
-        voice, device, max_num_seqs=max(32, max_streams), kv_cache_memory_mb=512
+        voice, device, chunk_s, max_num_seqs=max(32, max_streams), kv_cache_memory_mb=512
     )
     prompts = [voice.prompts(f"{SENTENCE} This is stream {i}.")[0] for i in range(max_streams)]
     t = time.perf_counter()
@@ -247,7 +273,7 @@ def _build(name: str, device: str, max_streams: int) -> Bench:
     return Bench(name, engine, stage, prompts, lay.tokens_per_frame, frontend)
 
 
-def _orpheus(name: str, device: str, max_streams: int) -> Bench:
+def _orpheus(name: str, device: str, max_streams: int, chunk_s: float) -> Bench:
     """Orpheus's Llama shape with random weights made on the device, a tokenizer with its
     vocabulary, and a random SNAC 24 kHz (full width for the 3B, narrow for the tiny)."""
     import tempfile
@@ -285,7 +311,7 @@ def _orpheus(name: str, device: str, max_streams: int) -> Bench:
     engine = LLMEngine(config, model, tok, 4096, torch.device(device), dtype)
     snac = SNACConfig() if name == "orpheus-3b" else SNACConfig(encoder_dim=4, decoder_dim=64)
     codec = random_snac(snac).to(device)
-    stage = AudioStage(codec, ForcedLayout(7, 7, 4096), engine.sizes.max_num_seqs)
+    stage = AudioStage(codec, ForcedLayout(7, 7, 4096), engine.sizes.max_num_seqs, chunk_s)
     voice = OrpheusVoice.__new__(OrpheusVoice)
     voice.tokenizer = tok
     rng = np.random.default_rng(0)
