@@ -27,6 +27,9 @@ from mmserve.sampling_params import SamplingParams
 
 FRAME_S, TPF, FRAMES, BUFFER_S = 0.04, 2, 50, 0.2
 STREAMS, ARRIVAL_GAP_S = 24, 0.02
+# A load here takes a few hundred engine steps (warm-up included) and ends within a few
+# simulated seconds; these bounds are far beyond that, so only a stalled load meets them.
+MAX_SIM_S, MAX_STEPS, MAX_FROZEN_STEPS = 60.0, 5_000, 500
 
 
 class SimClock:
@@ -35,6 +38,41 @@ class SimClock:
 
     def __call__(self) -> float:
         return self.t
+
+
+class StallGuard:
+    """Fails a simulated load that stops making progress, instead of looping forever.
+
+    The loop runs until every stream ends, so a policy bug that keeps streams waiting
+    would hang the test: the engine may step without running anything while asking to
+    step again at once (the simulated clock then never moves), or time may pass with
+    streams never finishing. Either ends in an AssertionError that names the stall."""
+
+    def __init__(self, clock: SimClock) -> None:
+        self.clock, self.t0 = clock, clock.t
+        self.steps = self.frozen = 0
+        self._last_t = clock.t
+
+    def check(self, engine: LLMEngine) -> None:
+        """Called once per loop iteration, after the clock has been advanced."""
+        t = self.clock.t
+        self.steps += 1
+        self.frozen = self.frozen + 1 if t == self._last_t else 0
+        self._last_t = t
+        stall = None
+        if self.frozen > MAX_FROZEN_STEPS:
+            stall = f"the simulated clock stopped: {self.frozen} steps in a row left it still"
+        elif self.steps > MAX_STEPS:
+            stall = f"{self.steps} steps without the load ending"
+        elif t - self.t0 > MAX_SIM_S:
+            stall = f"{t - self.t0:.1f} simulated seconds without the load ending"
+        if stall is not None:
+            sched = engine.scheduler
+            raise AssertionError(
+                f"load stalled at t={t - self.t0:.3f}s: {stall} (running "
+                f"{len(sched.running)}, waiting {len(sched.waiting)}, admitted streams "
+                f"{sorted(sched.policy.admitted)}, idle_for {engine.idle_for():.6f}s)"
+            )
 
 
 def step_cost(seqs) -> float:
@@ -128,6 +166,7 @@ def simulate(
         compiling[0] = False
         clock.t += 1.0
     t0 = clock.t  # the load starts now
+    guard = StallGuard(clock)
     params = SamplingParams(temperature=0, max_tokens=FRAMES * TPF, ignore_eos=True)
     spec = AudioSpec(
         "s",
@@ -145,7 +184,6 @@ def simulate(
     chunks: dict[str, list] = {sid: [] for _, sid in arrivals}
     reasons: dict[str, str] = {}
     while arrivals or engine.has_unfinished():
-        assert clock.t < t0 + 60, "the load never ended"
         while arrivals and arrivals[0][0] <= clock.t:
             _, sid = arrivals.pop(0)
             if sid.startswith("t"):
@@ -166,6 +204,7 @@ def simulate(
         if not engine.has_unfinished() or engine.idle_for() > 0:
             nxt = clock.t + (engine.idle_for() if engine.has_unfinished() else 1.0)
             clock.t = min(nxt, arrivals[0][0]) if arrivals else nxt
+        guard.check(engine)
     return chunks, reasons, engine
 
 
