@@ -60,38 +60,43 @@ class PhonemeVocab:
         )
 
     def tokenizer_json(self) -> str:
-        """A ``tokenizers`` JSON for the engine (WordLevel; every token special, so the
-        engine's text output of audio is empty)."""
-        names = self.names()
-        added = [
-            {
-                "id": i,
-                "content": n,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-            for i, n in enumerate(names)
-        ]
-        return json.dumps(
-            {
-                "version": "1.0",
-                "truncation": None,
-                "padding": None,
-                "added_tokens": added,
-                "normalizer": None,
-                "pre_tokenizer": {"type": "WhitespaceSplit"},
-                "post_processor": None,
-                "decoder": None,
-                "model": {
-                    "type": "WordLevel",
-                    "vocab": {n: i for i, n in enumerate(names)},
-                    "unk_token": UNK,
-                },
-            }
-        )
+        """A ``tokenizers`` JSON for the engine (see :func:`special_tokens_json`)."""
+        return special_tokens_json(self.names(), UNK)
+
+
+def special_tokens_json(names: list[str], unk_token: str) -> str:
+    """A ``tokenizers`` JSON for a vocabulary of audio tokens: WordLevel, token ``i`` is
+    ``names[i]``, and every token is special, so the engine's text output of audio is
+    empty."""
+    added = [
+        {
+            "id": i,
+            "content": n,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, n in enumerate(names)
+    ]
+    return json.dumps(
+        {
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": added,
+            "normalizer": None,
+            "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": None,
+            "decoder": None,
+            "model": {
+                "type": "WordLevel",
+                "vocab": {n: i for i, n in enumerate(names)},
+                "unk_token": unk_token,
+            },
+        }
+    )
 
 
 class PhonemeVoice(Voice):

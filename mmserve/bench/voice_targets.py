@@ -193,35 +193,10 @@ def random_weights(cfg: dict, dtype: torch.dtype, device: torch.device) -> dict[
 def _audio_tokenizer(vocab: int) -> Path:
     """A directory holding a word-level tokenizer of ``vocab`` special tokens (audio codes
     have no text), its eos token id 0."""
+    from tts.phoneme_voice import special_tokens_json
+
     root = Path(tempfile.mkdtemp(prefix="mmserve-bench-voice-"))
     names = ["<eos>"] + [f"<a{i}>" for i in range(1, vocab)]
-    added = [
-        {
-            "id": i,
-            "content": n,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-        for i, n in enumerate(names)
-    ]
-    tok = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": None,
-        "decoder": None,
-        "model": {
-            "type": "WordLevel",
-            "vocab": {n: i for i, n in enumerate(names)},
-            "unk_token": "<eos>",
-        },
-    }
-    (root / "tokenizer.json").write_text(json.dumps(tok))
+    (root / "tokenizer.json").write_text(special_tokens_json(names, "<eos>"))
     (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
     return root
