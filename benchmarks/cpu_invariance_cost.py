@@ -16,26 +16,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.prompts import PROMPTS
 from mmserve import LLM, SamplingParams
-
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time",
-    "The best way to learn Python is",
-    "Water boils at",
-    "Dear Sir or Madam,",
-    "SELECT * FROM",
-    "In 1969, the first",
-    "Photosynthesis is the process",
-    "To be or not to be,",
-    "A haiku about the sea:\n",
-    "import numpy as np\n",
-    "My favourite colour is",
-    "1, 2, 3, 4,",
-    "Q: What is 7 times 8?\nA:",
-    "The three laws of robotics are",
-]
 
 
 def measure(invariant: bool, batch: int, max_tokens: int = 48) -> dict:

@@ -14,31 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.prompts import PROMPTS
 from mmserve import LLM, SamplingParams
 from mmserve.bench.spec import run_spec_bench
 
 # best of N per engine: plain decode steps of the same shape drift by up to ~30 % over
 # seconds on a GPU machine, and runs take 0.1-0.5 s
 REPEATS = 11
-
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time",
-    "The best way to learn Python is",
-    "Water boils at",
-    "Dear Sir or Madam,",
-    "SELECT * FROM",
-    "In 1969, the first",
-    "Photosynthesis is the process",
-    "To be or not to be,",
-    "A haiku about the sea:\n",
-    "import numpy as np\n",
-    "My favourite colour is",
-    "1, 2, 3, 4,",
-    "Q: What is 7 times 8?\nA:",
-    "The three laws of robotics are",
-]
 
 
 def prefill_graphs(llm: LLM, model: str) -> dict:
