@@ -7,7 +7,9 @@ engine (the same steps, kernels and graphs; batch invariance for any row dropped
 
 - **ahead**: when a step is a plain decode of every running request and each request's
   token can be picked on the device (greedy: the argmax; sampled: a draw from the
-  request's own generator; no logprobs, penalties or min_tokens to apply), the next
+  request's own generator; no logprobs, penalties, min_tokens or logit bias to apply; a
+  grammar's bitmask is fine: a step with a constrained row is picked in the engine's
+  next call, once the host has the tokens its masks depend on), the next
   decode (the same requests, one position on, its input ids taken on the device from
   this step's picks) is launched before this step's tokens are brought to the host, so
   the host's postprocessing and the next launch run while the GPU computes. A request
@@ -38,7 +40,7 @@ import torch
 from mmserve.engine.block_manager import BlockManager, BlockTable
 from mmserve.engine.request import Request
 from mmserve.engine.runner import ModelRunner, StepLogits
-from mmserve.engine.sampler import Sampler, adjusts
+from mmserve.engine.sampler import Sampler, adjusts_besides_grammar
 from mmserve.engine.scheduler import ScheduledSeq, Scheduler
 from mmserve.speculative.speculator import Speculator
 
@@ -73,10 +75,12 @@ class StepClock(NamedTuple):
 
 
 def picked_on_device(req: Request, ahead: int) -> bool:
-    """No logprobs, and nothing for the sampler to apply ``ahead`` tokens from now
-    (penalties, min_tokens): the request's next token can be picked on the device, the
-    argmax (greedy) or a draw from its own generator (sampled), without the host."""
-    return req.params.logprobs is None and not adjusts(req.sampling, [0] * ahead)
+    """No logprobs, and nothing for the sampler to apply ``ahead`` tokens from now that
+    needs the host's count of the tokens before (penalties, min_tokens, a logit bias):
+    the request's next token can be picked on the device, the argmax (greedy) or a draw
+    from its own generator (sampled), the logits masked first by its grammar's bitmask
+    (filled on the host once the token before is in: see ``LaunchAhead._launch``)."""
+    return req.params.logprobs is None and not adjusts_besides_grammar(req.sampling, [0] * ahead)
 
 
 class LaunchAhead:
@@ -182,7 +186,7 @@ class LaunchAhead:
         if cur.host is not None and cur.ready is None:
             cur.ready = self.runner.copy_to_host(cur.host, cur.tokens)
 
-    def _launch_ahead(self, cur: DecodeOnDevice, spec: Speculator | None) -> DecodeOnDevice | None:
+    def _launch_ahead(self, cur: DecodeOnDevice, spec: Speculator | None) -> LaunchedStep | None:
         """Launch the step after ``cur`` before ``cur``'s tokens are on the host, when it
         is known without them: every running request decodes its next token, all keep
         overlapping, none waiting could be admitted (every slot is taken, and none frees
@@ -243,7 +247,7 @@ class LaunchAhead:
 
     def _launch(
         self, cur: DecodeOnDevice, ahead: list[tuple[ScheduledSeq, BlockTable, int]], quiet: bool
-    ) -> DecodeOnDevice:
+    ) -> LaunchedStep:
         """Queue the decode of ``ahead``'s rows, input ids taken from ``cur``'s tokens.
         When every row goes on, the launch that copies them in also copies them to the
         host; else ``cur``'s own copy goes first, so the host never waits behind the
@@ -264,4 +268,9 @@ class LaunchAhead:
         if carry is not None:
             cur.ready = carry[1]
         self.ahead_steps += 1
+        if any(s.req.sampling.grammar is not None for s in seqs):
+            # a grammar's mask needs the state after cur's token: the step is picked in
+            # the engine's next call (``on_device``), once cur's tokens are observed; its
+            # forward runs meanwhile, under the host's update, outputs and mask fill
+            return LaunchedStep(seqs, result, quiet)
         return self._picked(seqs, result, quiet)

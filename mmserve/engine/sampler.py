@@ -249,7 +249,10 @@ class Sampler:
                 plain.append((grammar, r))
         fill_many([g for g, _ in plain], host, [r for _, r in plain])
         at = _index(rows, x.device)
-        x[at] = apply_bitmask(x[at], buf.to_device(host))
+        if isinstance(at, slice):  # a view: masked in place, no gather and scatter
+            apply_bitmask(x[at], buf.to_device(host))
+        else:
+            x[at] = apply_bitmask(x[at], buf.to_device(host))
 
 
 def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -273,10 +276,14 @@ def _index(rows: list[int], device: torch.device) -> slice | torch.Tensor:
 
 def adjusts(state: SamplingState, extra: list[int]) -> bool:
     """Whether a grammar, a logit bias, a penalty or min_tokens changes this row's logits."""
+    return state.grammar is not None or adjusts_besides_grammar(state, extra)
+
+
+def adjusts_besides_grammar(state: SamplingState, extra: list[int]) -> bool:
+    """Whether a logit bias, a penalty or min_tokens changes this row's logits."""
     p = state.params
     return (
-        state.grammar is not None
-        or state.bias is not None
+        state.bias is not None
         or p.presence_penalty != 0.0
         or p.frequency_penalty != 0.0
         or (

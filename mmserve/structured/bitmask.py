@@ -1,6 +1,7 @@
 """Token bitmasks on logits rows: bit ``t % 32`` of word ``t // 32`` set = token t allowed.
 
-``apply_bitmask`` is plain torch (a few elementwise kernels, row-wise, so batch invariant);
+``apply_bitmask`` is row-wise and elementwise, so batch invariant: on CUDA one Triton
+launch (:mod:`mmserve.kernels.triton_bitmask`), elsewhere plain torch (the reference).
 ``MaskBuffer`` is the host buffer the grammar library fills, pinned on CUDA so its copy to
 the device does not wait for the step's forward.
 """
@@ -8,6 +9,8 @@ the device does not wait for the step's forward.
 from __future__ import annotations
 
 import torch
+
+from mmserve.kernels.triton_dispatch import use_triton
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
@@ -19,6 +22,10 @@ def bitmask_words(vocab_size: int) -> int:
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """Set disallowed tokens of ``logits`` (R, V) to -inf in place; ``bitmask`` (R, W) int32
     on the logits' device, W >= ceil(V / 32). Returns ``logits``."""
+    if use_triton(logits) and logits.stride(-1) == 1:
+        from mmserve.kernels.triton_bitmask import cuda_apply_bitmask
+
+        return cuda_apply_bitmask(logits, bitmask)
     rows, vocab = logits.shape
     shifts = _SHIFTS.get(logits.device)
     if shifts is None:
@@ -51,7 +58,10 @@ class MaskBuffer:
                 pin_memory=self.device.type == "cuda",
             )
         view = self.host[:rows]
-        view.fill_(-1)
+        # through numpy: torch fills a tensor this size on its intra-op thread pool, and
+        # waking those threads (busy beside the grammar library's own pool) can cost
+        # milliseconds on a loaded host, against microseconds on one thread
+        view.numpy().fill(-1)
         return view
 
     def to_device(self, view: torch.Tensor) -> torch.Tensor:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -89,6 +91,24 @@ class GrammarState:
 _BATCH: list[Any] = []  # one xgrammar BatchGrammarMatcher (its thread pool), made on first use
 
 
+def fill_threads() -> int:
+    """Threads for batched mask fills: half the CPUs this process may run on, at most 8.
+    xgrammar's own default is half of ``std::thread::hardware_concurrency()``, every core
+    of the host; in a container lent a few of a large host's cores that is a pool several
+    times the CPUs there are, whose wake-ups and spinning cost more than the fills."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    try:  # a cgroup v2 CPU quota ("max" or "<quota> <period>")
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(8, cpus // 2))
+
+
 def fill_many(states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
     """``states[j].fill(bitmask, rows[j])`` for every j, with nothing ahead, in one call
     that xgrammar spreads over its threads (a step's plain constrained rows)."""
@@ -103,7 +123,7 @@ def fill_many(states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Seque
     if not _BATCH:
         import xgrammar as xgr
 
-        _BATCH.append(xgr.BatchGrammarMatcher())
+        _BATCH.append(xgr.BatchGrammarMatcher(max_threads=fill_threads()))
     _BATCH[0].batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [r for _, r in live])
 
 

@@ -126,15 +126,37 @@ def test_batched_with_free_requests_and_speculation_equal_alone(llm, alone):
 
 
 def test_async_scheduling_with_constrained_rows_changes_nothing(llm, alone):
+    """Constrained rows go ahead too (their masks filled once the token before is in,
+    while the step runs): the tokens are those of each request run alone."""
     eng = llm.engine
     eng.set_speculation(False)
     eng.async_scheduling = True
+    ahead = eng.ahead_steps
     try:
         out = _run(llm, _prompts(llm), _params)
     finally:
         eng.async_scheduling = False
         eng.set_speculation(True)
     assert [o.token_ids for o in out] == [o.token_ids for o in alone]
+    assert eng.ahead_steps - ahead >= MAX // 2  # most decode steps went ahead
+
+
+def test_async_scheduling_with_sampled_constrained_rows_draws_the_same(llm):
+    """Sampled constrained rows launched ahead draw what the synchronous engine draws."""
+    eng = llm.engine
+    eng.set_speculation(False)
+    try:
+        sync = _run(llm, _prompts(llm), lambda i: _params(i, temperature=0.9))
+        eng.async_scheduling = True
+        try:
+            ahead = _run(llm, _prompts(llm), lambda i: _params(i, temperature=0.9))
+        finally:
+            eng.async_scheduling = False
+    finally:
+        eng.set_speculation(True)
+    assert [o.token_ids for o in ahead] == [o.token_ids for o in sync]
+    for spec, out in zip(CONSTRAINTS, ahead, strict=False):
+        assert _valid(spec, out.text), out.text
 
 
 def test_preemption_and_prefix_cache_keep_constrained_outputs(default_model_dir, alone):
