@@ -203,8 +203,9 @@ class GrammarCompiler:
 
 
 class GrammarLoader:
-    """The engine's ``GrammarCompiler``, built once: ahead of need by ``start`` (a daemon
-    thread), or by the first ``get``, which waits for a build already under way."""
+    """The engine's ``GrammarCompiler``, built once: ahead of need by ``start`` (a
+    background thread that interpreter exit waits for), or by the first ``get``, which
+    waits for a build already under way."""
 
     def __init__(self, build: Callable[[], GrammarCompiler]) -> None:
         self._build = build
@@ -212,7 +213,11 @@ class GrammarLoader:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        threading.Thread(target=self._preload, name="grammar-preload", daemon=True).start()
+        # Not a daemon: exit waits for the build (seconds). A daemon thread is stopped at
+        # interpreter exit when it next takes the GIL, which inside xgrammar's native code
+        # (it releases the GIL there) unwinds C++ frames that may not unwind: the process
+        # aborts (SIGABRT, "FATAL: exception not rethrown") instead of exiting cleanly.
+        threading.Thread(target=self._preload, name="grammar-preload").start()
 
     def get(self) -> GrammarCompiler:
         with self._lock:

@@ -6,6 +6,10 @@ per-token reference."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,6 +102,28 @@ def test_loader_builds_once_and_get_waits_for_a_preload_under_way():
     broken._preload()  # logged, not raised: the first constrained request reports it
     with pytest.raises(ZeroDivisionError):
         broken.get()
+
+
+def test_exit_waits_for_a_preload_under_way():
+    """A process that exits while the compiler is being built waits for the build: cut off
+    inside xgrammar's native code, the preload thread would abort the process."""
+    child = textwrap.dedent(
+        """
+        import time
+        from mmserve.structured.grammar import GrammarLoader
+
+        def build():
+            time.sleep(0.5)
+            print("built", flush=True)
+
+        GrammarLoader(build).start()
+        """
+    )
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", child], cwd=repo, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout == "built\n", done.stdout + done.stderr
 
 
 def test_invalid_constraints_say_why(grammars):
