@@ -149,6 +149,9 @@ class ImageProcessor(ABC):
         return splice_images(text, images, encode, self.image_text or IMAGE_MARKER)
 
 
+WARM_BATCHES = (1, 2, 8)  # images a step: alone, a pair, a captioning batch
+
+
 class Connector(SpanEncoder):
     """A frozen vision encoder + projector in the LM's input-embedding space.
 
@@ -168,6 +171,14 @@ class Connector(SpanEncoder):
     @abstractmethod
     def encode(self, payloads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Pixel tensors of ``PreparedImage``s -> their ``(n_i, hidden)`` embeddings."""
+
+    def warm_up(self, batches: Sequence[int] = WARM_BATCHES) -> None:
+        """Encode a blank image alone and in batches, so a fresh server's first image
+        requests pay no first-use cost (kernel loading, GEMM algorithm choice) in their
+        time to first token; the engine's own warm-up knows nothing of images."""
+        pixels = self.processor.prepare(Image.new("RGB", (64, 64))).pixels
+        for n in batches:
+            self.encode([pixels] * n)
 
 
 def tensor_digest(t: torch.Tensor) -> bytes:

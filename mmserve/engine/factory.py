@@ -92,6 +92,8 @@ def create_engine(config: EngineConfig) -> LLMEngine:
         from mmserve.engine.warmup import warm_up
 
         warm_up(engine)
+        if engine.connector is not None:
+            engine.connector.warm_up()
     return engine
 
 

@@ -6,8 +6,8 @@ are 1 or divisible by 16. Graph capture runs decode and verify steps at the capt
 batch sizes and batch-1 prefill chunks; everything else runs eagerly and compiles on
 first use: steps that prefill several prompts' chunks beside running decodes, prefill
 lengths that are not graph lengths, a full-budget chunk, and the sampler's paths (draws
-with temperature, top-k, top-p, min-p, penalties, logprobs). Unwarmed, the first
-requests of a fresh server pay those compiles: seconds of TTFT.
+with temperature, top-k, top-p, min-p, penalties, logprobs, a grammar's bitmask).
+Unwarmed, the first requests of a fresh server pay those compiles: seconds of TTFT.
 
 ``warm_up`` drives synthetic requests through the engine itself, so it reaches exactly
 the kernels real requests reach: rounds of 1, 2, 3, 16 and 17 prompts at once (sequence
@@ -29,8 +29,11 @@ import random
 import time
 from typing import Any, NamedTuple
 
+import torch
+
 from mmserve.engine.engine import LLMEngine
 from mmserve.sampling_params import SamplingParams
+from mmserve.structured.bitmask import apply_bitmask, bitmask_words
 
 log = logging.getLogger("mmserve")
 
@@ -71,12 +74,25 @@ def warm_up(engine: LLMEngine, seed: int = 0) -> WarmupReport:
     finally:
         if spec_on:
             engine.set_speculation(True)
+    _warm_bitmask(engine)
     _forget(engine)
     report = WarmupReport(time.perf_counter() - start, requests, steps)
     log.info(
         "warmed up %d requests in %d steps in %.2fs", report.requests, report.steps, report.seconds
     )
     return report
+
+
+def _warm_bitmask(engine: LLMEngine) -> None:
+    """The grammar mask's kernel, one specialisation for the vocabulary: compiled here,
+    not by the first constrained request (the synthetic requests carry no grammar: the
+    grammar compiler may still be loading in the background)."""
+    if engine.device.type != "cuda":
+        return
+    vocab = engine.model.vocab_size
+    logits = torch.zeros(2, vocab, device=engine.device)
+    full = torch.full((2, bitmask_words(vocab)), -1, dtype=torch.int32, device=engine.device)
+    apply_bitmask(logits, full)
 
 
 def _prompt(engine: LLMEngine, rng: random.Random, length: int) -> list[int]:

@@ -101,3 +101,17 @@ def test_pixel_shuffle_matches_idefics3():
         return x.reshape(bsz, int(seq / scale**2), dim * scale**2)
 
     assert torch.equal(pixel_shuffle(x.view(2, 4, 4, 6), 2), reference(x, 2))
+
+
+def test_warm_up_encodes_blank_images_and_changes_nothing(connector, monkeypatch):
+    """The start-up warm-up encodes a blank image alone and in batches, through the
+    connector's own processor; encodings after it equal those before (no state kept)."""
+    prep = connector.processor.prepare(_img(40, 50))
+    before = connector.encode([prep.pixels])[0]
+    seen = []
+    encode = connector.encode
+    monkeypatch.setattr(connector, "encode", lambda px: seen.append(len(px)) or encode(px))
+    connector.warm_up()
+    assert seen == [1, 2, 8]
+    monkeypatch.undo()
+    assert torch.equal(connector.encode([prep.pixels])[0], before)
