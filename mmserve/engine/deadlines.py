@@ -197,7 +197,7 @@ class AudioPolicy:
         st = req.playback
         if not self.deadline or st is None or st.spec.stream_id in self.admitted:
             return False
-        return now > st.deadline() + self.queue_s
+        return now >= st.deadline() + self.queue_s  # ``next_wake`` wakes at it
 
     def skips(self, req: Request) -> bool:
         return req.request_id in self._skip
