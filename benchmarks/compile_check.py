@@ -81,7 +81,6 @@ STACK = dict(
     EARLY=True,
     BKH=64,
     BKQ=64,
-    TWICE=0,
     DEFER=True,
     G=36,
     GP=64,
@@ -89,24 +88,15 @@ STACK = dict(
     ATT_STAGES=1,
     V_L1=False,
     KT=False,
-    ATT_HOIST=0,
-    LATE_RSTD=False,
     QKV_HOIST=True,
     PDL=True,
     POLL="",
-    NO_C=0,
-    SEGO=0,
-    OFUSE=0,
-    BNO=64,
-    BKO=64,
-    BKC=64,
-    O_REGS=False,
 )
 ATTENTION = dict(
     G=3, D=64, PAGE=16, WINDOW=0, BM=16, BN=128, SPLIT=128, FP8=False, PREFETCH=1, PDL=True
 )
 GEMM = dict(HAS_BIAS=False, BM=16, BN=16, BK=256, GROUP_M=8, PDL=True, LATE=False)  # thin tile
-FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, SEG=0, **GEMM)
+FUSED = dict(NORM=False, RESIDUAL=False, GATED=False, ROUND=1, CH=64, UNROLL=8, **GEMM)
 
 
 def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
@@ -116,7 +106,7 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
             types[name] = "constexpr"
         elif name in ("pos_ptr", "slot_ptr", "qstart_ptr", "qlen_ptr", "ctx_ptr", "timing_ptr"):
             types[name] = "*i64"
-        elif name in ("tables_ptr", "counter_ptr", "count_ptr", "co_ptr"):
+        elif name in ("tables_ptr", "counter_ptr", "count_ptr"):
             types[name] = "*i32"
         elif name in (
             "part_ptr",
@@ -127,7 +117,6 @@ def _types(fn, constexprs: dict, fp8: bool = False) -> dict[str, str]:
             "ps_ptr",
             "psi_ptr",
             "psm_ptr",
-            "po_ptr",
         ):
             types[name] = "*fp32"
         elif name == "q_ptr" and "s_ptr" in fn.arg_names:  # the Q8_0 head's values (the

@@ -484,19 +484,11 @@ if triton is not None:
         BM: tl.constexpr,
         BN: tl.constexpr,
         WINDOW: tl.constexpr,
-        PRE: tl.constexpr = False,
-        pre_qlen=0,
-        pre_ctx=0,
-        pre_qstart=0,
     ):
         """Query tile ``tile`` of (sequence ``seq``, kv head ``kvh``) -> (rows in use,
         their flat token rows, query heads and absolute positions, the first and the end
-        key position the tile visits, the sequence's query count and first flat row).
-        ``PRE``: the sequence's ``seq_meta`` already loaded (given), not loaded here."""
-        if PRE:
-            qlen, ctx, qstart = pre_qlen, pre_ctx, pre_qstart
-        else:
-            qlen, ctx, qstart = seq_meta(seq, qlen_ptr, ctx_ptr, qstart_ptr)
+        key position the tile visits, the sequence's query count and first flat row)."""
+        qlen, ctx, qstart = seq_meta(seq, qlen_ptr, ctx_ptr, qstart_ptr)
         rows = tile * BM + tl.arange(0, BM)
         tok = rows // G
         last_tok = tl.minimum(qlen - 1, ((tile + 1) * BM - 1) // G)
@@ -514,26 +506,6 @@ if triton is not None:
             qlen,
             qstart,
         )
-
-    @triton.jit
-    def kv_lines_l1(
-        k_ptr,
-        v_ptr,
-        blk,
-        k_lo,
-        kvh,
-        stride_kb,
-        stride_ks,
-        stride_kh,
-        D: tl.constexpr,
-        BN: tl.constexpr,
-        PAGE: tl.constexpr,
-    ):
-        """Ask L1 for the key step at ``k_lo``'s keys and values (cache blocks ``blk``)
-        (speed only)."""
-        off = _kv_rows(blk, k_lo + tl.arange(0, BN), kvh, stride_kb, stride_ks, stride_kh, PAGE)
-        _rows_l1(k_ptr, off, D)
-        _rows_l1(v_ptr, off, D)
 
     @triton.jit
     def _kv_rows(blk, kpos, kvh, stride_kb, stride_ks, stride_kh, PAGE: tl.constexpr):
@@ -583,8 +555,6 @@ if triton is not None:
         STAGES: tl.constexpr = 0,
         V_L1: tl.constexpr = False,
         KT: tl.constexpr = False,
-        BLK0: tl.constexpr = False,
-        blk0=0,
     ):
         """Keys ``k_lo .. k_hi - 1`` (block-aligned start) for the query tile ``q`` ->
         its softmax state, each ``SPLIT``-aligned run of keys an online softmax of its own,
@@ -595,8 +565,7 @@ if triton is not None:
         keys and values in the step; 1 loads the ids a step ahead; 2 the keys and values
         too (not with an e4m3 cache, whose scales are read with the step's own ids).
         ``STAGES``: the key loop's pipeline depth (0: the kernel's; speed only); ``V_L1``
-        and ``KT``: ``_kv_step``'s (speed only); ``BLK0``: the first step's block ids
-        already loaded (``blk0``, ``first_ids``' of ``k_lo``, ``k_hi``), with ``PREFETCH``."""
+        and ``KT``: ``_kv_step``'s (speed only)."""
         tl.static_assert(not (FP8 and PREFETCH == 2))
         tl.static_assert(SPLIT % BN == 0)
         d = tl.arange(0, D)
@@ -606,10 +575,7 @@ if triton is not None:
         v_s = k_s
         if PREFETCH > 0:  # the first step's cache blocks; each step then fetches the next's
             kpos = k_lo + tl.arange(0, BN)
-            if BLK0:
-                blk = blk0
-            else:
-                blk = first_ids(table, k_lo, k_hi, BN, PAGE)
+            blk = first_ids(table, k_lo, k_hi, BN, PAGE)
             if PREFETCH == 2:  # and the first step's keys and values, then the next ids
                 k_nx, v_nx = _kv_step(
                     k_ptr,

@@ -108,42 +108,20 @@ BN = 16  # output columns per GEMM tile (weight streaming at M=1: many thin tile
 #   program's writes is ".cg"); not in the kernel compiled with the spread attention,
 #   whose step it made slower.
 # These are the fields of ``settings.StackTuning`` (``KernelConfig.stack``); "spread" is
-# ``KernelConfig.spread``. The kernel's TWICE and NO_C (timing probes), ATT_HOIST,
-# LATE_RSTD and SEGO / OFUSE / O_REGS (the o product by kv-head group) lost and are
-# launched off.
+# ``KernelConfig.spread``.
 NORM_ROUND_MAX = 16  # norm chunks a round at most (registers: each is a (16, 64) fp32 tile)
 KV_ROWS = 64  # cache positions a program asks L2 for per round (the next layer's keys/values)
 # Rows a step may have: one 16-row GEMM tile, so a step of up to 16 tokens (decodes of 16
 # sequences, a verify block of 16, a short prompt chunk) costs the GEMM phases what one
 # token does.
 MAX_ROWS = 16
-# The o product's output columns an item of the attention phase takes when phase C runs
-# in it ("o_fuse"): SmolLM2-135M's 576 in 9 tiles, 27 items with its 3 kv heads
-O_COLS = 64
 
 
 if triton is not None:
-    from mmserve.kernels.triton_attention import (
-        attend_keys,
-        load_queries,
-        store_attention,
-        tile_rows,
-    )
-    from mmserve.kernels.triton_fused import (
-        _round,
-        _silu,
-        _tile_products,
-        fused_tile,
-        norm_partials,
-        pair_sum,
-        qkv_rope_tile,
-        rstd_of,
-        tree_fold,
-        tree_push,
-    )
+    from mmserve.kernels.triton_fused import fused_tile, pair_sum, qkv_rope_tile
     from mmserve.kernels.triton_grid import grid_sync, prefetch_l2, prefetch_share
     from mmserve.kernels.triton_pdl import launch_next, wait_only
-    from mmserve.kernels.triton_rope_attention import attend_group, group_pre, rope_write_tile
+    from mmserve.kernels.triton_rope_attention import attend_group
 
     @triton.jit
     def _prefetch_layer(
@@ -255,11 +233,6 @@ if triton is not None:
         ATT_STAGES: tl.constexpr,
         V_L1: tl.constexpr,
         KT: tl.constexpr,
-        HOIST: tl.constexpr,
-        pre_qlen,
-        pre_ctx,
-        pre_qstart,
-        pre_blk,
     ):
         """Phase B on programs 0 .. P_ATT - 1. Each (sequence, kv head, query tile) group
         gets ``P_ATT // groups`` programs, each taking a run of the tile's ``SPLIT``-key
@@ -267,109 +240,9 @@ if triton is not None:
         softmax, its state to ``part_ptr``; the last program to finish a run of the group's
         splits (``count_ptr``, per layer and group) merges them all in order. A group with
         one program or one split runs whole, in order. Either way ``attention_rows``'
-        arithmetic. ``HOIST`` (``attend_group``'s ``PRE``): the program's first group's
-        metadata and first block ids (``pre_*``, ``group_pre``'s, loaded before the layer
-        loop) are used, not loaded; 2: and its first keys and values asked into L1."""
+        arithmetic."""
         groups, per = _att_split(B, att_tiles, HKV, P_ATT, SPREAD)
-        if (HOIST > 0) & (per <= 1):  # each group whole in one program, the first from
-            # ``pre_*`` (without HOIST the plain loop below: written as one loop, its compiled
-            # code and spills are those measured, 48 B against 12 B in this form)
-            if pid < groups:
-                attend_group(
-                    pid,
-                    0,
-                    1,
-                    layer,
-                    qkv,
-                    qrot,
-                    attn,
-                    kc,
-                    vc,
-                    cos_ptr,
-                    sin_ptr,
-                    pos_ptr,
-                    slot_ptr,
-                    tables_ptr,
-                    ctx_ptr,
-                    qstart_ptr,
-                    qlen_ptr,
-                    part_ptr,
-                    count_ptr,
-                    groups,
-                    att_tiles,
-                    SPLITS,
-                    scale_log2,
-                    stride_kb,
-                    stride_ks,
-                    stride_kh,
-                    stride_bt,
-                    HQ,
-                    HKV,
-                    D,
-                    PAGE,
-                    BM,
-                    BN,
-                    SPLIT,
-                    TK,
-                    ROUND,
-                    ATT_PREFETCH,
-                    False,
-                    ROPED,
-                    ATT_STAGES,
-                    V_L1,
-                    KT,
-                    HOIST,
-                    pre_qlen,
-                    pre_ctx,
-                    pre_qstart,
-                    pre_blk,
-                )
-            for g in range(pid + P_ATT, groups, P_ATT):  # then every P_ATT-th after it
-                attend_group(
-                    g,
-                    0,
-                    1,
-                    layer,
-                    qkv,
-                    qrot,
-                    attn,
-                    kc,
-                    vc,
-                    cos_ptr,
-                    sin_ptr,
-                    pos_ptr,
-                    slot_ptr,
-                    tables_ptr,
-                    ctx_ptr,
-                    qstart_ptr,
-                    qlen_ptr,
-                    part_ptr,
-                    count_ptr,
-                    groups,
-                    att_tiles,
-                    SPLITS,
-                    scale_log2,
-                    stride_kb,
-                    stride_ks,
-                    stride_kh,
-                    stride_bt,
-                    HQ,
-                    HKV,
-                    D,
-                    PAGE,
-                    BM,
-                    BN,
-                    SPLIT,
-                    TK,
-                    ROUND,
-                    ATT_PREFETCH,
-                    False,
-                    ROPED,
-                    ATT_STAGES,
-                    V_L1,
-                    KT,
-                )
-        elif per <= 1:  # each group whole in one program
+        if per <= 1:  # each group whole in one program
             for g in range(pid, groups, P_ATT):
                 attend_group(
                     g,
@@ -459,374 +332,7 @@ if triton is not None:
                 ATT_STAGES,
                 V_L1,
                 KT,
-                HOIST,
-                pre_qlen,
-                pre_ctx,
-                pre_qstart,
-                pre_blk,
             )
-
-    @triton.jit
-    def _attention_o_phase(
-        pid,
-        layer,
-        lw,
-        qkv,
-        qrot,
-        attn,
-        kc,
-        vc,
-        cos_ptr,
-        sin_ptr,
-        pos_ptr,
-        slot_ptr,
-        tables_ptr,
-        ctx_ptr,
-        qstart_ptr,
-        qlen_ptr,
-        part_ptr,
-        count_ptr,
-        att_tiles,
-        SPLITS,
-        scale_log2,
-        stride_kb,
-        stride_ks,
-        stride_kh,
-        stride_bt,
-        x_in,
-        mid,
-        wo,
-        po_ptr,
-        co_ptr,
-        ysm,
-        g_ptr,
-        psm,
-        M,
-        G,
-        HQ: tl.constexpr,
-        HKV: tl.constexpr,
-        D: tl.constexpr,
-        H: tl.constexpr,
-        PAGE: tl.constexpr,
-        P_ATT: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        SPLIT: tl.constexpr,
-        TK: tl.constexpr,
-        ROUND: tl.constexpr,
-        ATT_PREFETCH: tl.constexpr,
-        ROPED: tl.constexpr,
-        ATT_STAGES: tl.constexpr,
-        V_L1: tl.constexpr,
-        KT: tl.constexpr,
-        SEGO: tl.constexpr,
-        BNO: tl.constexpr,
-        BKO: tl.constexpr,
-        KS: tl.constexpr,
-        DEFER: tl.constexpr,
-        SUM_IN_D: tl.constexpr = False,
-        REGS: tl.constexpr = False,
-    ):
-        """Phases B and C as one, for a step of one sequence whose queries fit one tile
-        (the o product summed by kv-head group, ``SEGO`` = its K a group). Item (h, j) of
-        ``HKV`` x ``H // BNO``: kv head h's attention (``attend_group``, whole in order;
-        every item of h computes the same rows, the same bits), then that group's chain
-        of the o product for output columns j (its ``SEGO`` attention columns times those
-        o columns, from zero) to ``po_ptr``; the last of the HKV items of j to count
-        (``co_ptr``, per layer and j) adds the groups' chains in head order
-        (``_tile_products``' SEG arithmetic), rounds, adds the residual and stores ``mid``
-        (DEFER: and phase D's operand and subtree sums), as phase C's ``fused_tile``.
-        ``SUM_IN_D``: no item sums; phase D adds the chains itself (``_gate_up_from_chains``;
-        the count is still kept, never waited on: tests read it). ``REGS`` (speed only):
-        the chain's operand taken from the attention's registers (each query head's rows
-        gathered, the attention's rounding), not read back from ``attn`` after a thread
-        barrier (an L2 trip); the attention is ``attend_group``'s whole-tile path."""
-        NT: tl.constexpr = H // BNO
-        ITEMS: tl.constexpr = HKV * (H // BNO)
-        Q: tl.constexpr = HQ * D
-        rm = tl.arange(0, TK)
-        row_ok = rm < M
-        for it in range(pid, ITEMS, P_ATT):
-            h = it // NT
-            j = it % NT
-            rn = j * BNO + tl.arange(0, BNO)
-            w_rows = wo + rn.to(tl.int64)[:, None] * Q + h * SEGO
-            if REGS:  # attend_group's whole tile (one sequence: seq 0, tile 0), inline
-                GQ: tl.constexpr = HQ // HKV
-                tl.static_assert(SEGO == GQ * D)
-                row_ok_a, tok, head, qpos, lo, hi, qlen, qstart = tile_rows(
-                    0, 0, h, qlen_ptr, ctx_ptr, qstart_ptr, GQ, BM, BN, 0
-                )
-                if not ROPED:
-                    rope_write_tile(
-                        qkv,
-                        qrot,
-                        kc,
-                        vc,
-                        cos_ptr,
-                        sin_ptr,
-                        pos_ptr,
-                        slot_ptr,
-                        qstart,
-                        qlen,
-                        0,
-                        h,
-                        lo,
-                        hi,
-                        HQ,
-                        HKV,
-                        D,
-                        GQ,
-                        BM,
-                        TK,
-                        ROUND,
-                    )
-                    tl.debug_barrier()
-                q = load_queries(qrot, row_ok_a, tok, head, Q, D, D, ROPED)
-                _, den, o = attend_keys(
-                    q,
-                    qpos,
-                    tables_ptr,
-                    kc,
-                    vc,
-                    kc,
-                    vc,
-                    h,
-                    lo,
-                    hi,
-                    scale_log2,
-                    stride_kb,
-                    stride_ks,
-                    0,
-                    0,
-                    D,
-                    PAGE,
-                    0,
-                    BM,
-                    BN,
-                    SPLIT,
-                    False,
-                    ATT_PREFETCH,
-                    stride_kh,
-                    part_ptr,
-                    False,
-                    ATT_STAGES,
-                    V_L1,
-                    KT,
-                    0,
-                    0,
-                )
-                store_attention(attn, den, o, row_ok_a, tok, head, Q, D, D)
-                o = (o / tl.where(den == 0.0, 1.0, den)[:, None]).to(attn.dtype.element_ty)
-                acc = tl.zeros([TK, BNO], dtype=tl.float32)
-                d = tl.arange(0, D)
-                # query head g's rows: row t * GQ + g of o is token t (the step's one
-                # sequence starts at row 0: qstart 0), the chain's row t
-                for g in tl.static_range(GQ):
-                    src = tl.minimum(rm * GQ + g, BM - 1)
-                    a = tl.gather(o, tl.broadcast_to(src[:, None], (TK, D)), 0)
-                    w = tl.load(w_rows + g * D + d[None, :])
-                    acc = tl.dot(a, tl.trans(w), acc)
-            else:
-                attend_group(
-                    h,
-                    0,
-                    1,
-                    layer,
-                    qkv,
-                    qrot,
-                    attn,
-                    kc,
-                    vc,
-                    cos_ptr,
-                    sin_ptr,
-                    pos_ptr,
-                    slot_ptr,
-                    tables_ptr,
-                    ctx_ptr,
-                    qstart_ptr,
-                    qlen_ptr,
-                    part_ptr,
-                    count_ptr,
-                    HKV,
-                    att_tiles,
-                    SPLITS,
-                    scale_log2,
-                    stride_kb,
-                    stride_ks,
-                    stride_kh,
-                    stride_bt,
-                    HQ,
-                    HKV,
-                    D,
-                    PAGE,
-                    BM,
-                    BN,
-                    SPLIT,
-                    TK,
-                    ROUND,
-                    ATT_PREFETCH,
-                    False,
-                    ROPED,
-                    ATT_STAGES,
-                    V_L1,
-                    KT,
-                )
-                tl.debug_barrier()  # the program's own attention rows, read back below
-                a_rows = attn + rm.to(tl.int64)[:, None] * Q + h * SEGO
-                acc, _ = _tile_products(
-                    a_rows,
-                    w_rows,
-                    w_rows,
-                    row_ok,
-                    rn,
-                    H,
-                    SEGO,
-                    wo,
-                    0.0,
-                    False,
-                    False,
-                    TK,
-                    BNO,
-                    BKO,
-                    ".cg",
-                    KS,
-                )
-            po = po_ptr + (lw * HKV * TK) * H
-            tl.store(
-                po + (h * TK + rm.to(tl.int64))[:, None] * H + rn[None, :],
-                acc,
-                mask=row_ok[:, None],
-            )
-            tl.debug_barrier()  # every thread's chain stored, then counted
-            if SUM_IN_D:
-                tl.atomic_add(co_ptr + layer * NT + j, 1, sem="relaxed", scope="gpu")
-            else:
-                done = tl.atomic_add(co_ptr + layer * NT + j, 1, sem="acq_rel", scope="gpu")
-                if done == HKV - 1:  # the column tile's last group: the sum and the epilogue
-                    for c in tl.static_range(BNO // 16):
-                        cols = j * BNO + c * 16 + tl.arange(0, 16)
-                        ok = row_ok[:, None] & (cols[None, :] < H)
-                        gw = tl.load(g_ptr + cols)
-                        r = tl.load(
-                            x_in + rm.to(tl.int64)[:, None] * H + cols[None, :],
-                            mask=ok,
-                            other=0.0,
-                            cache_modifier=".cg",
-                        )
-                        tot = tl.zeros([TK, 16], dtype=tl.float32)
-                        for h2 in tl.static_range(HKV):
-                            tot = tot + tl.load(
-                                po + (h2 * TK + rm.to(tl.int64))[:, None] * H + cols[None, :],
-                                mask=ok,
-                                other=0.0,
-                                cache_modifier=".cg",
-                            )
-                        out = (_round(tot, ROUND) + r.to(tl.float32)).to(mid.dtype.element_ty)
-                        tl.store(mid + rm.to(tl.int64)[:, None] * H + cols[None, :], out, mask=ok)
-                        if DEFER:
-                            norm_partials(
-                                out.to(tl.float32),
-                                ysm,
-                                gw,
-                                psm,
-                                rm,
-                                cols,
-                                row_ok,
-                                ok,
-                                j * (BNO // 16) + c,
-                                G,
-                                H,
-                                0.0,
-                            )
-
-    @triton.jit
-    def _gate_up_from_chains(
-        t,
-        po_ptr,
-        x_in,
-        mid,
-        nw_ptr,
-        w_ptr,
-        act,
-        M,
-        eps,
-        H: tl.constexpr,
-        INTER: tl.constexpr,
-        HKV: tl.constexpr,
-        TK: tl.constexpr,
-        BN: tl.constexpr,
-        BK: tl.constexpr,
-        KS: tl.constexpr,
-        ROUND: tl.constexpr,
-    ):
-        """Phase D's tile ``t`` (``BN`` gate and as many up columns, one product) from the o
-        product's kv-head chains at ``po_ptr`` (``_attention_o_phase`` with SUM_IN_D): each
-        K step adds the step's columns of the chains in head order, rounds, adds the
-        residual ``x_in`` (so ``mid``, which tile ``t`` stores for step ``t``), pushes the
-        step's squares into the norm's pairwise tree (``row_sumsq``'s counter, chunks of
-        BK) and multiplies by the norm weight, rounded: the operand phase C hands over, and
-        after the loop 1 / rms on the accumulator (``partials_rstd``'s tree: the same
-        bits), then silu(gate) * up as ``fused_tile``'s gated epilogue."""
-        # the counter's eight levels hold up to 255 chunks; pair_sum takes up to 128
-        # columns; tile t stores mid's chunk t, so every chunk needs a tile
-        tl.static_assert((H + BK - 1) // BK < 256 and BK <= 128)
-        tl.static_assert((INTER + BN - 1) // BN >= (H + BK - 1) // BK)
-        rm = tl.arange(0, TK)
-        row_ok = rm < M
-        rm64 = rm.to(tl.int64)
-        rk = tl.arange(0, BK)
-        j = tl.arange(0, 2 * BN)
-        rn_w = t * BN + j % BN  # the gate columns, then the same up columns
-        w_rows = w_ptr + (rn_w + (j // BN) * INTER).to(tl.int64)[:, None] * H
-        acc2 = tl.zeros([TK, 2 * BN], dtype=tl.float32)
-        s0 = tl.zeros([TK], tl.float32)
-        s1 = s0
-        s2 = s0
-        s3 = s0
-        s4 = s0
-        s5 = s0
-        s6 = s0
-        s7 = s0
-        for k in tl.range(0, H, BK, num_stages=KS if KS > 0 else None):
-            kk = k + rk
-            ok = row_ok[:, None] & (kk[None, :] < H)
-            r = tl.load(
-                x_in + rm64[:, None] * H + kk[None, :], mask=ok, other=0.0, cache_modifier=".cg"
-            )
-            tot = tl.zeros([TK, BK], dtype=tl.float32)
-            for h in tl.static_range(HKV):
-                tot = tot + tl.load(
-                    po_ptr + (h * TK + rm64)[:, None] * H + kk[None, :],
-                    mask=ok,
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-            m = (_round(tot, ROUND) + r.to(tl.float32)).to(mid.dtype.element_ty)
-            tl.store(mid + rm64[:, None] * H + kk[None, :], m, mask=ok & (k // BK == t))
-            mf = m.to(tl.float32)
-            s0, s1, s2, s3, s4, s5, s6, s7 = tree_push(
-                pair_sum(mf * mf, BK), k // BK, s0, s1, s2, s3, s4, s5, s6, s7
-            )
-            g = tl.load(nw_ptr + kk, mask=kk < H, other=0.0).to(tl.float32)
-            a = (mf * g[None, :]).to(mid.dtype.element_ty)
-            w = tl.load(
-                w_rows + kk[None, :], mask=(rn_w[:, None] < INTER) & (kk[None, :] < H), other=0.0
-            )
-            acc2 = tl.dot(a, tl.trans(w), acc2)
-        n = (H + BK - 1) // BK  # subtrees pushed, folded as ``row_sumsq`` folds them
-        rstd = rstd_of(tree_fold(n, s0, s1, s2, s3, s4, s5, s6, s7), H, eps)
-        acc, acc_u = tl.split(tl.permute(tl.reshape(acc2, [TK, 2, BN]), (0, 2, 1)))
-        acc = acc * rstd[:, None]
-        acc_u = acc_u * rstd[:, None]
-        gate = tl.where(row_ok[:, None], _round(acc, ROUND), 1.0)
-        out = _round(_silu(gate), ROUND) * _round(acc_u, ROUND)
-        cols = t * BN + tl.arange(0, BN)
-        tl.store(
-            act + rm64[:, None] * INTER + cols[None, :],
-            out.to(act.dtype.element_ty),
-            mask=row_ok[:, None] & (cols[None, :] < INTER),
-        )
 
     @triton.jit
     def _att_split(B, att_tiles, HKV: tl.constexpr, P_ATT: tl.constexpr, SPREAD: tl.constexpr):
@@ -947,8 +453,6 @@ if triton is not None:
         ysm_ptr,
         psi_ptr,
         psm_ptr,
-        po_ptr,
-        co_ptr,
         L,
         M,
         B,
@@ -996,7 +500,6 @@ if triton is not None:
         EARLY: tl.constexpr,
         BKH: tl.constexpr,
         BKQ: tl.constexpr,
-        TWICE: tl.constexpr,
         DEFER: tl.constexpr,
         G: tl.constexpr,
         GP: tl.constexpr,
@@ -1004,18 +507,9 @@ if triton is not None:
         ATT_STAGES: tl.constexpr,
         V_L1: tl.constexpr,
         KT: tl.constexpr,
-        ATT_HOIST: tl.constexpr,
-        LATE_RSTD: tl.constexpr,
         QKV_HOIST: tl.constexpr,
         PDL: tl.constexpr,
         POLL: tl.constexpr,
-        NO_C: tl.constexpr = 0,
-        SEGO: tl.constexpr = 0,
-        OFUSE: tl.constexpr = 0,
-        BNO: tl.constexpr = 64,
-        BKO: tl.constexpr = 64,
-        BKC: tl.constexpr = 64,
-        O_REGS: tl.constexpr = False,
     ):
         pid = tl.program_id(0)
         if TIMING:  # each program its own row of 4 + 10 L stamps
@@ -1029,27 +523,6 @@ if triton is not None:
         # B's work) ask L2 for the next layer's while the attention phase runs (issued at a
         # layer's start by every program instead, the asking cost the QKV phase 0.7 us)
         worker = pid - (P - WORKERS)
-        # ATT_HOIST: what phase B's first group loads before its keys is the same every
-        # layer (the step's metadata and block tables), so it is loaded once, here
-        groups, per = _att_split(B, att_tiles, HKV, P - WORKERS, SPREAD)
-        per1 = tl.maximum(per, 1)
-        pre_qlen, pre_ctx, pre_qstart, pre_blk = group_pre(
-            tl.minimum(pid // per1, groups - 1),
-            pid % per1,
-            per1,
-            tables_ptr,
-            ctx_ptr,
-            qstart_ptr,
-            qlen_ptr,
-            att_tiles,
-            stride_bt,
-            HQ,
-            HKV,
-            PAGE,
-            ATT_BM,
-            ATT_BN,
-            SPLIT,
-        )
         # QKV_HOIST: phase A's rows (the step's first TK) have the same positions and cache
         # slots every layer
         rows = tl.arange(0, TK)
@@ -1132,13 +605,11 @@ if triton is not None:
                         UNROLL,
                         ".cg",
                         EARLY,
-                        TWICE,
                         DEFER,
                         psi_ptr + lw * M * G,
                         G,
                         GP,
                         KS,
-                        LATE_RSTD,
                         QKV_HOIST,
                         pre_pos,
                         pre_slot,
@@ -1176,7 +647,6 @@ if triton is not None:
                         ".cg",
                         False,
                         False,
-                        TWICE,
                         DEFER,
                         qkv,
                         qkv,
@@ -1191,123 +661,50 @@ if triton is not None:
             # rope of the tile's queries and the rope + cache write of the keys and values
             # it reads (the write and the read then need only a barrier of the program's
             # own threads)
-            # OFUSE: a step of one sequence in one query tile runs phase C in phase B
-            # (``_attention_o_phase``: one barrier fewer a layer)
-            if OFUSE:
-                ofuse = B * att_tiles == 1
-            else:
-                ofuse = False
             if pid < P - WORKERS:
-                if ofuse:
-                    _attention_o_phase(
-                        pid,
-                        layer,
-                        lw,
-                        qkv,
-                        qrot,
-                        attn,
-                        kc,
-                        vc,
-                        cos_ptr,
-                        sin_ptr,
-                        pos_ptr,
-                        slot_ptr,
-                        tables_ptr,
-                        ctx_ptr,
-                        qstart_ptr,
-                        qlen_ptr,
-                        part_ptr,
-                        count_ptr,
-                        att_tiles,
-                        SPLITS,
-                        scale_log2,
-                        stride_kb,
-                        stride_ks,
-                        stride_kh,
-                        stride_bt,
-                        x_in,
-                        mid,
-                        wo_ptr + lw * H * Q,
-                        po_ptr,
-                        co_ptr,
-                        ysm_ptr + lw * M * H,
-                        n2_ptr + lw * H,
-                        psm_ptr + lw * M * G,
-                        M,
-                        G,
-                        HQ,
-                        HKV,
-                        D,
-                        H,
-                        PAGE,
-                        P - WORKERS,
-                        ATT_BM,
-                        ATT_BN,
-                        SPLIT,
-                        TK,
-                        ROUND,
-                        ATT_PREFETCH,
-                        QKV_ROPE,
-                        ATT_STAGES,
-                        V_L1,
-                        KT,
-                        SEGO,
-                        BNO,
-                        BKO,
-                        KS,
-                        DEFER,
-                        OFUSE == 2,
-                        O_REGS,
-                    )
-                else:
-                    _attention_phase(
-                        pid,
-                        layer,
-                        qkv,
-                        qrot,
-                        attn,
-                        kc,
-                        vc,
-                        cos_ptr,
-                        sin_ptr,
-                        pos_ptr,
-                        slot_ptr,
-                        tables_ptr,
-                        ctx_ptr,
-                        qstart_ptr,
-                        qlen_ptr,
-                        part_ptr,
-                        count_ptr,
-                        B,
-                        att_tiles,
-                        SPLITS,
-                        scale_log2,
-                        stride_kb,
-                        stride_ks,
-                        stride_kh,
-                        stride_bt,
-                        HQ,
-                        HKV,
-                        D,
-                        PAGE,
-                        P - WORKERS,
-                        ATT_BM,
-                        ATT_BN,
-                        SPLIT,
-                        TK,
-                        ROUND,
-                        ATT_PREFETCH,
-                        SPREAD,
-                        QKV_ROPE,
-                        ATT_STAGES,
-                        V_L1,
-                        KT,
-                        ATT_HOIST,
-                        pre_qlen,
-                        pre_ctx,
-                        pre_qstart,
-                        pre_blk,
-                    )
+                _attention_phase(
+                    pid,
+                    layer,
+                    qkv,
+                    qrot,
+                    attn,
+                    kc,
+                    vc,
+                    cos_ptr,
+                    sin_ptr,
+                    pos_ptr,
+                    slot_ptr,
+                    tables_ptr,
+                    ctx_ptr,
+                    qstart_ptr,
+                    qlen_ptr,
+                    part_ptr,
+                    count_ptr,
+                    B,
+                    att_tiles,
+                    SPLITS,
+                    scale_log2,
+                    stride_kb,
+                    stride_ks,
+                    stride_kh,
+                    stride_bt,
+                    HQ,
+                    HKV,
+                    D,
+                    PAGE,
+                    P - WORKERS,
+                    ATT_BM,
+                    ATT_BN,
+                    SPLIT,
+                    TK,
+                    ROUND,
+                    ATT_PREFETCH,
+                    SPREAD,
+                    QKV_ROPE,
+                    ATT_STAGES,
+                    V_L1,
+                    KT,
+                )
             if WORKERS > 0:
                 if worker >= 0:
                     if layer + 1 < L:
@@ -1351,127 +748,92 @@ if triton is not None:
                         )
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # C: mid = x + attn @ Wo.T (DEFER: and phase D's operand and subtree sums)
-            # (NO_C, a timing probe with wrong bits: phase C and its barrier skipped)
-            # (SEGO: the product's K summed by kv-head group, ``_tile_products``' SEG)
-            if (NO_C == 0) and not ofuse:
-                for t in range(pid, (H + BN - 1) // BN, P):
-                    fused_tile(
-                        t,
-                        attn,
-                        wo_ptr + lw * H * Q,
-                        mid,
-                        mid,
-                        x_in,
-                        mid,
-                        M,
-                        H,
-                        Q,
-                        H,
-                        Q,
-                        Q,
-                        H,
-                        H,
-                        eps,
-                        0.0,
-                        False,
-                        False,
-                        True,
-                        False,
-                        ROUND,
-                        16,
-                        BN,
-                        BKQ,
-                        8,
-                        CH,
-                        UNROLL,
-                        ".cg",
-                        False,
-                        EARLY,
-                        TWICE,
-                        2 * DEFER,
-                        ysm_ptr + lw * M * H,
-                        n2_ptr + lw * H,
-                        psm_ptr + lw * M * G,
-                        G,
-                        GP,
-                        KS,
-                        SEG=SEGO,
-                    )
-                phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
-            # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T (NO_C 2: the norm from
-            # the row itself, as a phase D summing the o product's partials would)
-            # (OFUSE 2 at a fused step: the o product's chains added here, phase C's sum)
-            D_DEFER: tl.constexpr = DEFER and NO_C < 2
-            a_gu = ysm_ptr + lw * M * H if D_DEFER else mid
-            if OFUSE == 2:
-                chains = ofuse
-            else:
-                chains = False
-            if chains:
-                for t in range(pid, (INTER + BN - 1) // BN, P):
-                    _gate_up_from_chains(
-                        t,
-                        po_ptr + (lw * HKV * TK) * H,
-                        x_in,
-                        mid,
-                        n2_ptr + lw * H,
-                        wgu_ptr + lw * 2 * INTER * H,
-                        act,
-                        M,
-                        eps,
-                        H,
-                        INTER,
-                        HKV,
-                        TK,
-                        BN,
-                        BKC,
-                        KS,
-                        ROUND,
-                    )
-            else:
-                for t in range(pid, (INTER + BN - 1) // BN, P):
-                    fused_tile(
-                        t,
-                        a_gu,
-                        wgu_ptr + lw * 2 * INTER * H,
-                        act,
-                        act,
-                        act,
-                        n2_ptr + lw * H,
-                        M,
-                        INTER,
-                        H,
-                        INTER,
-                        H,
-                        H,
-                        INTER,
-                        INTER,
-                        eps,
-                        0.0,
-                        not D_DEFER,
-                        False,
-                        False,
-                        True,
-                        ROUND,
-                        16,
-                        BN,
-                        BKG,
-                        8,
-                        CH,
-                        UNROLL,
-                        ".cg",
-                        ONE_DOT,
-                        False,
-                        TWICE,
-                        D_DEFER,
-                        act,
-                        act,
-                        psm_ptr + lw * M * G,
-                        G,
-                        GP,
-                        KS,
-                        LATE_RSTD,
-                    )
+            for t in range(pid, (H + BN - 1) // BN, P):
+                fused_tile(
+                    t,
+                    attn,
+                    wo_ptr + lw * H * Q,
+                    mid,
+                    mid,
+                    x_in,
+                    mid,
+                    M,
+                    H,
+                    Q,
+                    H,
+                    Q,
+                    Q,
+                    H,
+                    H,
+                    eps,
+                    0.0,
+                    False,
+                    False,
+                    True,
+                    False,
+                    ROUND,
+                    16,
+                    BN,
+                    BKQ,
+                    8,
+                    CH,
+                    UNROLL,
+                    ".cg",
+                    False,
+                    EARLY,
+                    2 * DEFER,
+                    ysm_ptr + lw * M * H,
+                    n2_ptr + lw * H,
+                    psm_ptr + lw * M * G,
+                    G,
+                    GP,
+                    KS,
+                )
+            phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
+            # D: act = silu(gate) * up of rms_norm(mid) @ Wgu.T (DEFER: from the operand and
+            # subtree sums phase C handed over)
+            a_gu = ysm_ptr + lw * M * H if DEFER else mid
+            for t in range(pid, (INTER + BN - 1) // BN, P):
+                fused_tile(
+                    t,
+                    a_gu,
+                    wgu_ptr + lw * 2 * INTER * H,
+                    act,
+                    act,
+                    act,
+                    n2_ptr + lw * H,
+                    M,
+                    INTER,
+                    H,
+                    INTER,
+                    H,
+                    H,
+                    INTER,
+                    INTER,
+                    eps,
+                    0.0,
+                    not DEFER,
+                    False,
+                    False,
+                    True,
+                    ROUND,
+                    16,
+                    BN,
+                    BKG,
+                    8,
+                    CH,
+                    UNROLL,
+                    ".cg",
+                    ONE_DOT,
+                    False,
+                    DEFER,
+                    act,
+                    act,
+                    psm_ptr + lw * M * G,
+                    G,
+                    GP,
+                    KS,
+                )
             phase = _phase_done(counter_ptr, timing_ptr, phase, pid, P, TIMING, POLL)
             # E: x_next = mid + act @ Wd.T (DEFER: and the next phase A's operand and subtree
             # sums; after the last layer unread, made with its own norm weight)
@@ -1508,7 +870,6 @@ if triton is not None:
                     ".cg",
                     False,
                     EARLY,
-                    TWICE,
                     2 * DEFER,
                     ysi_ptr + (lw + 1) * M * H,
                     n1_ptr + tl.minimum(lw + 1, L - 1) * H,
@@ -1632,9 +993,7 @@ def decode_stack(
     timer (ns) at its start and end (the last two slots); for benchmarks.
     ``scratch``: a dict that receives every layer's intermediates (``xs`` (L + 1, N, H):
     the residual stream before each layer and after the last; ``qkv``, ``attn``, ``mids``
-    (after the attention's residual), ``act`` (silu * up); where phase C runs in phase B,
-    ``o_counts`` (L, H / O_COLS): the attention items each o column tile counted); for
-    debugging tools and tests.
+    (after the attention's residual), ``act`` (silu * up)); for debugging tools and tests.
     """
     n_layers, _, hidden = weights["qkv"].shape
     d = kv.shape[-1]
@@ -1687,17 +1046,11 @@ def decode_stack(
     splits, part = split_states(groups if shared else 0, block_tables, kv.shape[3], d, dev)
     # the stack launched by PDL (StackTuning.pdl): while the input kernel runs
     pdl = pdl_args(x) if tuning.pdl else {"PDL": False, "launch_pdl": False}
-    # the o product in one chain (no kv-head groups: ``SEGO`` 0), phase C on its own
-    sego = ofuse = o_tiles = 0
-    o_step = k_step(heads * d, tuning.bk)  # the o product's K step
-    po = xs  # never read
     # zeroed by the input kernel (with "defer"; else here)
     counts = (torch.empty if defer else torch.zeros)(
-        1 + n_layers * groups + n_layers * o_tiles, dtype=torch.int32, device=dev
+        1 + n_layers * groups, dtype=torch.int32, device=dev
     )
     counter = counts[:1]  # the grid barrier's
-    if scratch is not None and ofuse:  # after the launch: the items each o tile counted
-        scratch["o_counts"] = counts[1 + n_layers * groups :].view(n_layers, o_tiles)
     if defer:
         _stack_input_kernel[(n,)](
             x,
@@ -1751,8 +1104,6 @@ def decode_stack(
         ysm,
         psi,
         psm,
-        po,
-        counts[1 + n_layers * groups :],
         n_layers,
         n,
         context_lens.shape[0],
@@ -1799,8 +1150,7 @@ def decode_stack(
         QKV_ROPE=roped,
         EARLY=tuning.early,
         BKH=k_step(hidden, tuning.bk),
-        BKQ=o_step,
-        TWICE=0,
+        BKQ=k_step(heads * d, tuning.bk),
         DEFER=defer,
         G=groups_h,
         GP=triton.next_power_of_2(max(groups_h, 2)),
@@ -1808,17 +1158,8 @@ def decode_stack(
         ATT_STAGES=tuning.att_stages or 0,
         V_L1=_serial_only(tuning.v_l1),
         KT=_serial_only(tuning.k_t),
-        ATT_HOIST=0,
-        LATE_RSTD=False,
         QKV_HOIST=tuning.qkv_hoist,
         POLL=_poll(x, spread),
-        NO_C=0,
-        SEGO=sego,
-        OFUSE=ofuse,
-        BNO=O_COLS,
-        BKO=o_step,
-        BKC=min(k_step(hidden, tuning.bk_gated), 128),
-        O_REGS=False,
         num_warps=4,
         **pdl,
         num_stages=tuning.num_stages,

@@ -326,7 +326,6 @@ if triton is not None:
         UNROLL: tl.constexpr,
         PDL: tl.constexpr,
         LATE: tl.constexpr,
-        SEG: tl.constexpr = 0,
     ):
         wait_only(PDL)
         if not LATE:  # else the next kernel launches once this program's tile is done
@@ -361,7 +360,6 @@ if triton is not None:
             CH,
             UNROLL,
             "",
-            SEG=SEG,
         )
         if LATE:
             launch_next(PDL)
@@ -408,26 +406,17 @@ if triton is not None:
         BK: tl.constexpr,
         ACT_CACHE: tl.constexpr,
         STAGES: tl.constexpr = 0,
-        SEG: tl.constexpr = 0,
     ):
         """The K loop of a tile: (BM, BN) fp32 products of the rows at ``a_rows`` (with
         NORM times ``offset`` + the norm weight, rounded to the activations' dtype; the
         row's 1 / rms is the caller's, on the accumulator) with the weight rows at
         ``w_rows`` (and ``u_rows`` when GATED), one chain of k16 steps in ascending order.
         ``rn`` (BN,): the weight rows' indices below ``N`` (the rows the tile may read).
-        ``STAGES``: the loop's pipeline depth (0: the kernel's; speed only). ``SEG`` (not
-        GATED; a multiple of BK dividing K): K in segments of SEG, each its own chain from
-        zero, the chains added in order to a total that starts at zero:
-        ``((0 + c0) + c1) + ...``; the decode stack's fused o phase sums the same way)."""
+        ``STAGES``: the loop's pipeline depth (0: the kernel's; speed only)."""
         rk = tl.arange(0, BK)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-        tot = tl.zeros([BM, BN], dtype=tl.float32)
         for k in tl.range(0, K, BK, num_stages=STAGES if STAGES > 0 else None):
-            if SEG > 0:  # a segment starts: the last one's chain into the total
-                new = (k % SEG) == 0
-                tot = tl.where(new & (k > 0), tot + acc, tot)
-                acc = tl.where(new, 0.0, acc)
             kk = k + rk
             k_ok = kk < K
             a = tl.load(
@@ -445,18 +434,7 @@ if triton is not None:
             if GATED:
                 u = tl.load(u_rows + kk[None, :], mask=w_ok, other=0.0)
                 acc_u = tl.dot(a, tl.trans(u), acc_u)
-        if SEG > 0:
-            tl.static_assert(not GATED)
-            acc = tot + acc
         return acc, acc_u
-
-    @triton.jit
-    def twice_rows(a_rows, dep):
-        """``a_rows`` as a function of ``dep`` (BM,) (finite values: the same pointers), so
-        the loads through them wait for ``dep``: a timing probe runs a stage a second time
-        after the first, and the difference is the stage's time on the critical path."""
-        off = tl.where(tl.abs(dep) > 3.0e38, 64, 0).to(tl.int64)  # 64: the loads stay vectors
-        return a_rows + tl.multiple_of(off, 64)[:, None]
 
     @triton.jit
     def _load_tile(ptr, rm, rn, stride_m, ok, CACHE: tl.constexpr):
@@ -484,17 +462,11 @@ if triton is not None:
         UNROLL: tl.constexpr,
         GP: tl.constexpr,
         ACT_CACHE: tl.constexpr,
-        TWICE: tl.constexpr,
     ):
-        """The rows' 1 / rms for the accumulator: NORM from the rows (``_row_rstd``; TWICE
-        1 runs it twice, a timing probe), DEFER 1 from their producers' subtree sums
-        (``partials_rstd``, the same bits), else ones."""
+        """The rows' 1 / rms for the accumulator: NORM from the rows (``_row_rstd``), DEFER
+        1 from their producers' subtree sums (``partials_rstd``, the same bits), else ones."""
         if NORM:
             rstd = _row_rstd(a_rows, row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE)
-            if TWICE == 1:
-                rstd = _row_rstd(
-                    twice_rows(a_rows, rstd), row_ok, K, eps, BM, CH, UNROLL, ACT_CACHE
-                )
         elif DEFER == 1:
             rstd = partials_rstd(ps_ptr, rm, row_ok, G, K, eps, GP, ACT_CACHE)
         else:
@@ -534,7 +506,6 @@ if triton is not None:
         ACT_CACHE: tl.constexpr,
         ONE_DOT: tl.constexpr = False,
         EARLY: tl.constexpr = False,
-        TWICE: tl.constexpr = 0,
         DEFER: tl.constexpr = 0,
         y_ptr=None,
         g_ptr=None,
@@ -542,8 +513,6 @@ if triton is not None:
         G=1,
         GP: tl.constexpr = 64,
         STAGES: tl.constexpr = 0,
-        LATE_RSTD: tl.constexpr = False,
-        SEG: tl.constexpr = 0,
     ):
         """Output tile ``pid`` of the fused GEMM (the kernel above, or one phase of a
         persistent kernel: ``ACT_CACHE=".cg"`` reads the activations and the residual,
@@ -552,18 +521,13 @@ if triton is not None:
         (the same chains, so the same bits; fewer loads and operand fetches a step).
         ``EARLY`` (RESIDUAL): the residual asked for before the product, not after it (its
         round trip off the tile's critical path; its registers held across the K loop).
-        ``TWICE`` (a timing probe, ``twice_rows``): 1 the norm prologue, 2 the K loop run a
-        second time after the first, the same values. ``DEFER`` (the decode stack's norm
+        ``DEFER`` (the decode stack's norm
         hand-over, the same bits as NORM from the rows): 1 the rows at ``a_ptr`` are the
         normed product's operand ``round(x * (offset + w))`` and ``ps_ptr`` their 16-column
         subtree sums of squares (G a row, ``partials_rstd``); 2 (BN = 16, no NORM) the
         stored tile also handed to the next normed product: times its norm weight at
         ``g_ptr`` into ``y_ptr`` (row stride ``stride_om``), its subtree into ``ps_ptr``.
-        ``LATE_RSTD`` (DEFER 1, speed only): the subtree sums asked for before the product
-        and added after it, so the K loop's first loads are not issued behind their trip
-        and tree (the same tree, so the same bits). ``SEG`` (not GATED): K in segments
-        (``_tile_products``'; the o product summed by kv-head group,
-        ``fused.o_segments``)."""
+        ``STAGES``: ``_tile_products``'."""
         rm, rn = tile_rows_cols(pid, M, N, BM, BN, GROUP_M)
         row_ok = rm < M
         out_ok = row_ok[:, None] & (rn[None, :] < N)
@@ -573,26 +537,9 @@ if triton is not None:
         if DEFER == 2:  # the next norm's weight, asked for before the product
             tl.static_assert(BN == 16 and not NORM)
             gw = tl.load(g_ptr + rn, mask=rn < N, other=0.0)
-        if LATE_RSTD and DEFER == 1:  # the sums asked for now, their tree after the K loop
-            ps = partials_load(ps_ptr, rm, row_ok, G, GP, ACT_CACHE)
-        else:
-            rstd = _tile_rstd(
-                a_rows,
-                ps_ptr,
-                rm,
-                row_ok,
-                K,
-                G,
-                eps,
-                NORM,
-                DEFER,
-                BM,
-                CH,
-                UNROLL,
-                GP,
-                ACT_CACHE,
-                TWICE,
-            )
+        rstd = _tile_rstd(
+            a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH, UNROLL, GP, ACT_CACHE
+        )
         if GATED and ONE_DOT:
             _, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
             j = tl.arange(0, 2 * BN)
@@ -604,26 +551,6 @@ if triton is not None:
             w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
             u_rows = w_ptr + (rn + UP).to(tl.int64)[:, None] * stride_wn  # GATED: up rows
         WN: tl.constexpr = 2 * BN if GATED and ONE_DOT else BN  # the weight tile's rows
-        if TWICE == 2:
-            first, _ = _tile_products(
-                a_rows,
-                w_rows,
-                w_rows,
-                row_ok,
-                rn_w,
-                N,
-                K,
-                nw_ptr,
-                offset,
-                NORM,
-                False,
-                BM,
-                WN,
-                BK,
-                ACT_CACHE,
-                STAGES,
-            )
-            a_rows = twice_rows(a_rows, tl.max(first, 1))
         if GATED and ONE_DOT:
             acc2, _ = _tile_products(
                 a_rows,
@@ -662,10 +589,7 @@ if triton is not None:
                 BK,
                 ACT_CACHE,
                 STAGES,
-                SEG,
             )
-        if LATE_RSTD and DEFER == 1:
-            rstd = rstd_of(pair_sum(ps, GP), K, eps)
         if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
             acc = acc * rstd[:, None]
             acc_u = acc_u * rstd[:, None]
@@ -803,13 +727,11 @@ if triton is not None:
         UNROLL: tl.constexpr,
         ACT_CACHE: tl.constexpr,
         EARLY: tl.constexpr = False,
-        TWICE: tl.constexpr = 0,
         DEFER: tl.constexpr = 0,
         ps_ptr=None,
         G=1,
         GP: tl.constexpr = 64,
         STAGES: tl.constexpr = 0,
-        LATE_RSTD: tl.constexpr = False,
         PRE_ROWS: tl.constexpr = False,
         pre_pos=0,
         pre_slot=0,
@@ -820,12 +742,12 @@ if triton is not None:
         second (the rotation's pairs), a v tile ``BN`` columns in order. The kernel above,
         or one phase of a persistent kernel (``ACT_CACHE=".cg"``: the activations, written
         by other programs of the launch, read from L2). ``EARLY``: the cache slots asked
-        for before the product, not after it. ``TWICE``: ``fused_tile``'s timing probe.
-        ``DEFER`` 1: ``fused_tile``'s (rows handed over already multiplied by the norm
-        weight, 1 / rms from their subtree sums at ``ps_ptr``); ``LATE_RSTD``:
-        ``fused_tile``'s. ``PRE_ROWS`` (a tile of the first BM rows, speed only): the rows'
-        positions and cache slots already loaded (``pre_pos``, ``pre_slot``; a persistent
-        kernel loads them once a launch), so the rope's cos/sin loads wait on nothing."""
+        for before the product, not after it. ``DEFER`` 1: ``fused_tile``'s (rows handed
+        over already multiplied by the norm weight, 1 / rms from their subtree sums at
+        ``ps_ptr``); ``STAGES``: ``_tile_products``'. ``PRE_ROWS`` (a tile of the first BM
+        rows, speed only): the rows' positions and cache slots already loaded (``pre_pos``,
+        ``pre_slot``; a persistent kernel loads them once a launch), so the rope's cos/sin
+        loads wait on nothing."""
         Q: tl.constexpr = HQ * D
         KV: tl.constexpr = HKV * D
         HB: tl.constexpr = BN // 2
@@ -853,46 +775,9 @@ if triton is not None:
             slot = pre_slot.to(tl.int64)
         elif EARLY:
             slot = tl.load(slot_ptr + rm, mask=row_ok, other=-1).to(tl.int64)
-        if LATE_RSTD and DEFER == 1:  # the sums asked for now, their tree after the K loop
-            ps = partials_load(ps_ptr, rm, row_ok, G, GP, ACT_CACHE)
-        else:
-            rstd = _tile_rstd(
-                a_rows,
-                ps_ptr,
-                rm,
-                row_ok,
-                K,
-                G,
-                eps,
-                NORM,
-                DEFER,
-                BM,
-                CH,
-                UNROLL,
-                GP,
-                ACT_CACHE,
-                TWICE,
-            )
-        if TWICE == 2:
-            first, _ = _tile_products(
-                a_rows,
-                w_rows,
-                w_rows,
-                row_ok,
-                rn,
-                Q + 2 * KV,
-                K,
-                nw_ptr,
-                offset,
-                NORM,
-                False,
-                BM,
-                BN,
-                BK,
-                ACT_CACHE,
-                STAGES,
-            )
-            a_rows = twice_rows(a_rows, tl.max(first, 1))
+        rstd = _tile_rstd(
+            a_rows, ps_ptr, rm, row_ok, K, G, eps, NORM, DEFER, BM, CH, UNROLL, GP, ACT_CACHE
+        )
         acc, _ = _tile_products(
             a_rows,
             w_rows,
@@ -911,8 +796,6 @@ if triton is not None:
             ACT_CACHE,
             STAGES,
         )
-        if LATE_RSTD and DEFER == 1:
-            rstd = rstd_of(pair_sum(ps, GP), K, eps)
         if NORM or DEFER == 1:  # the norm's 1 / rms, before the bias and every rounding
             acc = acc * rstd[:, None]
         if not EARLY and not PRE_ROWS:
@@ -1162,12 +1045,9 @@ def _gemm(
     residual: torch.Tensor | None = None,
     gated: bool = False,
     late: bool = False,
-    segments: int = 1,
 ) -> torch.Tensor:
     """The one launcher: x (..., K) against ``weight`` (rows 0..n-1, and n.. when gated);
-    ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits;
-    ``segments`` > 1 (not gated): K in that many equal chains added in order
-    (``_tile_products``' SEG; the K step then divides a segment)."""
+    ``late``: the PDL trigger after each program's tile (``triton_pdl``), the same bits."""
     k = x.shape[-1]
     a = x.reshape(-1, k)  # (M, K)
     if a.stride(-1) != 1:
@@ -1190,15 +1070,6 @@ def _gemm(
         assert res.stride(-1) == 1 and res.dtype == x.dtype
     assert norm is None or k <= NORM_MAX_K, k  # the norm tree's counter levels
     nw, eps, offset = norm if norm is not None else (out, 0.0, 0.0)
-    seg = 0
-    if segments > 1:
-        assert not gated and k % segments == 0, (k, segments)
-        seg = k // segments
-        bk = cfg.bk
-        while bk > 16 and seg % bk:
-            bk //= 2
-        assert seg % bk == 0, (seg, cfg.bk)
-        cfg = cfg._replace(bk=bk)
     tiles = triton.cdiv(m, cfg.bm) * triton.cdiv(n, cfg.bn)
     _fused_gemm_kernel[(tiles,)](
         a,
@@ -1228,7 +1099,6 @@ def _gemm(
         GROUP_M=8,
         CH=NORM_CHUNK,
         UNROLL=norm_unroll(cfg.bm),
-        SEG=seg,
         num_warps=cfg.warps,
         num_stages=cfg.stages,
         **gemm_pdl_args(a, late),
@@ -1258,14 +1128,10 @@ def linear_residual(
     residual: torch.Tensor,
     config: TileConfig | None = None,
     late: bool = False,
-    segments: int = 1,
 ) -> torch.Tensor:
     """``residual + linear(x, weight)`` in one launch; x (..., K), residual (..., N).
-    ``late``: the PDL trigger after the tile (``_gemm``); ``segments``: K summed in that
-    many chains (``_gemm``'s; the o product by kv-head group, ``fused.o_segments``)."""
-    return _gemm(
-        x, weight, weight.shape[0], config, residual=residual, late=late, segments=segments
-    )
+    ``late``: the PDL trigger after the tile (``_gemm``)."""
+    return _gemm(x, weight, weight.shape[0], config, residual=residual, late=late)
 
 
 def norm_gate_up_silu(

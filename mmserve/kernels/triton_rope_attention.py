@@ -44,11 +44,8 @@ TK = 16  # most tokens a sequence may have in a step: a tile writes its sequence
 if triton is not None:
     from mmserve.kernels.triton_attention import (
         attend_keys,
-        first_ids,
-        kv_lines_l1,
         load_queries,
         merge_partials,
-        seq_meta,
         store_attention,
         tile_rows,
     )
@@ -117,37 +114,6 @@ if triton is not None:
         )
 
     @triton.jit
-    def group_pre(
-        g,
-        sub,
-        per,
-        tables_ptr,
-        ctx_ptr,
-        qstart_ptr,
-        qlen_ptr,
-        att_tiles,
-        stride_bt,
-        HQ: tl.constexpr,
-        HKV: tl.constexpr,
-        PAGE: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        SPLIT: tl.constexpr,
-    ):
-        """What ``attend_group(g, sub, per, ...)`` loads before its first keys: the
-        sequence's (query count, context length, first flat row) and the first key step's
-        block ids, for its ``PRE``."""
-        G: tl.constexpr = HQ // HKV
-        seq = g // (HKV * att_tiles)
-        tile = g % att_tiles
-        qlen, ctx, qstart = seq_meta(seq, qlen_ptr, ctx_ptr, qstart_ptr)
-        _, _, _, _, lo, hi, _, _ = tile_rows(
-            seq, tile, 0, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, 0, True, qlen, ctx, qstart
-        )
-        _, _, _, _, _, k_lo, k_hi = split_run(lo, hi, sub, per, SPLIT)
-        return qlen, ctx, qstart, first_ids(tables_ptr + seq * stride_bt, k_lo, k_hi, BN, PAGE)
-
-    @triton.jit
     def split_run(lo, hi, sub, per, SPLIT: tl.constexpr):
         """Program ``sub`` of ``per`` on a tile visiting keys ``lo .. hi - 1`` -> (the
         tile's first and end split, whether the program runs the whole tile (one program
@@ -208,11 +174,6 @@ if triton is not None:
         STAGES: tl.constexpr = 0,
         V_L1: tl.constexpr = False,
         KT: tl.constexpr = False,
-        PRE: tl.constexpr = 0,
-        pre_qlen=0,
-        pre_ctx=0,
-        pre_qstart=0,
-        pre_blk=0,
     ):
         """Program ``sub`` of ``per`` on group ``g``: with one program or one split, the
         whole tile in order; else a run of consecutive splits (the block loop goes on
@@ -224,32 +185,14 @@ if triton is not None:
         and cache read from L2); else the program first rotates the tile's queries into
         ``qrot`` and writes what it reads of the cache (``rope_write_tile``). ``STAGES``: the
         key loop's pipeline depth (0: the kernel's; speed only); ``V_L1``, ``KT``:
-        ``attend_keys``'. ``PRE``: the sequence's metadata and the first key step's block
-        ids loaded before (``group_pre``'s, for this ``g``, ``sub`` and ``per``): a
-        persistent kernel loads them once a launch, not once a layer; 2: and that step's
-        keys and values asked into L1 before the queries' load, whose trip they share
-        (the queries' conversion to shared memory waits for their data before the key loop
-        starts). Speed only."""
+        ``attend_keys``'."""
         G: tl.constexpr = HQ // HKV
         Q: tl.constexpr = HQ * D
         seq = g // (HKV * att_tiles)
         h = g // att_tiles % HKV
         tile = g % att_tiles
         row_ok, tok, head, qpos, lo, hi, qlen, qstart = tile_rows(
-            seq,
-            tile,
-            h,
-            qlen_ptr,
-            ctx_ptr,
-            qstart_ptr,
-            G,
-            BM,
-            BN,
-            0,
-            PRE,
-            pre_qlen,
-            pre_ctx,
-            pre_qstart,
+            seq, tile, h, qlen_ptr, ctx_ptr, qstart_ptr, G, BM, BN, 0
         )
         table = tables_ptr + seq * stride_bt
         first, last, whole, j0, j1, k_lo, k_hi = split_run(lo, hi, sub, per, SPLIT)
@@ -281,10 +224,6 @@ if triton is not None:
                             ROUND,
                         )
                         tl.debug_barrier()  # the program's own writes, read back below
-                    if PRE == 2:
-                        kv_lines_l1(
-                            kc, vc, pre_blk, lo, h, stride_kb, stride_ks, stride_kh, D, BN, PAGE
-                        )
                     q = load_queries(qrot, row_ok, tok, head, Q, D, D, ROPED)
                     _, den, acc = attend_keys(
                         q,
@@ -316,8 +255,6 @@ if triton is not None:
                         STAGES,
                         V_L1,
                         KT,
-                        PRE,
-                        pre_blk,
                     )
                     store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
             else:  # a run of consecutive splits a program, each split's state to ``part``
@@ -347,10 +284,6 @@ if triton is not None:
                             ROUND,
                         )
                         tl.debug_barrier()
-                    if PRE == 2:
-                        kv_lines_l1(
-                            kc, vc, pre_blk, k_lo, h, stride_kb, stride_ks, stride_kh, D, BN, PAGE
-                        )
                     q = load_queries(qrot, row_ok, tok, head, Q, D, D, ROPED)
                     part = part_ptr + g.to(tl.int64) * SPLITS * (2 * BM + BM * D)
                     attend_keys(
@@ -383,8 +316,6 @@ if triton is not None:
                         STAGES,
                         V_L1,
                         KT,
-                        PRE,
-                        pre_blk,
                     )
                     tl.debug_barrier()  # every thread's states stored, then counted
                     done = tl.atomic_add(

@@ -71,20 +71,6 @@ def test_linear_residual_matches_composition(m, n, k):
 
 
 @needs_triton
-@pytest.mark.parametrize("m,n,k,segments", [(1, 96, 576, 3), (70, 200, 768, 4), (300, 130, 256, 2)])
-def test_linear_residual_in_segments_matches_composition(m, n, k, segments):
-    """The o product summed by kv-head group (``segments`` chains of K, added in order)
-    is the same product to rounding (on CUDA its chains, and so its bits, are its own)."""
-    from mmserve.kernels.triton_fused import linear_residual
-
-    x, _, w = _inputs(m, n, k, m + n)
-    r = _rand(m, n, scale=4.0)
-    got = linear_residual(x, w, r, segments=segments)
-    want = r.double() + F.linear(x.double(), w.double())
-    torch.testing.assert_close(got.double(), want, atol=4 * TOL, rtol=TOL)
-
-
-@needs_triton
 @pytest.mark.parametrize("m,inter", [(1, 14336), (1, 48), (9, 1000), (300, 64)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_silu_mul_is_torchs_silu_times_up(m, inter, dtype):
@@ -413,9 +399,7 @@ def test_norm_sum_of_squares_is_the_pairwise_tree(k, chunk, unroll):
 
 
 @cuda_only
-@pytest.mark.parametrize(
-    "op", ["norm_linear", "linear_residual", "linear_residual_segments", "norm_gate_up_silu"]
-)
+@pytest.mark.parametrize("op", ["norm_linear", "linear_residual", "norm_gate_up_silu"])
 def test_row_bits_independent_of_row_count_and_tile_shape(op):
     from mmserve.kernels import triton_fused
 
@@ -429,10 +413,6 @@ def test_row_bits_independent_of_row_count_and_tile_shape(op):
             return triton_fused.norm_linear(x[:m], nw, EPS, 0.0, w, b, config=cfg)
         if op == "linear_residual":
             return triton_fused.linear_residual(x[:m, :1024], w[:, :1024], r[:m], config=cfg)
-        if op == "linear_residual_segments":  # K 1,152 in 3 chains of 384 (every BK cut)
-            return triton_fused.linear_residual(
-                x[:m, :1152], w[:, :1152], r[:m], config=cfg, segments=3
-            )
         return triton_fused.norm_gate_up_silu(x[:m], nw, EPS, 0.0, w, config=cfg)
 
     base = run(1)[0]
