@@ -73,6 +73,8 @@ HELP = {
     "encoder_cache_mb": "memory for cached image encodings, kept by content hash",
     "preload_grammar": "build the structured-output grammar compiler in the background at "
     "start-up, so the first constrained request does not stall the engine (default: on)",
+    "grammar_fill_threads": "threads of a step's batched grammar-mask fill (0: half the CPUs "
+    "the process may use, at most 8; 1: the engine's thread alone)",
     "max_images_per_request": "most images in one chat request",
     "max_image_bytes": "largest encoded image (bytes)",
     "max_image_pixels": "largest image (width x height), checked before decoding",
@@ -363,6 +365,12 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
         help="spec: interleaved plain/spec pairs a row (a row's floor verdict "
         "needs 5 or more: the interval for its median covers 90 %% then)",
     )
+    parser.add_argument(
+        "--fill-threads",
+        default="0",
+        help="structured: grammar_fill_threads settings, comma-separated, a row each "
+        "(0: " + HELP["grammar_fill_threads"].split("(0: ", 1)[1],
+    )
     parser.add_argument("--out-dir", default="bench/out", help="where JSON and PNG go")
     stress = parser.add_argument_group("stress options")
     stress.add_argument(
@@ -501,7 +509,13 @@ def bench(args: argparse.Namespace) -> int:
 
         batches = tuple(int(c) for c in (args.concurrency or "1,32").split(",") if c)
         run_structured_bench(
-            args.model, args.device, batches, args.max_tokens or 128, args.repeats, args.out_dir
+            args.model,
+            args.device,
+            batches,
+            args.max_tokens or 128,
+            args.repeats,
+            args.out_dir,
+            tuple(int(t) for t in args.fill_threads.split(",") if t),
         )
         return 0
     if args.which == "voice":

@@ -43,6 +43,9 @@ class EngineConfig:
     # build the structured-output grammar compiler (xgrammar's import, the vocabulary) in a
     # background thread at start-up, so the first constrained request does not stall the loop
     preload_grammar: bool = True
+    # threads of a step's batched grammar-mask fill: 0 picks half the CPUs the process may
+    # use (at most 8); 1 fills on the engine's thread, no pool to wake
+    grammar_fill_threads: int = 0
     batch_invariant: bool = True
     enforce_eager: bool = False  # CUDA: never capture/replay decode steps as CUDA graphs
     # CUDA: run every step shape a request can reach once at start-up, so no request pays

@@ -27,7 +27,8 @@ from mmserve.engine.engine import LLMEngine
 from mmserve.engine.factory import create_engine
 from mmserve.engine.sampler import Sampler
 from mmserve.sampling_params import SamplingParams
-from mmserve.structured import StructuredOutput
+from mmserve.structured import StructuredOutput, grammar
+from mmserve.structured.grammar import set_fill_threads
 
 TARGET = 0.9  # issue 51: constrained decode >= 0.9x free decode
 RECORD = {
@@ -128,6 +129,32 @@ def _decode(
     }
 
 
+def _measure(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    free: SamplingParams,
+    constrained: SamplingParams,
+    timer: _MaskTimer,
+    repeats: int,
+) -> dict[str, Any]:
+    """Free and constrained decodes of ``prompts``, alternated ``repeats`` times -> a row."""
+    runs: dict[str, list[dict[str, float]]] = {"free": [], "constrained": []}
+    for _ in range(repeats):
+        runs["free"].append(_decode(engine, prompts, free, timer))
+        runs["constrained"].append(_decode(engine, prompts, constrained, timer))
+    med = {k: statistics.median(r["tok_s"] for r in v) for k, v in runs.items()}
+    return {
+        "free_tok_s": med["free"],
+        "constrained_tok_s": med["constrained"],
+        "ratio": med["constrained"] / med["free"],
+        "mask_us_per_step": statistics.median(r["mask_us_per_step"] for r in runs["constrained"]),
+        "fill_us_per_step": statistics.median(r["fill_us_per_step"] for r in runs["constrained"]),
+        "steps": runs["constrained"][0]["steps"],
+        "refused_tokens": sum(r["refused"] for r in runs["constrained"]),
+        "runs": runs,
+    }
+
+
 def run_structured_bench(
     model: str | None = None,
     device: str = "auto",
@@ -135,7 +162,10 @@ def run_structured_bench(
     max_tokens: int = 128,
     repeats: int = 3,
     out_dir: str = "bench/out",
+    fill_threads: tuple[int, ...] = (0,),
 ) -> dict[str, Any]:
+    """Free against constrained decode at each batch; each ``fill_threads`` setting (the
+    grammar fill's pool, ``EngineConfig.grammar_fill_threads``) gets its own row."""
     config = EngineConfig(
         model=model, device=device, max_num_seqs=max(batches), max_model_len=max_tokens + 128
     )
@@ -150,26 +180,13 @@ def run_structured_bench(
     for b in batches:
         prompts = _prompts(engine, b)
         _decode(engine, prompts, free, timer)  # warm-up: graphs, allocator, matcher pools
-        _decode(engine, prompts, constrained, timer)
-        runs: dict[str, list[dict[str, float]]] = {"free": [], "constrained": []}
-        for _ in range(repeats):
-            runs["free"].append(_decode(engine, prompts, free, timer))
-            runs["constrained"].append(_decode(engine, prompts, constrained, timer))
-        med = {k: statistics.median(r["tok_s"] for r in v) for k, v in runs.items()}
-        rows[str(b)] = {
-            "free_tok_s": med["free"],
-            "constrained_tok_s": med["constrained"],
-            "ratio": med["constrained"] / med["free"],
-            "mask_us_per_step": statistics.median(
-                r["mask_us_per_step"] for r in runs["constrained"]
-            ),
-            "fill_us_per_step": statistics.median(
-                r["fill_us_per_step"] for r in runs["constrained"]
-            ),
-            "steps": runs["constrained"][0]["steps"],
-            "refused_tokens": sum(r["refused"] for r in runs["constrained"]),
-            "runs": runs,
-        }
+        for t in fill_threads:
+            set_fill_threads(t)
+            _decode(engine, prompts, constrained, timer)
+            key = str(b) if t == fill_threads[0] else f"{b} fill {t}"
+            rows[key] = _measure(engine, prompts, free, constrained, timer, repeats)
+            rows[key]["fill_threads"] = t or grammar.fill_threads()
+    set_fill_threads(config.grammar_fill_threads)
     result = {
         "machine": {
             "device": str(engine.device),
@@ -198,11 +215,11 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         f"{m['gpu'] or m['device']}  model {result['model']}  {result['max_tokens']} "
         f"tokens  median of {result['repeats']}  target {result['target']}x",
-        "batch   free tok/s  constrained tok/s  ratio  mask us/step  fill us/step  refused",
+        "     batch   free tok/s  constrained tok/s  ratio  mask us/step  fill us/step  refused",
     ]
     for b, r in result["batches"].items():
         lines.append(
-            f"{b:>5}  {r['free_tok_s']:>11,.1f}  {r['constrained_tok_s']:>17,.1f}  "
+            f"{b:>10}  {r['free_tok_s']:>11,.1f}  {r['constrained_tok_s']:>17,.1f}  "
             f"{r['ratio']:5.2f}  {r['mask_us_per_step']:>12,.0f}  "
             f"{r.get('fill_us_per_step', float('nan')):>12,.0f}  "
             f"{r['refused_tokens']:>7}"

@@ -43,7 +43,7 @@ from mmserve.errors import InvalidRequestError
 from mmserve.models.base import CausalLM
 from mmserve.sampling_params import SamplingParams
 from mmserve.speculative.speculator import Speculator
-from mmserve.structured.grammar import GrammarCompiler, GrammarLoader
+from mmserve.structured.grammar import GrammarCompiler, GrammarLoader, set_fill_threads
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,7 @@ class LLMEngine:
             spec.controller.query_sizes = tuple(self.runner.graphs.qsizes)
         self.requests: dict[str, Request] = {}
         self._grammars = GrammarLoader(lambda: GrammarCompiler(tokenizer, model.vocab_size))
+        set_fill_threads(config.grammar_fill_threads)
         if config.preload_grammar:
             self._grammars.start()
         self._ids = itertools.count()

@@ -89,6 +89,18 @@ class GrammarState:
 
 
 _BATCH: list[Any] = []  # one xgrammar BatchGrammarMatcher (its thread pool), made on first use
+_THREADS = [0]  # EngineConfig.grammar_fill_threads; 0: fill_threads()'s choice
+
+
+def set_fill_threads(threads: int) -> None:
+    """Threads for a step's batched mask fill (``EngineConfig.grammar_fill_threads``): 0
+    picks ``fill_threads()``, 1 fills row after row on the calling thread (no pool to
+    wake). One setting a process: the engine's step is the only caller."""
+    if threads < 0:
+        raise ValueError(f"grammar_fill_threads must be >= 0 (0: automatic), got {threads}")
+    if threads != _THREADS[0]:
+        _THREADS[0] = threads
+        _BATCH.clear()
 
 
 def fill_threads() -> int:
@@ -117,13 +129,15 @@ def fill_many(states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Seque
     ]
     if not live:
         return
-    if len(live) == 1:
-        live[0][0].fill_next_token_bitmask(bitmask, live[0][1])
+    threads = _THREADS[0] or fill_threads()
+    if len(live) == 1 or threads == 1:
+        for matcher, row in live:
+            matcher.fill_next_token_bitmask(bitmask, row)
         return
     if not _BATCH:
         import xgrammar as xgr
 
-        _BATCH.append(xgr.BatchGrammarMatcher(max_threads=fill_threads()))
+        _BATCH.append(xgr.BatchGrammarMatcher(max_threads=threads))
     _BATCH[0].batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [r for _, r in live])
 
 

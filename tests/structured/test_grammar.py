@@ -19,7 +19,12 @@ from mmserve.models.tokenizer import Tokenizer
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured import StructuredOutput
 from mmserve.structured.bitmask import apply_bitmask, bitmask_words
-from mmserve.structured.grammar import GrammarCompiler, GrammarLoader, fill_many
+from mmserve.structured.grammar import (
+    GrammarCompiler,
+    GrammarLoader,
+    fill_many,
+    set_fill_threads,
+)
 
 VOCAB = 49152
 SCHEMA = {
@@ -201,7 +206,9 @@ def test_apply_bitmask_equals_a_per_token_reference():
             assert out[r, t].item() == (logits[r, t].item() if on else float("-inf"))
 
 
-def test_batched_fill_equals_one_by_one(grammars, tok):
+@pytest.mark.parametrize("threads", [0, 1, 2])
+def test_batched_fill_equals_one_by_one(grammars, tok, threads):
+    set_fill_threads(threads)  # 0: the automatic pool; 1: serial on this thread
     specs = [
         StructuredOutput.json_schema(SCHEMA),
         StructuredOutput("json_object"),
@@ -213,7 +220,10 @@ def test_batched_fill_equals_one_by_one(grammars, tok):
             assert state.accept(t)
     words = bitmask_words(VOCAB)
     batched = torch.empty(3, words, dtype=torch.int32)
-    fill_many(states, batched, [2, 0, 1])
+    try:
+        fill_many(states, batched, [2, 0, 1])
+    finally:
+        set_fill_threads(0)
     single = torch.empty(3, words, dtype=torch.int32)
     for state, row in zip(states, [2, 0, 1], strict=True):
         state.fill(single, row)
