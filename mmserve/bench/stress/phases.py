@@ -104,16 +104,34 @@ def _run_examples(
             return
 
 
+def settle(result: PhaseResult, target: Target) -> PhaseResult:
+    """End a phase: a crash if the server no longer answers, and the blocks still in use
+    once it has settled (so nothing of the phase may be in flight any more)."""
+    result.crashes += not target.alive()
+    result.leaked_blocks = target.wait_idle()
+    return result
+
+
 def fuzz_http(target: Target, n: int, rng_seed: int = 0, give_up_s: float = 5.0) -> PhaseResult:
     """``n`` fuzzed bodies to the two POST routes; a client gives up on an answer after
     ``give_up_s`` (the server must then abort the request and free its blocks)."""
+    return settle(fuzz_http_inputs(target, n, rng_seed, give_up_s), target)
+
+
+def fuzz_http_inputs(
+    target: Target,
+    n: int,
+    rng_seed: int = 0,
+    give_up_s: float = 5.0,
+    tick: Callable[[], None] | None = None,
+) -> PhaseResult:
+    """``fuzz_http``'s inputs alone, from one client, ``tick`` called after each; the
+    caller settles the phase (``settle``) once every client of it has ended."""
     result = PhaseResult("fuzz-http")
     statuses: dict[int, int] = {}
     client = httpx.Client(base_url=target.url, timeout=give_up_s)
 
-    def one(case: tuple[str, Any]) -> None:
-        route, body = case
-        result.inputs += 1
+    def post(route: str, body: Any) -> None:
         try:
             raw = body if isinstance(body, bytes) else dumps(body).encode()  # \ud800 too
             r = client.post(route, content=raw, headers={"content-type": "application/json"})
@@ -125,6 +143,12 @@ def fuzz_http(target: Target, n: int, rng_seed: int = 0, give_up_s: float = 5.0)
             return
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
         result.status_5xx += r.status_code >= 500
+
+    def one(case: tuple[str, Any]) -> None:
+        result.inputs += 1
+        post(*case)
+        if tick is not None:
+            tick()
         if result.inputs % 500 == 0 and not target.alive():
             result.crashes += 1
             raise ServerDown
@@ -134,8 +158,6 @@ def fuzz_http(target: Target, n: int, rng_seed: int = 0, give_up_s: float = 5.0)
     except ServerDown:
         pass
     client.close()
-    result.crashes += not target.alive()
-    result.leaked_blocks = target.wait_idle()
     result.extra["statuses"] = {str(k): v for k, v in sorted(statuses.items())}
     return result
 
@@ -163,6 +185,14 @@ def _typed(event: Any, kind: str) -> Any:
 def fuzz_ws(target: Target, n: int, rng_seed: int = 0) -> PhaseResult:
     """``n`` fuzzed Realtime events over a few sockets; every answer must be an event (a
     server_error one counts as a 5xx) and a socket may close only normally."""
+    return settle(fuzz_ws_inputs(target, n, rng_seed), target)
+
+
+def fuzz_ws_inputs(
+    target: Target, n: int, rng_seed: int = 0, tick: Callable[[], None] | None = None
+) -> PhaseResult:
+    """``fuzz_ws``'s inputs alone, one socket at a time, ``tick`` called after each; the
+    caller settles the phase (``settle``) once every client of it has ended."""
     result = PhaseResult("fuzz-ws")
     state: dict[str, Any] = {"ws": None, "closed_abnormally": 0, "events": 0}
 
@@ -197,12 +227,12 @@ def fuzz_ws(target: Target, n: int, rng_seed: int = 0) -> PhaseResult:
             code = exc.rcvd.code if exc.rcvd is not None else 1006
             state["closed_abnormally"] += code not in (1000, 1001)
             state["ws"] = None
+        if tick is not None:
+            tick()
 
     _run_examples(_ws_inputs(), n, rng_seed, one)
     if state["ws"] is not None:
         state["ws"].close()
-    result.crashes += not target.alive()
-    result.leaked_blocks = target.wait_idle()
     result.extra.update(
         events_received=state["events"], sockets_closed_abnormally=state["closed_abnormally"]
     )
