@@ -387,6 +387,13 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
         help="a fuzzing client gives up on an answer after this (the server "
         "must then abort the request); long fuzzed generations cost this each",
     )
+    stress.add_argument(
+        "--fuzz-workers",
+        type=int,
+        default=8,
+        help="fuzzing clients at once, each a process (worker w uses seed + 1000 w); "
+        "1 runs the fuzz phases in this process, one input at a time",
+    )
     stress.add_argument("--aborts", type=int, default=1000)
     stress.add_argument("--soak-clients", type=int, default=64)
     stress.add_argument("--soak-s", type=float, default=1800.0)
@@ -483,6 +490,7 @@ def bench(args: argparse.Namespace) -> int:
                 model=args.model,
                 fuzz_inputs=args.fuzz_inputs,
                 fuzz_give_up_s=args.fuzz_give_up_s,
+                fuzz_workers=args.fuzz_workers,
                 aborts=args.aborts,
                 max_num_seqs=args.max_num_seqs,
                 max_waiting=args.max_waiting,

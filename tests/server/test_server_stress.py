@@ -4,12 +4,14 @@ live server. Fuzzed inputs get no 5xx and no crash; cancelled streams leak no bl
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
 from live_server import LiveServer
 
 from mmserve.bench.stress import phases
+from mmserve.bench.stress.fuzz_workers import combine, run_fuzz, shares
 from mmserve.bench.stress.target import Target
 
 
@@ -38,6 +40,37 @@ def test_fuzzed_realtime_events(target: Target) -> None:
     _clean(result)
     assert result.extra["sockets_closed_abnormally"] == 0
     assert result.extra["events_received"] >= result.inputs // 2
+
+
+def test_shares_sum_to_the_count() -> None:
+    assert shares(40, 2) == [20, 20]
+    assert shares(10, 4) == [3, 3, 2, 2]
+    assert shares(3, 8) == [1, 1, 1, 0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("phase, n", [("fuzz-http", 40), ("fuzz-ws", 41)])
+def test_fuzz_workers_add_up(target: Target, phase: str, n: int) -> None:
+    """Two worker processes, each with its share and seed: every input is counted once,
+    the statuses and events add up, and the parent's settling finds no leaked block."""
+    result = run_fuzz(phase, target, n, rng_seed=1, workers=2, give_up_s=1.0)
+    _clean(result)
+    assert result.inputs == n, result
+    assert result.extra["workers"] == 2 and "worker_failures" not in result.extra, result.extra
+    if phase == "fuzz-http":
+        assert sum(result.extra["statuses"].values()) == n, result.extra
+    else:
+        assert result.extra["sockets_closed_abnormally"] == 0
+        assert result.extra["events_received"] >= n // 2
+
+
+def test_a_failed_worker_counts_as_a_crash() -> None:
+    ok: Future[phases.PhaseResult] = Future()
+    ok.set_result(phases.PhaseResult("fuzz-ws", inputs=5, extra={"events_received": 7}))
+    failed: Future[phases.PhaseResult] = Future()
+    failed.set_exception(ConnectionRefusedError("no server"))
+    result = combine("fuzz-ws", [ok, failed])
+    assert (result.inputs, result.crashes, result.extra["events_received"]) == (5, 1, 7)
+    assert result.extra["worker_failures"] == ["worker 1: ConnectionRefusedError: no server"]
 
 
 def test_abort_storm_leaks_no_block(target: Target) -> None:

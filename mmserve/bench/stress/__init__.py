@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserve.bench.stress import phases
+from mmserve.bench.stress.fuzz_workers import run_fuzz
 from mmserve.bench.stress.target import spawn
 
 PHASES = (
@@ -38,6 +39,7 @@ class StressConfig:
     model: str | None = None
     fuzz_inputs: int = 10_000  # split between HTTP (60 %) and WebSocket (40 %)
     fuzz_give_up_s: float = 5.0  # an HTTP fuzzing client's wait for an answer
+    fuzz_workers: int = 8  # fuzzing clients at once, each a process (fuzz_workers.py)
     aborts: int = 1000
     max_num_seqs: int = 8
     max_waiting: int = 16
@@ -46,6 +48,10 @@ class StressConfig:
     soak_s: float = 1800.0
     seed: int = 0
     out_dir: str = "bench/out"
+
+    def __post_init__(self) -> None:
+        if self.fuzz_workers < 1:
+            raise ValueError(f"fuzz_workers must be 1 or more, got {self.fuzz_workers}")
 
 
 def _server_flags(cfg: StressConfig, extra: list[str]) -> list[str]:
@@ -93,12 +99,10 @@ def run_stress(cfg: StressConfig) -> list[phases.PhaseResult]:
 
 
 def _run_phase(name: str, target: Any, cfg: StressConfig) -> phases.PhaseResult:
-    if name == "fuzz-http":
-        return phases.fuzz_http(
-            target, int(cfg.fuzz_inputs * 0.6), cfg.seed, give_up_s=cfg.fuzz_give_up_s
-        )
-    if name == "fuzz-ws":
-        return phases.fuzz_ws(target, cfg.fuzz_inputs - int(cfg.fuzz_inputs * 0.6), cfg.seed)
+    if name in ("fuzz-http", "fuzz-ws"):
+        n_http = int(cfg.fuzz_inputs * 0.6)
+        n = n_http if name == "fuzz-http" else cfg.fuzz_inputs - n_http
+        return run_fuzz(name, target, n, cfg.seed, cfg.fuzz_workers, cfg.fuzz_give_up_s)
     if name == "abort-storm":
         return phases.abort_storm(target, cfg.aborts, rng_seed=cfg.seed)
     if name == "overload":
