@@ -153,10 +153,13 @@ def fit_steps(
         return int(json.loads(saved.read_text())["steps"])
     if deadline is None:
         raise ValueError("backbone_steps 0 (fit the time) needs --minutes")
+    sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
     for i in range(3 + probe):
         if i == 3:
+            sync()
             t = time.time()
         step_fn(10**9 + i).backward()
+    sync()  # the launches return before the device is done: time the work, not the queue
     model.zero_grad(set_to_none=True)
     per_step = (time.time() - t) / probe * 1.1  # the optimizer's share
     steps = max(100, int(0.95 * (deadline - time.time()) / per_step))
