@@ -4,9 +4,12 @@ live server. Fuzzed inputs get no 5xx and no crash; cancelled streams leak no bl
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
+import httpx
 import pytest
 from live_server import LiveServer
 
@@ -33,6 +36,21 @@ def test_fuzzed_http_inputs(target: Target) -> None:
     statuses = set(result.extra["statuses"])
     # refused ones, and ones the engine ran (answered, or given up on while generating)
     assert "400" in statuses and statuses & {"200", "-1"}, result.extra
+
+
+def test_a_stream_is_given_up_on_by_its_deadline() -> None:
+    """Chunks every 0.1 s never trip a 1 s read timeout; the deadline still ends it."""
+
+    def trickle() -> Iterator[bytes]:
+        while True:
+            time.sleep(0.1)
+            yield b"data: {}\n\n"
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=trickle()))
+    with httpx.Client(transport=transport, base_url="http://x", timeout=1.0) as client:
+        start = time.monotonic()
+        assert phases.post_by(client, "/v1/completions", {}, deadline=start + 0.5) == -1
+        assert time.monotonic() - start < 1.0
 
 
 def test_fuzzed_realtime_events(target: Target) -> None:

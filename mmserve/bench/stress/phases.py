@@ -131,22 +131,11 @@ def fuzz_http_inputs(
     statuses: dict[int, int] = {}
     client = httpx.Client(base_url=target.url, timeout=give_up_s)
 
-    def post(route: str, body: Any) -> None:
-        try:
-            raw = body if isinstance(body, bytes) else dumps(body).encode()  # \ud800 too
-            r = client.post(route, content=raw, headers={"content-type": "application/json"})
-        except httpx.TimeoutException:
-            statuses[-1] = statuses.get(-1, 0) + 1  # we gave up: the server aborts it
-            return
-        except httpx.TransportError:
-            statuses[-2] = statuses.get(-2, 0) + 1  # connection dropped
-            return
-        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-        result.status_5xx += r.status_code >= 500
-
     def one(case: tuple[str, Any]) -> None:
         result.inputs += 1
-        post(*case)
+        status = post_by(client, *case, deadline=time.monotonic() + give_up_s)
+        statuses[status] = statuses.get(status, 0) + 1
+        result.status_5xx += status >= 500
         if tick is not None:
             tick()
         if result.inputs % 500 == 0 and not target.alive():
@@ -160,6 +149,27 @@ def fuzz_http_inputs(
     client.close()
     result.extra["statuses"] = {str(k): v for k, v in sorted(statuses.items())}
     return result
+
+
+def post_by(client: httpx.Client, route: str, body: Any, deadline: float) -> int:
+    """POST ``body`` and read the answer until ``deadline``: its status, -1 if we gave up
+    on it (the server must then abort the request), -2 if the connection dropped. The
+    deadline is on the whole answer: a client's per-read timeout never ends a stream whose
+    tokens keep coming. A 5xx is its status even when not read to the end."""
+    raw = body if isinstance(body, bytes) else dumps(body).encode()  # \ud800 too
+    headers = {"content-type": "application/json"}
+    try:
+        with client.stream("POST", route, content=raw, headers=headers) as r:
+            if r.status_code >= 500:
+                return r.status_code
+            for _ in r.iter_raw():
+                if time.monotonic() > deadline:
+                    return -1
+            return r.status_code
+    except httpx.TimeoutException:
+        return -1
+    except httpx.TransportError:
+        return -2
 
 
 def _ws_inputs() -> st.SearchStrategy[str | bytes]:
