@@ -4,8 +4,7 @@ Both sides caption the same generated images (the generator's "test" split) with
 same connector (its encoder + projector modules) and the same LM weights, greedy:
 
 - mmserve: the in-process engine with the connector as its span encoder, ``c`` requests
-  in flight (``connectors.caption_job.caption_all``'s loop: each image's prompt prepared
-  on a worker thread when its request is next, captions kept in memory).
+  in flight (``connectors.caption_job.caption_all``'s loop, captions kept in memory).
 - HF: ``LlamaForCausalLM.generate(inputs_embeds=...)`` on batches of ``c`` images:
   the connector encodes the batch, its rows are spliced into the prompt's token
   embeddings, rows are left-padded.
@@ -38,6 +37,9 @@ def _images(level: int, n: int) -> list:
 async def _mmserve_level(
     engine: Any, images: list, c: int, text: str, params: Any
 ) -> tuple[list[str], int]:
+    prompts = [
+        image_chat_prompt(engine.tokenizer, engine.image_processor, [im], text) for im in images
+    ]
     captions: list[str] = [""] * len(images)
     tokens = 0
     queue = list(range(len(images)))
@@ -46,11 +48,7 @@ async def _mmserve_level(
         nonlocal tokens
         while queue:
             i = queue.pop(0)
-            # as the caption job prepares an image: on a thread, while others' steps run
-            prompt = await asyncio.to_thread(
-                image_chat_prompt, engine.tokenizer, engine.image_processor, [images[i]], text
-            )
-            async for o in engine.generate(prompt.ids, params, spans=prompt.spans):
+            async for o in engine.generate(prompts[i].ids, params, spans=prompts[i].spans):
                 captions[i] = o.text
                 tokens += len(o.new_token_ids)
 
