@@ -73,8 +73,8 @@ HELP = {
     "encoder_cache_mb": "memory for cached image encodings, kept by content hash",
     "preload_grammar": "build the structured-output grammar compiler in the background at "
     "start-up, so the first constrained request does not stall the engine (default: on)",
-    "grammar_fill_threads": "threads of a step's batched grammar-mask fill (0: half the CPUs "
-    "the process may use, at most 8; 1: the engine's thread alone)",
+    "grammar_fill_threads": "threads of a step's batched grammar-mask fill (default 1: the "
+    "engine's thread alone; 0: half the CPUs the process may use, at most 8)",
     "max_images_per_request": "most images in one chat request",
     "max_image_bytes": "largest encoded image (bytes)",
     "max_image_pixels": "largest image (width x height), checked before decoding",
@@ -367,9 +367,9 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--fill-threads",
-        default="0",
+        default="1",
         help="structured: grammar_fill_threads settings, comma-separated, a row each "
-        "(0: " + HELP["grammar_fill_threads"].split("(0: ", 1)[1],
+        "(1: the engine's thread alone; 0: half the CPUs, at most 8)",
     )
     parser.add_argument("--out-dir", default="bench/out", help="where JSON and PNG go")
     stress = parser.add_argument_group("stress options")

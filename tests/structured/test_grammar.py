@@ -208,7 +208,7 @@ def test_apply_bitmask_equals_a_per_token_reference():
 
 @pytest.mark.parametrize("threads", [0, 1, 2])
 def test_batched_fill_equals_one_by_one(grammars, tok, threads):
-    set_fill_threads(threads)  # 0: the automatic pool; 1: serial on this thread
+    set_fill_threads(threads)  # 0: the automatic pool; 1 (default): serial on this thread
     specs = [
         StructuredOutput.json_schema(SCHEMA),
         StructuredOutput("json_object"),
@@ -223,7 +223,7 @@ def test_batched_fill_equals_one_by_one(grammars, tok, threads):
     try:
         fill_many(states, batched, [2, 0, 1])
     finally:
-        set_fill_threads(0)
+        set_fill_threads(1)
     single = torch.empty(3, words, dtype=torch.int32)
     for state, row in zip(states, [2, 0, 1], strict=True):
         state.fill(single, row)
