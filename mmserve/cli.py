@@ -73,8 +73,9 @@ HELP = {
     "encoder_cache_mb": "memory for cached image encodings, kept by content hash",
     "preload_grammar": "build the structured-output grammar compiler in the background at "
     "start-up, so the first constrained request does not stall the engine (default: on)",
-    "grammar_fill_threads": "threads of a step's batched grammar-mask fill (default 1: the "
-    "engine's thread alone; 0: half the CPUs the process may use, at most 8)",
+    "grammar_fill_threads": "threads of a step's batched grammar-mask fill (default 0: the "
+    "engine's thread below 64 rows, else half the CPUs, at most 4; 1: always the engine's "
+    "thread)",
     "max_images_per_request": "most images in one chat request",
     "max_image_bytes": "largest encoded image (bytes)",
     "max_image_pixels": "largest image (width x height), checked before decoding",
@@ -367,9 +368,9 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--fill-threads",
-        default="1",
+        default="0",
         help="structured: grammar_fill_threads settings, comma-separated, a row each "
-        "(1: the engine's thread alone; 0: half the CPUs, at most 8)",
+        "(0: automatic; 1: the engine's thread alone; n: a pool of n)",
     )
     parser.add_argument("--out-dir", default="bench/out", help="where JSON and PNG go")
     stress = parser.add_argument_group("stress options")

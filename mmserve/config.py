@@ -43,10 +43,11 @@ class EngineConfig:
     # build the structured-output grammar compiler (xgrammar's import, the vocabulary) in a
     # background thread at start-up, so the first constrained request does not stall the loop
     preload_grammar: bool = True
-    # threads of a step's batched grammar-mask fill: 1 fills on the engine's thread (no pool
-    # to wake: at batch 32 on an H100 host 119 us a step against 203-410 us on a pool of 2-8);
-    # 0 picks half the CPUs the process may use (at most 8)
-    grammar_fill_threads: int = 1
+    # threads of a step's batched grammar-mask fill: 0 fills fewer than 64 rows on the
+    # engine's thread (no pool to wake: at batch 32 on an H100 host 119 us a step against
+    # 203-410 us on a pool of 2-8) and more on a pool of half the CPUs (at most 4); n >= 1
+    # always uses n threads
+    grammar_fill_threads: int = 0
     batch_invariant: bool = True
     enforce_eager: bool = False  # CUDA: never capture/replay decode steps as CUDA graphs
     # CUDA: run every step shape a request can reach once at start-up, so no request pays

@@ -185,7 +185,8 @@ def run_structured_bench(
             _decode(engine, prompts, constrained, timer)
             key = str(b) if t == fill_threads[0] else f"{b} fill {t}"
             rows[key] = _measure(engine, prompts, free, constrained, timer, repeats)
-            rows[key]["fill_threads"] = t or grammar.fill_threads()
+            auto = 1 if b < grammar.SERIAL_ROWS else grammar.fill_threads()
+            rows[key]["fill_threads"] = t or auto
     set_fill_threads(config.grammar_fill_threads)
     result = {
         "machine": {

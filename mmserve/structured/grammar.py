@@ -88,17 +88,16 @@ class GrammarState:
         return bool(self.matcher.is_terminated())
 
 
-_BATCH: list[Any] = []  # one xgrammar BatchGrammarMatcher (its thread pool), made on first use
-_THREADS = [1]  # EngineConfig.grammar_fill_threads; 0: fill_threads()'s choice
+_BATCH: list[Any] = []  # (threads, xgrammar BatchGrammarMatcher): its pool, made on first use
+_THREADS = [0]  # EngineConfig.grammar_fill_threads; 0: automatic (``fill_many``)
+SERIAL_ROWS = 64  # automatic: fewer rows than this fill on the calling thread
 
 
 def set_fill_threads(threads: int) -> None:
-    """Threads for a step's batched mask fill (``EngineConfig.grammar_fill_threads``): 1
-    (the default) fills row after row on the calling thread, 0 a pool of
-    ``fill_threads()``. A fill of a cached grammar state is a copy of a few kB, so waking a
-    pool costs more than the fills: at batch 32 on an H100 host, 119 us a step on one
-    thread against 203-410 us on 2-8. One setting a process: the engine's step is the
-    only caller."""
+    """Threads for a step's batched mask fill (``EngineConfig.grammar_fill_threads``): 0
+    (the default) fills fewer than ``SERIAL_ROWS`` rows one after another on the calling
+    thread and more on a pool of ``fill_threads()``; n >= 1 always uses n (1: never a
+    pool). One setting a process: the engine's step is the only caller."""
     if threads < 0:
         raise ValueError(f"grammar_fill_threads must be >= 0 (0: automatic), got {threads}")
     if threads != _THREADS[0]:
@@ -107,10 +106,11 @@ def set_fill_threads(threads: int) -> None:
 
 
 def fill_threads() -> int:
-    """Threads for batched mask fills: half the CPUs this process may run on, at most 8.
-    xgrammar's own default is half of ``std::thread::hardware_concurrency()``, every core
-    of the host; in a container lent a few of a large host's cores that is a pool several
-    times the CPUs there are, whose wake-ups and spinning cost more than the fills."""
+    """The automatic pool: half the CPUs this process may run on, at most 4. xgrammar's
+    own default is half of ``std::thread::hardware_concurrency()``, every core of the
+    host; in a container lent a few of a large host's cores that is a pool several times
+    the CPUs there are. On an H100 host (16 CPUs) at 32 rows a pool of 2 or 4 took 203-209
+    us a step, one of 8 410 us: its wake-ups cost more than its fills."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -121,27 +121,30 @@ def fill_threads() -> int:
             cpus = min(cpus, max(1, int(quota) // int(period)))
     except (OSError, ValueError):
         pass
-    return max(1, min(8, cpus // 2))
+    return max(1, min(4, cpus // 2))
 
 
 def fill_many(states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
-    """``states[j].fill(bitmask, rows[j])`` for every j, with nothing ahead, in one call
-    that xgrammar spreads over its threads (a step's plain constrained rows)."""
+    """``states[j].fill(bitmask, rows[j])`` for every j, with nothing ahead (a step's plain
+    constrained rows). A fill of a cached grammar state is a copy of a few kB, so a pool
+    pays off only over many rows: at 32 rows on an H100 host the calling thread alone took
+    119 us a step (3.7 us a row), a pool of 2-4 threads 203-209 us (about 150-180 us of
+    it waking the pool), so the automatic setting fills serially below ``SERIAL_ROWS``."""
     live = [
         (s.matcher, r) for s, r in zip(states, rows, strict=True) if not s.matcher.is_terminated()
     ]
     if not live:
         return
-    threads = _THREADS[0] or fill_threads()
+    threads = _THREADS[0] or (1 if len(live) < SERIAL_ROWS else fill_threads())
     if len(live) == 1 or threads == 1:
         for matcher, row in live:
             matcher.fill_next_token_bitmask(bitmask, row)
         return
-    if not _BATCH:
+    if not _BATCH or _BATCH[0][0] != threads:
         import xgrammar as xgr
 
-        _BATCH.append(xgr.BatchGrammarMatcher(max_threads=threads))
-    _BATCH[0].batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [r for _, r in live])
+        _BATCH[:] = [(threads, xgr.BatchGrammarMatcher(max_threads=threads))]
+    _BATCH[0][1].batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [r for _, r in live])
 
 
 class GrammarCompiler:

@@ -18,6 +18,7 @@ from mmserve.errors import InvalidRequestError
 from mmserve.models.tokenizer import Tokenizer
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured import StructuredOutput
+from mmserve.structured import grammar as grammar_module
 from mmserve.structured.bitmask import apply_bitmask, bitmask_words
 from mmserve.structured.grammar import (
     GrammarCompiler,
@@ -206,9 +207,12 @@ def test_apply_bitmask_equals_a_per_token_reference():
             assert out[r, t].item() == (logits[r, t].item() if on else float("-inf"))
 
 
-@pytest.mark.parametrize("threads", [0, 1, 2])
-def test_batched_fill_equals_one_by_one(grammars, tok, threads):
-    set_fill_threads(threads)  # 0: the automatic pool; 1 (default): serial on this thread
+@pytest.mark.parametrize("threads, serial_rows", [(0, 64), (0, 2), (1, 64), (2, 64)])
+def test_batched_fill_equals_one_by_one(grammars, tok, threads, serial_rows, monkeypatch):
+    # 0: automatic (serial below serial_rows: 3 rows serial, then on the pool); 1: serial;
+    # 2: a pool of 2
+    monkeypatch.setattr(grammar_module, "SERIAL_ROWS", serial_rows)
+    set_fill_threads(threads)
     specs = [
         StructuredOutput.json_schema(SCHEMA),
         StructuredOutput("json_object"),
@@ -223,7 +227,7 @@ def test_batched_fill_equals_one_by_one(grammars, tok, threads):
     try:
         fill_many(states, batched, [2, 0, 1])
     finally:
-        set_fill_threads(1)
+        set_fill_threads(0)
     single = torch.empty(3, words, dtype=torch.int32)
     for state, row in zip(states, [2, 0, 1], strict=True):
         state.fill(single, row)
