@@ -56,17 +56,22 @@ class CodecState:
             self.seeds[rows].copy(),
         )
 
+    # The buffers are written in place under inference mode: a codec's ``step`` (itself in
+    # inference mode) may have replaced them with inference tensors, which refuse in-place
+    # writes outside it; normal tensors take them there too.
     def put(self, rows: list[int], sub: CodecState) -> None:
         """Write ``sub``'s rows back into ``rows`` of this state."""
         idx = torch.tensor(rows, dtype=torch.long, device=self._device())
-        for mine, theirs in zip(self.buffers, sub.buffers, strict=True):
-            mine.index_copy_(0, idx, theirs)
+        with torch.inference_mode():
+            for mine, theirs in zip(self.buffers, sub.buffers, strict=True):
+                mine.index_copy_(0, idx, theirs)
         self.frames[rows], self.end[rows], self.seeds[rows] = sub.frames, sub.end, sub.seeds
 
     def reset(self, rows: list[int], seeds: list[int] | None = None) -> None:
         """Start ``rows`` afresh (a new stream in an old slot)."""
-        for b in self.buffers:
-            b[rows] = 0
+        with torch.inference_mode():
+            for b in self.buffers:
+                b[rows] = 0
         self.frames[rows], self.end[rows] = 0, -1
         self.seeds[rows] = seeds if seeds is not None else 0
 

@@ -157,3 +157,22 @@ def test_slots_batch_streams_of_different_ages(models):
     for slot, codes, seed in ((sa, a, 8), (sb, b, 9)):
         whole = ours.decode(codes, seeds=[seed])[0].numpy()
         assert np.abs(np.concatenate(out[slot]) - whole).max() < TOL
+
+
+def test_a_slot_reopens_after_every_slot_stepped_together(models):
+    """A step of every slot, in slot order, hands the codec the state itself, whose
+    buffers it may replace with inference tensors; a stream opened in a freed slot
+    afterwards still starts afresh (this raised on the in-place reset) and decodes as its
+    own whole decode."""
+    _, ours, _ = models
+    a, b, c = _codes(1, 3, 6), _codes(1, 3, 7), _codes(1, 3, 8)
+    slots = CodecSlots(ours, capacity=2)
+    sa, sb = slots.open(seed=1), slots.open(seed=2)
+    assert [sa, sb] == [0, 1]
+    for t in range(3):
+        slots.step([sa, sb], torch.cat([a[:, t : t + 1], b[:, t : t + 1]]))
+    slots.close([sa])
+    sc = slots.open(seed=3)
+    out = [p for t in range(3) for p in slots.step([sc], c[:, t : t + 1])] + slots.close([sc])
+    whole = ours.decode(c, seeds=[3])[0].numpy()
+    assert np.abs(np.concatenate(out) - whole).max() < TOL
