@@ -28,7 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from connectors.image_source import ImageError, ImageLimits, file_bytes, load_image
-from connectors.prompt import image_chat_prompt
+from connectors.prompt import ImageChatPrompt
 from mmserve.errors import InvalidRequestError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
@@ -114,9 +114,10 @@ async def caption_all(
     failed = 0
     start = time.perf_counter()
 
+    turn = ImageChatPrompt(engine.tokenizer, processor, instruction)  # rendered once
+
     def prepare(path: Path) -> Any:
-        img = load_image(file_bytes(path, limits), limits)
-        return image_chat_prompt(engine.tokenizer, processor, [img], instruction)
+        return turn([load_image(file_bytes(path, limits), limits)])
 
     async def worker() -> None:
         nonlocal failed

@@ -12,7 +12,7 @@ each caption is scored per attribute (colour, shape, count, position) by
 from __future__ import annotations
 
 from connectors import synthetic
-from connectors.prompt import image_chat_prompt
+from connectors.prompt import ImageChatPrompt
 
 
 def evaluate_connector(
@@ -30,9 +30,8 @@ def evaluate_connector(
     assert connector is not None, f"{path} did not load as a connector"
     text = str(instruction or getattr(connector.config, "prompt", "Describe the image."))
     scenes = [synthetic.sample("test", i) for i in range(n)]
-    prompts = [
-        image_chat_prompt(llm.tokenizer, connector.processor, [img], text) for img, _ in scenes
-    ]
+    turn = ImageChatPrompt(llm.tokenizer, connector.processor, text)
+    prompts = [turn([img]) for img, _ in scenes]
     outs = llm.generate(
         [p.ids for p in prompts],
         SamplingParams(temperature=0, max_tokens=max_tokens),

@@ -64,17 +64,44 @@ def image_chat_prompt(
 ) -> ImagePrompt:
     """One user turn: the images (in order), then ``text``, through the chat template
     with the generation prompt: what the server builds for the same chat request."""
-    prepared = [processor.prepare(img) for img in images]
-    if processor.image_text is None:
-        content: Any = IMAGE_MARKER * len(images) + text
-        marker = IMAGE_MARKER
-    else:
-        content = [{"type": "image"}] * len(images) + [{"type": "text", "text": text}]
-        marker = processor.image_text
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True
-    )
-    assert marker in rendered or not images, "the chat template dropped the images"
-    return processor.splice(
-        rendered, prepared, lambda s: tokenizer.encode(s, add_special_tokens=False)
-    )
+    return ImageChatPrompt(tokenizer, processor, text, len(images))(images)
+
+
+class ImageChatPrompt:
+    """``image_chat_prompt`` for many turns with one ``text`` and image count (a captioning
+    job): the chat template is rendered once and each text piece tokenized once, so a
+    call prepares only its images (the template and the tokenizer cost about as much as
+    an image's preprocessing). Thread-safe: calls share only the piece cache."""
+
+    MAX_PIECES = 64  # a processor's splice may tokenize text that varies with the image
+
+    def __init__(
+        self, tokenizer: Any, processor: ImageProcessor, text: str, num_images: int = 1
+    ) -> None:
+        self.tokenizer, self.processor, self.num_images = tokenizer, processor, num_images
+        if processor.image_text is None:
+            content: Any = IMAGE_MARKER * num_images + text
+            marker = IMAGE_MARKER
+        else:
+            content = [{"type": "image"}] * num_images + [{"type": "text", "text": text}]
+            marker = processor.image_text
+        self.rendered: str = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True
+        )
+        assert marker in self.rendered or not num_images, "the chat template dropped the images"
+        self._pieces: dict[str, list[int]] = {}
+
+    def __call__(self, images: Sequence[Image.Image]) -> ImagePrompt:
+        if len(images) != self.num_images:
+            raise ValueError(f"this prompt takes {self.num_images} images, got {len(images)}")
+        prepared = [self.processor.prepare(img) for img in images]
+        return self.processor.splice(self.rendered, prepared, self._encode)
+
+    def _encode(self, piece: str) -> list[int]:
+        ids = self._pieces.get(piece)
+        if ids is None:
+            ids = self.tokenizer.encode(piece, add_special_tokens=False)
+            if len(self._pieces) >= self.MAX_PIECES:
+                self._pieces.clear()
+            self._pieces[piece] = ids
+        return list(ids)

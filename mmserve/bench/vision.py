@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from connectors import synthetic
-from connectors.prompt import image_chat_prompt
+from connectors.prompt import ImageChatPrompt
 
 
 def _images(level: int, n: int) -> list:
@@ -37,9 +37,8 @@ def _images(level: int, n: int) -> list:
 async def _mmserve_level(
     engine: Any, images: list, c: int, text: str, params: Any
 ) -> tuple[list[str], int]:
-    prompts = [
-        image_chat_prompt(engine.tokenizer, engine.image_processor, [im], text) for im in images
-    ]
+    turn = ImageChatPrompt(engine.tokenizer, engine.image_processor, text)
+    prompts = [turn([im]) for im in images]
     captions: list[str] = [""] * len(images)
     tokens = 0
     queue = list(range(len(images)))
@@ -100,9 +99,8 @@ class HFCaptioner:
 
     @torch.inference_mode()
     def caption(self, images: list, text: str, max_tokens: int) -> tuple[list[str], int]:
-        prompts = [
-            image_chat_prompt(self.tokenizer, self.connector.processor, [im], text) for im in images
-        ]
+        turn = ImageChatPrompt(self.tokenizer, self.connector.processor, text)
+        prompts = [turn([im]) for im in images]
         rows = self.connector.encode([p.spans[0].payload for p in prompts])
         embed = self.lm.get_input_embeddings()
         width = max(len(p.ids) for p in prompts)

@@ -3,9 +3,10 @@ step go through the encoder in one batched call, and each request's caption equa
 one it gets alone (batch invariance of the encoder, the projector and the LM)."""
 
 import pytest
+import torch
 
 from connectors import synthetic
-from connectors.prompt import image_chat_prompt
+from connectors.prompt import IMAGE_MARKER, ImageChatPrompt, image_chat_prompt, splice_images
 from mmserve import LLM, SamplingParams
 from mmserve.engine.span_encoder import EncoderCache
 
@@ -41,3 +42,30 @@ def test_one_encode_for_the_images_of_requests_in_one_step(llm):
         assert llm.generate([alone.ids], GREEDY, spans=[alone.spans])[0].token_ids == got.token_ids
     assert llm.engine.stats().encoder_payloads_total - after.encoder_payloads_total == N
     assert llm.engine.blocks.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("num_images", [1, 2])
+def test_a_reused_turn_equals_the_template_rendered_each_time(llm, num_images):
+    """``ImageChatPrompt`` renders the template and tokenizes the text once; every call
+    equals rendering and tokenizing from scratch (ids, spans, image token count)."""
+    proc, tok = llm.engine.connector.processor, llm.tokenizer
+    text = "Describe the image."
+    turn = ImageChatPrompt(tok, proc, text, num_images)
+    for k in range(3):
+        imgs = [synthetic.sample("test", 400 + 2 * k + j)[0] for j in range(num_images)]
+        content = IMAGE_MARKER * num_images + text
+        rendered = tok.apply_chat_template([{"role": "user", "content": content}])
+        want = splice_images(
+            rendered, [proc.prepare(im) for im in imgs], lambda s: tok.encode(s, False)
+        )
+        got = turn(imgs)
+        assert (got.ids, got.num_image_tokens) == (want.ids, want.num_image_tokens)
+        assert [_plain(sp) for sp in got.spans] == [_plain(sp) for sp in want.spans]
+        for a, b in zip(got.spans, want.spans, strict=True):
+            assert torch.equal(a.payload, b.payload)
+    with pytest.raises(ValueError, match="takes"):
+        turn([])
+
+
+def _plain(span) -> tuple:
+    return (span.start, span.length, span.offset, span.digest, span.source)
