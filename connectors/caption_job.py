@@ -109,12 +109,11 @@ async def caption_all(
     queue: asyncio.Queue[tuple[str, Path]] = asyncio.Queue()
     for item in todo:
         queue.put_nowait(item)
+    turn = ImageChatPrompt(engine.tokenizer, processor, instruction)  # rendered once
     writer = LineWriter(out)
     bar = tqdm(total=len(todo), desc="caption", unit="img", disable=not progress)
     failed = 0
     start = time.perf_counter()
-
-    turn = ImageChatPrompt(engine.tokenizer, processor, instruction)  # rendered once
 
     def prepare(path: Path) -> Any:
         return turn([load_image(file_bytes(path, limits), limits)])

@@ -97,6 +97,10 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.grammar_fill_threads < 0:
+            raise ValueError(
+                f"grammar_fill_threads must be >= 0 (0: automatic), got {self.grammar_fill_threads}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
         if self.audio_scheduling not in ("deadline", "fifo"):

@@ -28,7 +28,6 @@ from mmserve.engine.factory import create_engine
 from mmserve.engine.sampler import Sampler
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured import StructuredOutput, grammar
-from mmserve.structured.grammar import set_fill_threads
 
 TARGET = 0.9  # issue 51: constrained decode >= 0.9x free decode
 RECORD = {
@@ -181,13 +180,15 @@ def run_structured_bench(
         prompts = _prompts(engine, b)
         _decode(engine, prompts, free, timer)  # warm-up: graphs, allocator, matcher pools
         for t in fill_threads:
-            set_fill_threads(t)
-            _decode(engine, prompts, constrained, timer)
-            key = str(b) if t == fill_threads[0] else f"{b} fill {t}"
-            rows[key] = _measure(engine, prompts, free, constrained, timer, repeats)
+            engine.sampler.fill_threads = t
+            try:
+                _decode(engine, prompts, constrained, timer)
+                key = str(b) if t == fill_threads[0] else f"{b} fill {t}"
+                rows[key] = _measure(engine, prompts, free, constrained, timer, repeats)
+            finally:
+                engine.sampler.fill_threads = config.grammar_fill_threads
             auto = 1 if b < grammar.SERIAL_ROWS else grammar.fill_threads()
             rows[key]["fill_threads"] = t or auto
-    set_fill_threads(config.grammar_fill_threads)
     result = {
         "machine": {
             "device": str(engine.device),

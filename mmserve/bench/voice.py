@@ -16,6 +16,7 @@ and ``voice.png`` (first-audio latency and underruns against stream count).
 
 from __future__ import annotations
 
+import copy
 import json
 import platform
 import time
@@ -253,7 +254,7 @@ def _warm_level(target: VoiceTarget, streams: int, args: tuple) -> None:
     fit: the fit is put back as it was, so the measured loads start from the same fit as
     without this warm-up, minus the one-off costs."""
     policy = target.engine.scheduler.policy
-    cost = policy.cost
+    cost = copy.deepcopy(policy.cost)  # ``record`` updates the fit in place
     run_load(target, "fifo", streams, min(args[0], 1.0), *args[1:])
     policy.cost = cost
     policy.idle()

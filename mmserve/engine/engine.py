@@ -43,7 +43,7 @@ from mmserve.errors import InvalidRequestError
 from mmserve.models.base import CausalLM
 from mmserve.sampling_params import SamplingParams
 from mmserve.speculative.speculator import Speculator
-from mmserve.structured.grammar import GrammarCompiler, GrammarLoader, set_fill_threads
+from mmserve.structured.grammar import GrammarCompiler, GrammarLoader
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class LLMEngine:
         )
         graphs = self._capture_graphs(model, device)
         self.runner = ModelRunner(model, self.kv, bs, *(graphs or (None, None)))
-        self.sampler = Sampler()
+        self.sampler = Sampler(config.grammar_fill_threads)
         self.appender = TokenAppender(tokenizer)
         self.spec = spec
         self._spec_off: Speculator | None = None  # the speculator while switched off
@@ -152,7 +152,6 @@ class LLMEngine:
             spec.controller.query_sizes = tuple(self.runner.graphs.qsizes)
         self.requests: dict[str, Request] = {}
         self._grammars = GrammarLoader(lambda: GrammarCompiler(tokenizer, model.vocab_size))
-        set_fill_threads(config.grammar_fill_threads)
         if config.preload_grammar:
             self._grammars.start()
         self._ids = itertools.count()

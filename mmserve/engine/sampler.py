@@ -34,7 +34,7 @@ import torch
 
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured.bitmask import MaskBuffer, apply_bitmask
-from mmserve.structured.grammar import GrammarState, fill_many
+from mmserve.structured.grammar import GrammarState, check_fill_threads, fill_many
 
 _MIN_TEMPERATURE = 1e-5  # below this, logits / T may overflow float32; the result is ~greedy
 _TINY = 1e-30  # floor for Exp(1) noise so p / q never divides by zero
@@ -134,8 +134,10 @@ class Sampler:
     on the host while the step's forward runs on the device.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, grammar_fill_threads: int = 0) -> None:
         self._masks: dict[tuple[int, torch.device], MaskBuffer] = {}
+        # threads of a step's grammar-mask fill (``fill_many``; 0: automatic)
+        self.fill_threads = check_fill_threads(grammar_fill_threads)
 
     def sample(
         self,
@@ -247,7 +249,7 @@ class Sampler:
                 grammar.fill(host, r, extra[i])
             else:
                 plain.append((grammar, r))
-        fill_many([g for g, _ in plain], host, [r for _, r in plain])
+        fill_many([g for g, _ in plain], host, [r for _, r in plain], self.fill_threads)
         at = _index(rows, x.device)
         if isinstance(at, slice):  # a view: masked in place, no gather and scatter
             apply_bitmask(x[at], buf.to_device(host))

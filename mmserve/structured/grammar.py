@@ -17,6 +17,7 @@ back, and ``valid_prefix`` says how much of a draft the grammar allows.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -88,29 +89,25 @@ class GrammarState:
         return bool(self.matcher.is_terminated())
 
 
-_BATCH: list[Any] = []  # (threads, xgrammar BatchGrammarMatcher): its pool, made on first use
-_THREADS = [0]  # EngineConfig.grammar_fill_threads; 0: automatic (``fill_many``)
+_POOLS: dict[int, Any] = {}  # threads -> xgrammar BatchGrammarMatcher (its pool), made on first use
+_POOLS_LOCK = threading.Lock()
 SERIAL_ROWS = 64  # automatic: fewer rows than this fill on the calling thread
 
 
-def set_fill_threads(threads: int) -> None:
-    """Threads for a step's batched mask fill (``EngineConfig.grammar_fill_threads``): 0
-    (the default) fills fewer than ``SERIAL_ROWS`` rows one after another on the calling
-    thread and more on a pool of ``fill_threads()``; n >= 1 always uses n (1: never a
-    pool). One setting a process: the engine's step is the only caller."""
+def check_fill_threads(threads: int) -> int:
+    """``EngineConfig.grammar_fill_threads``: 0 (automatic) or a count >= 1."""
     if threads < 0:
         raise ValueError(f"grammar_fill_threads must be >= 0 (0: automatic), got {threads}")
-    if threads != _THREADS[0]:
-        _THREADS[0] = threads
-        _BATCH.clear()
+    return threads
 
 
+@functools.lru_cache(maxsize=1)
 def fill_threads() -> int:
-    """The automatic pool: half the CPUs this process may run on, at most 4. xgrammar's
-    own default is half of ``std::thread::hardware_concurrency()``, every core of the
-    host; in a container lent a few of a large host's cores that is a pool several times
-    the CPUs there are. On an H100 host (16 CPUs) at 32 rows a pool of 2 or 4 took 203-209
-    us a step, one of 8 410 us: its wake-ups cost more than its fills."""
+    """The automatic pool: half the CPUs this process may run on, at most 4 (read once).
+    xgrammar's own default is half of ``std::thread::hardware_concurrency()``, every core
+    of the host; in a container lent a few of a large host's cores that is a pool several
+    times the CPUs there are. On an H100 host (16 CPUs) at 32 rows a pool of 2 or 4 took
+    203-209 us a step, one of 8 410 us: its wake-ups cost more than its fills."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -124,27 +121,40 @@ def fill_threads() -> int:
     return max(1, min(4, cpus // 2))
 
 
-def fill_many(states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Sequence[int]) -> None:
+def fill_many(
+    states: Sequence[GrammarState], bitmask: torch.Tensor, rows: Sequence[int], threads: int = 0
+) -> None:
     """``states[j].fill(bitmask, rows[j])`` for every j, with nothing ahead (a step's plain
-    constrained rows). A fill of a cached grammar state is a copy of a few kB, so a pool
-    pays off only over many rows: at 32 rows on an H100 host the calling thread alone took
-    119 us a step (3.7 us a row), a pool of 2-4 threads 203-209 us (about 150-180 us of
-    it waking the pool), so the automatic setting fills serially below ``SERIAL_ROWS``."""
+    constrained rows), on ``threads`` threads (the engine's ``grammar_fill_threads``).
+
+    A fill of a cached grammar state is a copy of a few kB, so a pool pays off only over
+    many rows: at 32 rows on an H100 host the calling thread alone took 119 us a step
+    (3.7 us a row), a pool of 2-4 threads 203-209 us (about 150-180 us of it waking the
+    pool). So 0 (automatic) fills fewer than ``SERIAL_ROWS`` rows on the calling thread
+    and more on a pool of ``fill_threads()``; n >= 1 always uses n (1: never a pool)."""
     live = [
         (s.matcher, r) for s, r in zip(states, rows, strict=True) if not s.matcher.is_terminated()
     ]
     if not live:
         return
-    threads = _THREADS[0] or (1 if len(live) < SERIAL_ROWS else fill_threads())
-    if len(live) == 1 or threads == 1:
+    n = threads or (1 if len(live) < SERIAL_ROWS else fill_threads())
+    if len(live) == 1 or n == 1:
         for matcher, row in live:
             matcher.fill_next_token_bitmask(bitmask, row)
         return
-    if not _BATCH or _BATCH[0][0] != threads:
-        import xgrammar as xgr
+    _pool(n).batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [r for _, r in live])
 
-        _BATCH[:] = [(threads, xgr.BatchGrammarMatcher(max_threads=threads))]
-    _BATCH[0][1].batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [r for _, r in live])
+
+def _pool(threads: int) -> Any:
+    """One pool per thread count, shared by the process's engines (each fills on its own
+    engine thread; a pool's fill call is synchronous)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            import xgrammar as xgr
+
+            pool = _POOLS[threads] = xgr.BatchGrammarMatcher(max_threads=threads)
+        return pool
 
 
 class GrammarCompiler:

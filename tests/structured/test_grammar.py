@@ -24,7 +24,6 @@ from mmserve.structured.grammar import (
     GrammarCompiler,
     GrammarLoader,
     fill_many,
-    set_fill_threads,
 )
 
 VOCAB = 49152
@@ -207,12 +206,19 @@ def test_apply_bitmask_equals_a_per_token_reference():
             assert out[r, t].item() == (logits[r, t].item() if on else float("-inf"))
 
 
-@pytest.mark.parametrize("threads, serial_rows", [(0, 64), (0, 2), (1, 64), (2, 64)])
-def test_batched_fill_equals_one_by_one(grammars, tok, threads, serial_rows, monkeypatch):
-    # 0: automatic (serial below serial_rows: 3 rows serial, then on the pool); 1: serial;
-    # 2: a pool of 2
+@pytest.mark.parametrize(
+    "threads, serial_rows, pool",
+    [(0, 64, None), (0, 2, 2), (1, 64, None), (1, 2, None), (2, 64, 2), (3, 64, 3)],
+)
+def test_batched_fill_equals_one_by_one(grammars, tok, threads, serial_rows, pool, monkeypatch):
+    """Whichever path fills the 3 rows (automatic: on this thread below ``serial_rows``,
+    else on the automatic pool, made 2 here; 1: this thread; n: a pool of n), the masks
+    equal filling each state alone; the pool used is the one asked for."""
     monkeypatch.setattr(grammar_module, "SERIAL_ROWS", serial_rows)
-    set_fill_threads(threads)
+    monkeypatch.setattr(grammar_module, "fill_threads", lambda: 2)
+    used: list[int] = []
+    real_pool = grammar_module._pool
+    monkeypatch.setattr(grammar_module, "_pool", lambda n: used.append(n) or real_pool(n))
     specs = [
         StructuredOutput.json_schema(SCHEMA),
         StructuredOutput("json_object"),
@@ -224,14 +230,23 @@ def test_batched_fill_equals_one_by_one(grammars, tok, threads, serial_rows, mon
             assert state.accept(t)
     words = bitmask_words(VOCAB)
     batched = torch.empty(3, words, dtype=torch.int32)
-    try:
-        fill_many(states, batched, [2, 0, 1])
-    finally:
-        set_fill_threads(0)
+    fill_many(states, batched, [2, 0, 1], threads)
+    assert used == ([] if pool is None else [pool])
     single = torch.empty(3, words, dtype=torch.int32)
     for state, row in zip(states, [2, 0, 1], strict=True):
         state.fill(single, row)
     assert torch.equal(batched, single)
+
+
+def test_fill_threads_is_checked_where_it_is_set():
+    from mmserve.config import EngineConfig
+    from mmserve.engine.sampler import Sampler
+
+    with pytest.raises(ValueError, match="grammar_fill_threads"):
+        EngineConfig(grammar_fill_threads=-1)
+    with pytest.raises(ValueError, match="grammar_fill_threads"):
+        Sampler(-1)
+    assert Sampler(3).fill_threads == 3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

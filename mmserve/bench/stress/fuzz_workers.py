@@ -11,7 +11,9 @@ pickle, such as an in-process engine's ``stats``) and rebuilds a ``Target`` from
 
 The counts are summed and the status breakdowns merged; liveness and leaked blocks are
 read once, by the parent, after every worker has ended, so nothing is in flight then. A
-worker that raises (or dies) counts as one crash, its error kept in ``extra``.
+worker that raises counts as one crash, its error kept in ``extra``; one that dies breaks
+the pool, and every worker not finished by then counts as one. The parent interrupted
+(Ctrl-C) ends its workers rather than wait for their shares.
 One worker runs in this process, as the phase always did.
 """
 
@@ -85,12 +87,13 @@ def _pooled(
     ctx = multiprocessing.get_context("spawn")
     counter = ctx.Value("l", 0)
     jobs = [(w, k) for w, k in enumerate(shares(n, workers)) if k]
-    with ProcessPoolExecutor(
+    pool = ProcessPoolExecutor(
         max_workers=len(jobs),
         mp_context=ctx,
         initializer=_init_worker,
         initargs=(counter, phase, n, start),
-    ) as pool:
+    )
+    try:
         futures = [
             pool.submit(
                 _work, phase, target.url, target.pid, k, rng_seed + _SEED_STRIDE * w, give_up_s
@@ -98,6 +101,12 @@ def _pooled(
             for w, k in jobs
         ]
         return combine(phase, futures)
+    except BaseException:
+        for child in ctx.active_children():  # the workers: their shares are abandoned
+            child.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def combine(phase: str, futures: list[Future[phases.PhaseResult]]) -> phases.PhaseResult:
