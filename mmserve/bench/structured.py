@@ -187,8 +187,7 @@ def run_structured_bench(
                 rows[key] = _measure(engine, prompts, free, constrained, timer, repeats)
             finally:
                 engine.sampler.fill_threads = config.grammar_fill_threads
-            auto = 1 if b < grammar.SERIAL_ROWS else grammar.fill_threads()
-            rows[key]["fill_threads"] = t or auto
+            rows[key]["fill_threads"] = grammar.threads_for(b, t)
     result = {
         "machine": {
             "device": str(engine.device),

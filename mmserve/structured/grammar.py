@@ -137,12 +137,17 @@ def fill_many(
     ]
     if not live:
         return
-    n = threads or (1 if len(live) < SERIAL_ROWS else fill_threads())
+    n = threads_for(len(live), threads)
     if len(live) == 1 or n == 1:
         for matcher, row in live:
             matcher.fill_next_token_bitmask(bitmask, row)
         return
     _pool(n).batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [r for _, r in live])
+
+
+def threads_for(rows: int, threads: int = 0) -> int:
+    """The threads ``fill_many`` fills ``rows`` rows on under setting ``threads``."""
+    return threads or (1 if rows < SERIAL_ROWS else fill_threads())
 
 
 def _pool(threads: int) -> Any:
