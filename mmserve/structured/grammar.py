@@ -107,7 +107,8 @@ def fill_threads() -> int:
     xgrammar's own default is half of ``std::thread::hardware_concurrency()``, every core
     of the host; in a container lent a few of a large host's cores that is a pool several
     times the CPUs there are. On an H100 host (16 CPUs) at 32 rows a pool of 2 or 4 took
-    203-209 us a step, one of 8 410 us: its wake-ups cost more than its fills."""
+    203-209 us a step, one of 8 410 us: starting its threads (each call) costs more
+    than its fills."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -129,19 +130,21 @@ def fill_many(
 
     A fill of a cached grammar state is a copy of a few kB, so a pool pays off only over
     many rows: at 32 rows on an H100 host the calling thread alone took 119 us a step
-    (3.7 us a row), a pool of 2-4 threads 203-209 us (about 150-180 us of it waking the
-    pool). So 0 (automatic) fills fewer than ``SERIAL_ROWS`` rows on the calling thread
-    and more on a pool of ``fill_threads()``; n >= 1 always uses n (1: never a pool)."""
+    (3.7 us a row, a call a row), a pool of 2-4 threads 203-209 us (about 150-180 us of
+    it starting the pool's threads). So 0 (automatic) fills fewer than ``SERIAL_ROWS`` rows
+    on the calling thread and more on a pool of ``fill_threads()``; n >= 1 always uses n.
+    One thread is still one batched call (xgrammar's matcher of ``max_threads=1`` fills
+    inline, starting no thread): a call a row converts the bitmask tensor each time, about
+    twice the cost (40 against 21 us for 32 rows of the bench's schema on the 2-core CPU)."""
     live = [
         (s.matcher, r) for s, r in zip(states, rows, strict=True) if not s.matcher.is_terminated()
     ]
     if not live:
         return
-    n = threads_for(len(live), threads)
-    if len(live) == 1 or n == 1:
-        for matcher, row in live:
-            matcher.fill_next_token_bitmask(bitmask, row)
+    if len(live) == 1:
+        live[0][0].fill_next_token_bitmask(bitmask, live[0][1])
         return
+    n = threads_for(len(live), threads)
     _pool(n).batch_fill_next_token_bitmask([m for m, _ in live], bitmask, [r for _, r in live])
 
 
@@ -151,8 +154,10 @@ def threads_for(rows: int, threads: int = 0) -> int:
 
 
 def _pool(threads: int) -> Any:
-    """One pool per thread count, shared by the process's engines (each fills on its own
-    engine thread; a pool's fill call is synchronous)."""
+    """One batched matcher per thread count, shared by the process's engines (each fills
+    on its own engine thread; a fill call is synchronous). xgrammar starts ``threads``
+    threads in each call of more than one thread and joins them before it returns (the
+    wake-up cost above); one thread runs in the caller."""
     with _POOLS_LOCK:
         pool = _POOLS.get(threads)
         if pool is None:

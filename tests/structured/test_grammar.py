@@ -208,11 +208,11 @@ def test_apply_bitmask_equals_a_per_token_reference():
 
 @pytest.mark.parametrize(
     "threads, serial_rows, pool",
-    [(0, 64, None), (0, 2, 2), (1, 64, None), (1, 2, None), (2, 64, 2), (3, 64, 3)],
+    [(0, 64, 1), (0, 2, 2), (1, 64, 1), (1, 2, 1), (2, 64, 2), (3, 64, 3)],
 )
 def test_batched_fill_equals_one_by_one(grammars, tok, threads, serial_rows, pool, monkeypatch):
-    """Whichever path fills the 3 rows (automatic: on this thread below ``serial_rows``,
-    else on the automatic pool, made 2 here; 1: this thread; n: a pool of n), the masks
+    """Whichever path fills the 3 rows (automatic: one thread below ``serial_rows``, else
+    the automatic pool, made 2 here; n: a pool of n, 1 filling on this thread), the masks
     equal filling each state alone; the pool used is the one asked for."""
     monkeypatch.setattr(grammar_module, "SERIAL_ROWS", serial_rows)
     monkeypatch.setattr(grammar_module, "fill_threads", lambda: 2)
@@ -231,7 +231,7 @@ def test_batched_fill_equals_one_by_one(grammars, tok, threads, serial_rows, poo
     words = bitmask_words(VOCAB)
     batched = torch.empty(3, words, dtype=torch.int32)
     fill_many(states, batched, [2, 0, 1], threads)
-    assert used == ([] if pool is None else [pool])
+    assert used == [pool]
     single = torch.empty(3, words, dtype=torch.int32)
     for state, row in zip(states, [2, 0, 1], strict=True):
         state.fill(single, row)
