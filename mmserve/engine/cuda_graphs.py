@@ -86,6 +86,7 @@ class DecodeGraphs:
         batch_sizes: tuple[int, ...] = DEFAULT_SIZES,
         query_sizes: tuple[int, ...] = (1,),
         last_row_only: bool = False,
+        embeds_input: bool = False,
     ) -> None:
         self.model, self.kv = model, kv_cache
         # prefill graphs: logits of each sequence's last real row only (a 512-token chunk's
@@ -113,6 +114,13 @@ class DecodeGraphs:
         self.query_lens = self._buf[3 * r + b : 3 * r + 2 * b]
         self.tables = self._buf[3 * r + 2 * b :].view(b, mb)
         self._rows = r
+        # ``embeds_input``: the graphs start from input embeddings (a chunk with embedding
+        # spans: the runner embeds its ids and splices the spans in, as the eager forward
+        # does) read from this buffer; the ids buffer still feeds the step's positions
+        self.embeds: torch.Tensor | None = None
+        if embeds_input:
+            table = model.embed_tokens.weight
+            self.embeds = torch.zeros(r, table.shape[1], dtype=table.dtype, device=self.device)
         self.query_start = {
             q: torch.arange(b, dtype=torch.long, device=self.device) * q for q in self.qsizes
         }
@@ -142,7 +150,12 @@ class DecodeGraphs:
 
     def _forward(self, bs: int, q: int) -> torch.Tensor:
         n = bs * q
-        hidden = self.model(self.ids[:n], self.positions[:n], self._meta(bs, q), self.kv)
+        if self.embeds is not None:
+            hidden = self.model(
+                None, self.positions[:n], self._meta(bs, q), self.kv, inputs_embeds=self.embeds[:n]
+            )
+        else:
+            hidden = self.model(self.ids[:n], self.positions[:n], self._meta(bs, q), self.kv)
         if self.last_row_only:  # row i*q + len_i - 1, read from the buffers at replay
             hidden = hidden[self.query_start[q][:bs] + self.query_lens[:bs] - 1]
         return self.model.compute_logits(hidden)
@@ -215,6 +228,7 @@ class DecodeGraphs:
         block_size: int,
         input_ids: torch.Tensor | None = None,
         tokens_to: tuple[torch.Tensor, torch.cuda.Event] | None = None,
+        embeds: torch.Tensor | None = None,
     ) -> Replayed:
         """Sequence ``i`` runs ``tokens[i]`` from position ``starts[i]`` -> the logits of
         ``n * q`` rows (its rows are ``i*q + j``), their argmax, and ``q``: views valid
@@ -224,7 +238,8 @@ class DecodeGraphs:
         tokens on the device, in place of ``tokens``' (whose lengths still say one token
         a sequence). ``tokens_to``: (pinned (n,) buffer, event): the input copy's launch
         also writes ``input_ids`` there (the last step's tokens on their way to the host:
-        one launch for both copies), and the event is recorded right after it."""
+        one launch for both copies), and the event is recorded right after it.
+        ``embeds``: with ``embeds_input``, one sequence's (len, H) input embeddings."""
         n = len(tokens)
         longest = max(map(len, tokens))
         assert self.fits(n, longest), (n, longest)
@@ -248,6 +263,10 @@ class DecodeGraphs:
         self._copied.record(stream)
         if tokens_to is not None:
             tokens_to[1].record(stream)
+        assert (embeds is not None) == (self.embeds is not None)
+        if embeds is not None and self.embeds is not None:
+            assert n == 1 and embeds.shape[0] == longest, (n, embeds.shape, longest)
+            self.embeds[:longest].copy_(embeds)  # rows past them: padding, discarded
         key = (bs, q)
         graph, logits, argmax = self.graphs[key], self.logits[key], self.argmax[key]
         serial = self.serial.get(key)

@@ -47,6 +47,8 @@ from mmserve.structured.grammar import GrammarCompiler, GrammarLoader
 
 log = logging.getLogger(__name__)
 
+SPAN_GRAPH_TOKENS = 1024  # the longest chunk with an embedding span a graph replays
+
 
 class _Picked(NamedTuple):
     """A step's sampled tokens (None: nothing sampled on the host this step) and, per
@@ -137,6 +139,8 @@ class LLMEngine:
             config.prefill_chunk_tokens,
             audio_policy(config, self.sizes.max_num_seqs),
         )
+        # (blocks a sequence, chunk lengths) of the prefill graphs, once captured
+        self._prefill_shape: tuple[int, tuple[int, ...]] | None = None
         graphs = self._capture_graphs(model, device)
         self.runner = ModelRunner(model, self.kv, bs, *(graphs or (None, None)))
         self.sampler = Sampler(config.grammar_fill_threads)
@@ -200,7 +204,30 @@ class LLMEngine:
             report.seconds,
             report.pool_bytes / 2**20,
         )
+        self._prefill_shape = (blocks, lengths)
         return graphs, prefill
+
+    def _capture_span_graphs(self) -> None:
+        """CUDA: batch-1 prefill chunks that start from input embeddings, so a chunk with
+        an embedding span (an image) replays a graph too (``runner`` module docstring).
+        Chunks up to ``SPAN_GRAPH_TOKENS``: an image prompt is a few hundred tokens."""
+        shape = self._prefill_shape
+        if shape is None or self.runner.span_prefill_graphs is not None:
+            return
+        blocks, lengths = shape
+        lengths = tuple(q for q in lengths if q <= SPAN_GRAPH_TOKENS) or lengths[:1]
+        graphs = DecodeGraphs(
+            self.model, self.kv, blocks, (1,), lengths, last_row_only=True, embeds_input=True
+        )
+        report = graphs.capture()
+        log.info(
+            "captured CUDA graphs for batch-1 prefill chunks from embeddings of %s tokens "
+            "in %.2fs using %.0f MiB",
+            lengths,
+            report.seconds,
+            report.pool_bytes / 2**20,
+        )
+        self.runner.span_prefill_graphs = graphs
 
     def set_span_encoder(self, encoder: SpanEncoder) -> None:
         """Register what computes pending embedding spans (a vision connector, say), with
@@ -212,6 +239,7 @@ class LLMEngine:
                 f"model embeds tokens in {hidden} dims"
             )
         self.spans = SpanMaterializer(encoder, self.config.encoder_cache_mb << 20)
+        self._capture_span_graphs()
 
     # -- requests --------------------------------------------------------------------
     def add_request(

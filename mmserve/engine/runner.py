@@ -5,6 +5,15 @@ scheduled tokens of every sequence end to end, builds the attention metadata,
 splices embedding spans in, runs the model and returns the logits of the rows
 that produce tokens (the last real token of a sequence that reached its end, and
 every draft position of a verify).
+
+On CUDA a step replays captured graphs where it can: a decode or verify step one graph,
+a prompt chunk alone a batch-1 prefill graph, and a mixed step (decodes, then up to
+``SPLIT_CHUNKS`` prompt chunks: a request arriving while others decode, an image
+caption job's every admission) the decode graph for its decodes and a prefill graph for
+each chunk, a chunk with embedding spans one that starts from input embeddings. The
+kernels are batch-invariant, so splitting a step changes no row's bits; eagerly, a mixed
+step is one forward of ~190 launches from Python for a small model, where the split's
+replays cost a few each.
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from mmserve.engine.scheduler import ScheduledSeq
 from mmserve.kernels.attention import AttentionMetadata
 from mmserve.kernels.triton_copy import copy_flat
 from mmserve.models.base import CausalLM
+
+SPLIT_CHUNKS = 8  # the most prompt chunks a mixed step replays one by one (more: eager)
 
 
 class StepLogits(NamedTuple):
@@ -42,6 +53,9 @@ class ModelRunner:
         self.device = kv.device
         self.graphs = graphs  # CUDA: captured decode and verify steps
         self.prefill_graphs = prefill_graphs  # CUDA: batch-1 prompt chunks (last row's logits)
+        # CUDA, with a span encoder: batch-1 prompt chunks from input embeddings (spans)
+        self.span_prefill_graphs: DecodeGraphs | None = None
+        self.split_steps = 0  # mixed steps run as replays (``_split``)
 
     @torch.inference_mode()
     def run(self, seqs: list[ScheduledSeq]) -> StepLogits:
@@ -58,6 +72,9 @@ class ModelRunner:
             and self.prefill_graphs.fits(1, seqs[0].num_tokens)
         ):
             return self._run_prefill_graph(seqs[0])
+        chunks = self._split(seqs)
+        if chunks:
+            return self._run_split(seqs, chunks)
         ids: list[int] = []
         positions: list[int] = []
         rows: list[list[int]] = []
@@ -146,6 +163,11 @@ class ModelRunner:
         return True
 
     @staticmethod
+    def _decodes(s: ScheduledSeq) -> bool:
+        """``_decode_or_verify`` of one sequence."""
+        return s.num_real == 1 and s.samples and not (s.req.spans and _in_span(s))
+
+    @staticmethod
     def _plain_chunk(s: ScheduledSeq) -> bool:
         """A prompt chunk of the request's own tokens: no drafts, no embedding span."""
         return not s.draft and not _in_span(s)
@@ -161,7 +183,65 @@ class ModelRunner:
         )
         return StepLogits(logits, [[0] if s.samples else []], q, argmax=argmax)
 
-    def _run_graph(self, seqs: list[ScheduledSeq]) -> StepLogits:
+    def _split(self, seqs: list[ScheduledSeq]) -> int:
+        """How many prompt chunks end a mixed step that runs as replays (0: it runs eager):
+        the decodes (and verifies) come first, as the scheduler orders them, and fit the
+        decode graphs; each chunk fits a prefill graph of its kind."""
+        if self.graphs is None or self.prefill_graphs is None:
+            return 0
+        n = len(seqs)
+        d = 0
+        while d < n and self._decodes(seqs[d]):
+            d += 1
+        if d == 0 or d == n or n - d > SPLIT_CHUNKS:
+            return 0
+        if not self.graphs.fits(d, max(s.num_tokens for s in seqs[:d])):
+            return 0
+        for s in seqs[d:]:
+            graphs = self.span_prefill_graphs if _in_span(s) else self.prefill_graphs
+            if s.draft or graphs is None or not graphs.fits(1, s.num_tokens):
+                return 0
+        return n - d
+
+    def _run_split(self, seqs: list[ScheduledSeq], chunks: int) -> StepLogits:
+        """A mixed step: its decodes in one decode-graph replay, then each of its last
+        ``chunks`` sequences (prompt chunks) in a prefill graph; the rows gathered into
+        one logits tensor in the step's order (decode rows as ``_run_graph`` lays them,
+        then one row a chunk that samples)."""
+        assert self.graphs is not None and self.prefill_graphs is not None
+        self.split_steps += 1
+        d = len(seqs) - chunks
+        dec, logits, argmax, q = self._replay_decodes(seqs[:d])
+        sampling = sum(1 for s in seqs[d:] if s.samples)
+        rows_out = d * q + sampling
+        out = torch.empty(rows_out, logits.shape[1], dtype=logits.dtype, device=logits.device)
+        top = torch.empty(rows_out, dtype=argmax.dtype, device=argmax.device)
+        out[: d * q].copy_(logits)  # the graph's buffers: copied before the next replay
+        top[: d * q].copy_(argmax)
+        rows, at, computed = dec, d * q, d * q
+        for s in seqs[d:]:
+            table = s.req.table.block_ids  # type: ignore[union-attr]
+            ids = s.req.all_ids[s.start : s.start + s.num_real]
+            if _in_span(s):
+                graphs = self.span_prefill_graphs
+                assert graphs is not None
+                embeds = self._embeds([s], torch.tensor(ids, device=self.device))
+                got = graphs.run_verify([ids], [s.start], [table], self.block_size, embeds=embeds)
+            else:
+                got = self.prefill_graphs.run_verify([ids], [s.start], [table], self.block_size)
+            computed += got.q
+            if s.samples:
+                out[at].copy_(got.logits[0])
+                top[at : at + 1].copy_(got.argmax[:1])
+                rows.append([at])
+                at += 1
+            else:
+                rows.append([])
+        return StepLogits(out, rows, computed, argmax=top)
+
+    def _replay_decodes(
+        self, seqs: list[ScheduledSeq]
+    ) -> tuple[list[list[int]], torch.Tensor, torch.Tensor, int]:
         assert self.graphs is not None
         logits, argmax, q = self.graphs.run_verify(
             [[s.req.token(s.start), *s.draft] for s in seqs],
@@ -169,13 +249,12 @@ class ModelRunner:
             [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
             self.block_size,
         )
-        return StepLogits(
-            logits,
-            [list(range(i * q, i * q + s.num_tokens)) for i, s in enumerate(seqs)],
-            len(seqs) * q,
-            graph=True,
-            argmax=argmax,
-        )
+        rows = [list(range(i * q, i * q + s.num_tokens)) for i, s in enumerate(seqs)]
+        return rows, logits, argmax, q
+
+    def _run_graph(self, seqs: list[ScheduledSeq]) -> StepLogits:
+        rows, logits, argmax, q = self._replay_decodes(seqs)
+        return StepLogits(logits, rows, len(seqs) * q, graph=True, argmax=argmax)
 
     def _embeds(self, seqs: list[ScheduledSeq], input_ids: torch.Tensor) -> torch.Tensor | None:
         """Token embeddings with span vectors spliced in, or None when no span is in play."""

@@ -1,0 +1,154 @@
+"""Mixed steps replayed from graphs against the same steps run eagerly (CUDA only).
+
+A step that decodes some requests while others' prompt chunks run (a request arriving
+while others decode; an image caption job's every admission) replays the decode graph
+for its decodes and a prefill graph for each chunk, one that starts from input
+embeddings for a chunk with an image. The kernels are batch-invariant, so every
+request's tokens must be the eager engine's exactly, with requests arriving at
+different steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mmserve import SamplingParams
+from mmserve.bench.engine_run import make_kv
+from mmserve.config import EngineConfig
+from mmserve.engine.cuda_graphs import DecodeGraphs
+from mmserve.engine.factory import create_engine
+from mmserve.kernels.triton_attention import PagedMetadata
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+PAGE = 16
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "Water boils at",
+    "Dear Sir or Madam,",
+    "Q: What is 7 times 8?\nA:",
+    "My favourite colour is",
+    "import numpy as np\n",
+]
+
+
+@torch.inference_mode()
+def test_prefill_graphs_from_embeddings_equal_the_eager_forward(tiny_llama):
+    """Chunks whose embeddings carry spliced-in rows (an image's), replayed from the
+    embeddings graphs: the eager forward's last-row logits and KV bytes exactly."""
+    model = tiny_llama()
+    blocks = 64
+    graph_kv, eager_kv = (
+        make_kv(model, blocks, torch.bfloat16),
+        make_kv(model, blocks, torch.bfloat16),
+    )
+    graphs = DecodeGraphs(
+        model, graph_kv, blocks, (1,), (16, 64, 256), last_row_only=True, embeds_input=True
+    )
+    graphs.capture()
+    rng = np.random.default_rng(1)
+    table = rng.permutation(np.arange(1, blocks))[:30]
+    prompt = rng.integers(0, 1000, 400).tolist()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    start = 0
+    for n in (7, 16, 50, 200, 64):
+        ids = prompt[start : start + n]
+        x = model.embed(torch.tensor(ids, device="cuda"))
+        x[n // 3 : n // 2] = torch.randn(
+            n // 2 - n // 3, x.shape[1], generator=gen, device="cuda"
+        ).to(x.dtype)
+        got, top, _ = graphs.run_verify(
+            [ids], [start], table[None].astype(np.int64), PAGE, embeds=x
+        )
+        assert torch.equal(top, got.argmax(-1))
+        pos = np.arange(start, start + n)
+        meta = PagedMetadata(
+            torch.as_tensor(table[pos // PAGE] * PAGE + pos % PAGE, device="cuda"),
+            torch.as_tensor(table[None], device="cuda"),
+            torch.tensor([start + n], device="cuda"),
+            torch.tensor([0], device="cuda"),
+            torch.tensor([n], device="cuda"),
+            n,
+        )
+        hidden = model(None, torch.as_tensor(pos, device="cuda"), meta, eager_kv, inputs_embeds=x)
+        assert torch.equal(got, model.compute_logits(hidden[-1:])), (start, n)
+        start += n
+    assert torch.equal(graph_kv, eager_kv)
+
+
+def _engine(eager: bool, connector: str = "none"):
+    return create_engine(
+        EngineConfig(
+            device="cuda",
+            max_num_seqs=16,
+            max_model_len=512,
+            kv_cache_memory_mb=256,
+            enforce_eager=eager,
+            warmup=False,
+            preload_grammar=False,
+            connector=connector,
+        )
+    )
+
+
+def _staggered(engine, requests) -> tuple[dict[str, list[int]], int]:
+    """Add ``requests`` ((prompt ids, spans) pairs) two at a time, two steps apart, and
+    step to the end -> each request's tokens, and the runner's split steps."""
+    params = [
+        SamplingParams(temperature=0, max_tokens=(9, 17, 24, 5)[i % 4])
+        for i in range(len(requests))
+    ]
+    tokens: dict[str, list[int]] = {}
+    pending = list(enumerate(requests))
+    step = 0
+    while pending or engine.has_unfinished():
+        if step % 2 == 0:
+            for i, (ids, spans) in pending[:2]:
+                engine.add_request(ids, params[i], f"r{i}", spans)
+            pending = pending[2:]
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        step += 1
+    return tokens, engine.runner.split_steps
+
+
+def test_text_arrivals_during_decodes_equal_the_eager_engine():
+    outputs = []
+    for eager in (True, False):
+        engine = _engine(eager)
+        tok = engine.tokenizer
+        reqs = [
+            (tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])), None)
+            for p in PROMPTS
+        ]
+        outputs.append(_staggered(engine, reqs))
+        del engine
+        torch.cuda.empty_cache()
+    (eager_tokens, eager_splits), (graph_tokens, graph_splits) = outputs
+    assert eager_splits == 0 and graph_splits > 0
+    assert graph_tokens == eager_tokens
+
+
+def test_image_prompts_arriving_during_decodes_equal_the_eager_engine():
+    from connectors import synthetic
+    from connectors.prompt import ImageChatPrompt
+
+    outputs = []
+    for eager in (True, False):
+        engine = _engine(eager, connector="auto")
+        assert engine.connector is not None, "the default connector is served"
+        assert (engine.runner.span_prefill_graphs is None) == eager
+        turn = ImageChatPrompt(engine.tokenizer, engine.connector.processor, "Describe the image.")
+        reqs = []
+        for i in range(8):
+            prompt = turn([synthetic.sample("test", 500 + i)[0]])
+            reqs.append((prompt.ids, prompt.spans))
+        outputs.append(_staggered(engine, reqs))
+        del engine
+        torch.cuda.empty_cache()
+    (eager_tokens, eager_splits), (graph_tokens, graph_splits) = outputs
+    assert eager_splits == 0 and graph_splits > 0
+    assert graph_tokens == eager_tokens
