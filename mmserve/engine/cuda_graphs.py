@@ -239,7 +239,8 @@ class DecodeGraphs:
         a sequence). ``tokens_to``: (pinned (n,) buffer, event): the input copy's launch
         also writes ``input_ids`` there (the last step's tokens on their way to the host:
         one launch for both copies), and the event is recorded right after it.
-        ``embeds``: with ``embeds_input``, one sequence's (len, H) input embeddings."""
+        ``embeds``: with ``embeds_input``, the sequences' input embeddings end to end
+        ((sum of lengths, H), sequence ``i``'s rows placed at ``i*q`` on)."""
         n = len(tokens)
         longest = max(map(len, tokens))
         assert self.fits(n, longest), (n, longest)
@@ -265,8 +266,7 @@ class DecodeGraphs:
             tokens_to[1].record(stream)
         assert (embeds is not None) == (self.embeds is not None)
         if embeds is not None and self.embeds is not None:
-            assert n == 1 and embeds.shape[0] == longest, (n, embeds.shape, longest)
-            self.embeds[:longest].copy_(embeds)  # rows past them: padding, discarded
+            self._place_embeds(embeds, tokens, q)
         key = (bs, q)
         graph, logits, argmax = self.graphs[key], self.logits[key], self.argmax[key]
         serial = self.serial.get(key)
@@ -276,6 +276,18 @@ class DecodeGraphs:
         graph.replay()
         rows = n if self.last_row_only else n * q
         return Replayed(logits[:rows], argmax[:rows], q)
+
+    def _place_embeds(self, embeds: torch.Tensor, tokens: list[list[int]], q: int) -> None:
+        """``embeds`` (sequences end to end) into the buffer's rows, sequence i at i*q; the
+        rows between stay as they were (padding: finite, never written to the cache)."""
+        assert self.embeds is not None
+        lens = [len(t) for t in tokens]
+        assert embeds.shape[0] == sum(lens), (embeds.shape, lens)
+        if len(lens) == 1:
+            self.embeds[: lens[0]].copy_(embeds)
+            return
+        rows = np.concatenate([np.arange(i * q, i * q + n) for i, n in enumerate(lens)])
+        self.embeds.index_copy_(0, torch.from_numpy(rows).to(self.device), embeds)
 
     def _current_stream(self) -> torch.cuda.Stream:
         """``torch.cuda.current_stream()``, without building a Stream object each step."""

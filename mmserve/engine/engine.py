@@ -48,6 +48,10 @@ from mmserve.structured.grammar import GrammarCompiler, GrammarLoader
 log = logging.getLogger(__name__)
 
 SPAN_GRAPH_TOKENS = 1024  # the longest chunk with an embedding span a graph replays
+# several chunks in one replay: up to this many chunks (a caption job admits a wave of
+# requests at once) of up to this many tokens (an image prompt is about a hundred)
+CHUNK_GRAPH_SIZES = (2, 4, 8, 16, 32)
+CHUNK_GRAPH_TOKENS = 256
 
 
 class _Picked(NamedTuple):
@@ -208,9 +212,11 @@ class LLMEngine:
         return graphs, prefill
 
     def _capture_span_graphs(self) -> None:
-        """CUDA: batch-1 prefill chunks that start from input embeddings, so a chunk with
-        an embedding span (an image) replays a graph too (``runner`` module docstring).
-        Chunks up to ``SPAN_GRAPH_TOKENS``: an image prompt is a few hundred tokens."""
+        """CUDA: prefill chunks that start from input embeddings, so a chunk with an
+        embedding span (an image) replays a graph too, and a step's chunks replay
+        together (``runner`` module docstring): batch 1 up to ``SPAN_GRAPH_TOKENS`` (an
+        image prompt is a few hundred tokens), and ``CHUNK_GRAPH_SIZES`` chunks at once
+        up to ``CHUNK_GRAPH_TOKENS``."""
         shape = self._prefill_shape
         if shape is None or self.runner.span_prefill_graphs is not None:
             return
@@ -228,6 +234,23 @@ class LLMEngine:
             report.pool_bytes / 2**20,
         )
         self.runner.span_prefill_graphs = graphs
+        sizes = tuple(b for b in CHUNK_GRAPH_SIZES if b <= self.sizes.max_num_seqs)
+        lengths = tuple(q for q in lengths if q <= CHUNK_GRAPH_TOKENS)
+        if not sizes or not lengths:
+            return
+        chunks = DecodeGraphs(
+            self.model, self.kv, blocks, sizes, lengths, last_row_only=True, embeds_input=True
+        )
+        report = chunks.capture()
+        log.info(
+            "captured CUDA graphs for %s prefill chunks at once of %s tokens in %.2fs "
+            "using %.0f MiB",
+            sizes,
+            lengths,
+            report.seconds,
+            report.pool_bytes / 2**20,
+        )
+        self.runner.chunk_graphs = chunks
 
     def set_span_encoder(self, encoder: SpanEncoder) -> None:
         """Register what computes pending embedding spans (a vision connector, say), with

@@ -6,14 +6,22 @@ splices embedding spans in, runs the model and returns the logits of the rows
 that produce tokens (the last real token of a sequence that reached its end, and
 every draft position of a verify).
 
-On CUDA a step replays captured graphs where it can: a decode or verify step one graph,
-a prompt chunk alone a batch-1 prefill graph, and a mixed step (decodes, then up to
-``SPLIT_CHUNKS`` prompt chunks: a request arriving while others decode, an image
-caption job's every admission) the decode graph for its decodes and a prefill graph for
-each chunk, a chunk with embedding spans one that starts from input embeddings. The
-kernels are batch-invariant, so splitting a step changes no row's bits; eagerly, a mixed
-step is one forward of ~190 launches from Python for a small model, where the split's
-replays cost a few each.
+On CUDA a step replays captured graphs where it can:
+
+- a decode or verify step: one decode graph;
+- a prompt chunk alone: a batch-1 prefill graph;
+- decodes and prompt chunks (a request arriving while others decode, a caption job's
+  every admission): the decode graph for the decodes, then, with a span encoder
+  attached, one replay of the several-chunk graphs for all the chunks (from their
+  embeddings: images spliced in as the eager forward does), else a batch-1 prefill graph
+  for each of up to ``SPLIT_CHUNKS`` (one from input embeddings for a chunk with an
+  embedding span). Several chunks alone replay the several-chunk graphs too.
+
+The kernels are batch-invariant, so splitting a step changes no row's bits. Eagerly, a
+mixed step is one forward of ~190 launches from Python for a small model, which costs
+about 9 ms with an image among its chunks on an H100, where a replay costs a few
+launches and about a millisecond of GPU time, what a forward of a small model's ~240
+kernels takes whatever its rows.
 """
 
 from __future__ import annotations
@@ -53,8 +61,10 @@ class ModelRunner:
         self.device = kv.device
         self.graphs = graphs  # CUDA: captured decode and verify steps
         self.prefill_graphs = prefill_graphs  # CUDA: batch-1 prompt chunks (last row's logits)
-        # CUDA, with a span encoder: batch-1 prompt chunks from input embeddings (spans)
+        # CUDA, with a span encoder: batch-1 prompt chunks from input embeddings (spans),
+        # and several chunks of a step at once (text or spans, from their embeddings)
         self.span_prefill_graphs: DecodeGraphs | None = None
+        self.chunk_graphs: DecodeGraphs | None = None
         self.split_steps = 0  # mixed steps run as replays (``_split``)
 
     @torch.inference_mode()
@@ -184,18 +194,21 @@ class ModelRunner:
         return StepLogits(logits, [[0] if s.samples else []], q, argmax=argmax)
 
     def _split(self, seqs: list[ScheduledSeq]) -> int:
-        """How many prompt chunks end a mixed step that runs as replays (0: it runs eager):
-        the decodes (and verifies) come first, as the scheduler orders them, and fit the
-        decode graphs; each chunk fits a prefill graph of its kind."""
+        """How many prompt chunks end a step that runs as replays (0: it runs eager): the
+        decodes (and verifies) come first, as the scheduler orders them, and fit the
+        decode graphs; the chunks fit the several-chunk graphs together, or (after at
+        least one decode) each fits a batch-1 prefill graph of its kind."""
         if self.graphs is None or self.prefill_graphs is None:
             return 0
         n = len(seqs)
         d = 0
         while d < n and self._decodes(seqs[d]):
             d += 1
-        if d == 0 or d == n or n - d > SPLIT_CHUNKS:
+        if d == n or (d and not self.graphs.fits(d, max(s.num_tokens for s in seqs[:d]))):
             return 0
-        if not self.graphs.fits(d, max(s.num_tokens for s in seqs[:d])):
+        if self._batched(seqs[d:]):
+            return n - d
+        if (d == 0 and n > 1) or n - d > SPLIT_CHUNKS:
             return 0
         for s in seqs[d:]:
             graphs = self.span_prefill_graphs if _in_span(s) else self.prefill_graphs
@@ -204,40 +217,82 @@ class ModelRunner:
         return n - d
 
     def _run_split(self, seqs: list[ScheduledSeq], chunks: int) -> StepLogits:
-        """A mixed step: its decodes in one decode-graph replay, then each of its last
-        ``chunks`` sequences (prompt chunks) in a prefill graph; the rows gathered into
-        one logits tensor in the step's order (decode rows as ``_run_graph`` lays them,
-        then one row a chunk that samples)."""
-        assert self.graphs is not None and self.prefill_graphs is not None
+        """A step of decodes and prompt chunks as replays: the decodes in one decode-graph
+        replay, the last ``chunks`` sequences (prompt chunks) in one several-chunk replay
+        or a prefill graph each; the rows gathered into one logits tensor in the step's
+        order (decode rows as ``_run_graph`` lays them, then one row a chunk that
+        samples). A graph's output buffers are read before the next replay of that
+        graph (a one-by-one chunk's row is cloned: two chunks may share a length)."""
+        assert self.prefill_graphs is not None
         self.split_steps += 1
         d = len(seqs) - chunks
-        dec, logits, argmax, q = self._replay_decodes(seqs[:d])
-        sampling = sum(1 for s in seqs[d:] if s.samples)
-        rows_out = d * q + sampling
-        out = torch.empty(rows_out, logits.shape[1], dtype=logits.dtype, device=logits.device)
-        top = torch.empty(rows_out, dtype=argmax.dtype, device=argmax.device)
-        out[: d * q].copy_(logits)  # the graph's buffers: copied before the next replay
-        top[: d * q].copy_(argmax)
-        rows, at, computed = dec, d * q, d * q
+        rows: list[list[int]] = []
+        logits: list[torch.Tensor] = []
+        top: list[torch.Tensor] = []
+        at = computed = 0
+        if d:
+            rows, dec_logits, dec_top, q = self._replay_decodes(seqs[:d])
+            logits.append(dec_logits)
+            top.append(dec_top)
+            at = computed = d * q
+        if self._batched(seqs[d:]):
+            got_logits, got_top, computed_chunks = self._replay_chunks(seqs[d:])
+            logits.append(got_logits)
+            top.append(got_top)
+            computed += computed_chunks
+        else:
+            for s in seqs[d:]:
+                table = s.req.table.block_ids  # type: ignore[union-attr]
+                ids = s.req.all_ids[s.start : s.start + s.num_real]
+                if _in_span(s):
+                    graphs = self.span_prefill_graphs
+                    assert graphs is not None
+                    x = self._embeds([s], torch.tensor(ids, device=self.device))
+                    got = graphs.run_verify([ids], [s.start], [table], self.block_size, embeds=x)
+                else:
+                    got = self.prefill_graphs.run_verify([ids], [s.start], [table], self.block_size)
+                computed += got.q
+                if s.samples:
+                    logits.append(got.logits[:1].clone())
+                    top.append(got.argmax[:1].clone())
         for s in seqs[d:]:
-            table = s.req.table.block_ids  # type: ignore[union-attr]
-            ids = s.req.all_ids[s.start : s.start + s.num_real]
-            if _in_span(s):
-                graphs = self.span_prefill_graphs
-                assert graphs is not None
-                embeds = self._embeds([s], torch.tensor(ids, device=self.device))
-                got = graphs.run_verify([ids], [s.start], [table], self.block_size, embeds=embeds)
-            else:
-                got = self.prefill_graphs.run_verify([ids], [s.start], [table], self.block_size)
-            computed += got.q
-            if s.samples:
-                out[at].copy_(got.logits[0])
-                top[at : at + 1].copy_(got.argmax[:1])
-                rows.append([at])
-                at += 1
-            else:
-                rows.append([])
-        return StepLogits(out, rows, computed, argmax=top)
+            rows.append([at] if s.samples else [])
+            at += s.samples
+        return StepLogits(torch.cat(logits), rows, computed, argmax=torch.cat(top))
+
+    def _batched(self, chunks: list[ScheduledSeq]) -> bool:
+        """Whether prompt chunks replay together (``chunk_graphs``)."""
+        return (
+            len(chunks) > 1
+            and self.chunk_graphs is not None
+            and self.chunk_graphs.fits(len(chunks), max(s.num_tokens for s in chunks))
+            and not any(s.draft for s in chunks)
+        )
+
+    def _replay_chunks(self, chunks: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Prompt chunks in one replay of the several-chunk graphs, from their embeddings
+        (every chunk's ids embedded in one call, span rows spliced in: the eager
+        forward's input) -> the logits and argmax of the chunks that sample, and the
+        rows computed."""
+        graphs = self.chunk_graphs
+        assert graphs is not None
+        tokens = [s.req.all_ids[s.start : s.start + s.num_real] for s in chunks]
+        flat = torch.tensor([t for ids in tokens for t in ids], device=self.device)
+        embeds = self._embeds(chunks, flat)
+        got = graphs.run_verify(
+            tokens,
+            [s.start for s in chunks],
+            [s.req.table.block_ids for s in chunks],  # type: ignore[union-attr]
+            self.block_size,
+            embeds=self.model.embed(flat) if embeds is None else embeds,
+        )
+        picked = [j for j, s in enumerate(chunks) if s.samples]
+        src = torch.tensor(picked, dtype=torch.long, device=self.device)
+        return (
+            got.logits.index_select(0, src),
+            got.argmax.index_select(0, src),
+            len(chunks) * got.q,
+        )
 
     def _replay_decodes(
         self, seqs: list[ScheduledSeq]

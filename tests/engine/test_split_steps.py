@@ -79,6 +79,46 @@ def test_prefill_graphs_from_embeddings_equal_the_eager_forward(tiny_llama):
     assert torch.equal(graph_kv, eager_kv)
 
 
+@torch.inference_mode()
+def test_several_chunks_from_embeddings_in_one_replay_equal_the_eager_forward(tiny_llama):
+    """Three chunks of three sequences (different lengths and starts, one with spliced
+    rows) in one replay of a batch-4 graph: each one's last-row logits and the KV bytes
+    equal the eager forward of all three in one batch."""
+    model = tiny_llama()
+    blocks = 96
+    graph_kv, eager_kv = (
+        make_kv(model, blocks, torch.bfloat16),
+        make_kv(model, blocks, torch.bfloat16),
+    )
+    graphs = DecodeGraphs(
+        model, graph_kv, blocks, (2, 4), (16, 64), last_row_only=True, embeds_input=True
+    )
+    graphs.capture()
+    rng = np.random.default_rng(2)
+    tables = rng.permutation(np.arange(1, blocks))[:60].reshape(3, 20).astype(np.int64)
+    lens, starts = [40, 9, 64], [0, 16, 5]
+    tokens = [rng.integers(0, 1000, n).tolist() for n in lens]
+    flat = torch.tensor([t for ids in tokens for t in ids], device="cuda")
+    x = model.embed(flat)
+    x[45:49] = torch.randn(4, x.shape[1], device="cuda").to(x.dtype)  # in the second
+    got, top, q = graphs.run_verify(tokens, starts, tables, PAGE, embeds=x)
+    assert q == 64 and got.shape[0] == 3 and torch.equal(top, got.argmax(-1))
+    pos = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens, strict=True)])
+    seq = np.repeat(np.arange(3), lens)
+    meta = PagedMetadata(
+        torch.as_tensor(tables[seq, pos // PAGE] * PAGE + pos % PAGE, device="cuda"),
+        torch.as_tensor(tables, device="cuda"),
+        torch.tensor([s + n for s, n in zip(starts, lens, strict=True)], device="cuda"),
+        torch.tensor(np.cumsum([0, *lens[:-1]]), device="cuda"),
+        torch.tensor(lens, device="cuda"),
+        max(lens),
+    )
+    hidden = model(None, torch.as_tensor(pos, device="cuda"), meta, eager_kv, inputs_embeds=x)
+    last = torch.tensor(np.cumsum(lens) - 1, device="cuda")
+    assert torch.equal(got, model.compute_logits(hidden[last]))
+    assert torch.equal(graph_kv, eager_kv)  # padding rows and sequences wrote nothing
+
+
 def _engine(eager: bool, connector: str = "none"):
     return create_engine(
         EngineConfig(
