@@ -79,6 +79,8 @@ def test_voice_train_end_to_end_at_toy_scale(tmp_path):
         "6",
         "--held-out",
         "2",
+        "--backbone-valid",
+        "1",
         "--codec-steps",
         "2",
         "--codec-batch",
@@ -94,6 +96,7 @@ def test_voice_train_end_to_end_at_toy_scale(tmp_path):
     ]
     assert main(argv) == 0
     assert main(argv) == 0  # every stage done: resumes to nothing
+    assert (work / "backbone" / "best.pt").is_file()  # the validation-picked weights
     voice = work / "voice"
     assert (voice / "voice.json").is_file() and (voice / "codec" / "codec.json").is_file()
     synth = Synthesizer(str(voice), device="cpu", kv_cache_memory_mb=16)

@@ -77,14 +77,35 @@ def sequence(vocab: PhonemeVocab, item: dict, frames: np.ndarray) -> tuple[np.nd
 
 
 class LMData:
-    def __init__(self, path: Path, held_out: int) -> None:
+    """The sentences' token sequences: the last ``held_out`` are never used (the quality
+    report's), the ``valid`` before them pick the checkpoint kept, the rest train."""
+
+    def __init__(self, path: Path, held_out: int, valid: int = 0) -> None:
         d = np.load(path)
         self.tokens, self.offsets, self.loss_from = d["tokens"], d["offsets"], d["loss_from"]
         self.vocab = PhonemeVocab(list(d["symbols"]), int(d["num_q"]), int(d["codebook"]))
         n = len(self.offsets) - 1
         lengths = np.diff(self.offsets)
-        train = [i for i in range(n - held_out) if lengths[i] > 0]
+        end = n - held_out - valid
+        train = [i for i in range(end) if lengths[i] > 0]
         self.by_length = sorted(train, key=lambda i: int(lengths[i]))  # for bucketing
+        held = [i for i in range(end, n - held_out) if lengths[i] > 0]
+        self.valid = sorted(held, key=lambda i: int(lengths[i]))
+
+    def _pack(self, pick: list[int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+        seqs = [self.tokens[self.offsets[i] : self.offsets[i + 1]] for i in pick]
+        t = max(len(s) for s in seqs)
+        ids = np.full((len(pick), t), PAD, np.int64)
+        mask = np.zeros((len(pick), t), np.float32)
+        for b, (i, s) in enumerate(zip(pick, seqs, strict=True)):
+            ids[b, : len(s)] = s
+            mask[b, self.loss_from[i] : len(s)] = 1.0  # targets: after <speech>, to <eos>
+        return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+
+    def valid_batches(self, size: int, device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [
+            self._pack(self.valid[a : a + size], device) for a in range(0, len(self.valid), size)
+        ]
 
     def batch(
         self, rng: np.random.Generator, size: int, device: str
@@ -92,26 +113,18 @@ class LMData:
         """(ids (B, T), loss mask (B, T)) for ``size`` random training sentences of about
         the same length (neighbours in length order: little padding)."""
         at = int(rng.integers(0, len(self.by_length) - size + 1))
-        pick = self.by_length[at : at + size]
-        seqs = [self.tokens[self.offsets[i] : self.offsets[i + 1]] for i in pick]
-        t = max(len(s) for s in seqs)
-        ids = np.full((size, t), PAD, np.int64)
-        mask = np.zeros((size, t), np.float32)
-        for b, (i, s) in enumerate(zip(pick, seqs, strict=True)):
-            ids[b, : len(s)] = s
-            mask[b, self.loss_from[i] : len(s)] = 1.0  # targets: after <speech>, to <eos>
-        return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+        return self._pack(self.by_length[at : at + size], device)
 
 
 def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool:
-    data = LMData(build_lm_data(work), cfg.held_out)
+    data = LMData(build_lm_data(work), cfg.held_out, cfg.backbone_valid)
     torch.manual_seed(cfg.seed)
     mcfg = llama_config(cfg.backbone_size, data.vocab.size)
-    model = TrainLlama(mcfg).to(device)
+    model = TrainLlama(mcfg, cfg.backbone_dropout).to(device)
     autocast = torch.autocast("cuda", torch.bfloat16) if device == "cuda" else None
 
-    def step_fn(step: int) -> torch.Tensor:
-        ids, mask = data.batch(np.random.default_rng([11, step]), cfg.backbone_batch, device)
+    def losses(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed loss over the masked targets, their count)."""
         if autocast is not None:
             with autocast:
                 logits = model(ids[:, :-1])
@@ -121,7 +134,22 @@ def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool
             logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
         )
         m = mask[:, 1:].reshape(-1)
-        return (loss * m).sum() / m.sum()
+        return (loss * m).sum(), m.sum()
+
+    def step_fn(step: int) -> torch.Tensor:
+        total, count = losses(
+            *data.batch(np.random.default_rng([11, step]), cfg.backbone_batch, device)
+        )
+        return total / count
+
+    valid = data.valid_batches(cfg.backbone_batch, device) if data.valid else []
+
+    @torch.no_grad()
+    def valid_loss() -> float:
+        model.eval()
+        got = [losses(ids, mask) for ids, mask in valid]
+        model.train()
+        return float(sum(t for t, _ in got) / sum(c for _, c in got))
 
     steps = cfg.backbone_steps or fit_steps(model, step_fn, deadline, work / "backbone")
     if not train(
@@ -133,6 +161,8 @@ def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool
         cfg.backbone_lr,
         warmup=min(500, steps // 10),
         deadline=deadline,
+        evaluate=valid_loss if valid else None,
+        eval_every=cfg.backbone_valid_every,
     ):
         return False
     save_backbone(model, mcfg, data.vocab, work / "backbone" / "final")

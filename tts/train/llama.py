@@ -114,35 +114,39 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: dict, dropout: float = 0.0) -> None:
         super().__init__()
         self.self_attn = Attention(cfg)
         self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(dropout)
         self.input_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
         self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin))
+        return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
 
 
 class Inner(nn.Module):
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: dict, dropout: float = 0.0) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.layers = nn.ModuleList(Layer(cfg, dropout) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
 
 
 class TrainLlama(nn.Module):
-    """``state_dict()`` keys are HF's (``model.layers.0.self_attn.q_proj.weight``, ...)."""
+    """``state_dict()`` keys are HF's (``model.layers.0.self_attn.q_proj.weight``, ...).
+
+    ``dropout`` (training only; ``eval()`` switches it off, and the served model has
+    none) drops each residual branch's output: a regulariser for a small corpus."""
 
     inv_freq: torch.Tensor
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: dict, dropout: float = 0.0) -> None:
         super().__init__()
         self.cfg = cfg
-        self.model = Inner(cfg)
+        self.model = Inner(cfg, dropout)
         d = cfg["head_dim"]
         inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv, persistent=False)

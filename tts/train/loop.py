@@ -5,6 +5,11 @@ AdamW with linear warm-up and cosine decay. Model, optimizer, step and RNG state
 saved to ``work/ckpt.pt`` every ``save_every_s`` seconds, at the end and when the time
 budget runs out, so a killed or time-boxed run continues from its last checkpoint with the
 same schedule (the schedule depends on the step only).
+
+With ``evaluate`` (a validation loss), the weights are scored every ``eval_every`` steps
+and at the end; the best scoring ones are kept in ``work/best.pt`` and are the model
+``train`` leaves behind (early stopping without stopping: a small corpus is memorised
+long before a fixed schedule ends).
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ def train(
     log_every: int = 50,
     weight_decay: float = 0.01,
     on_log: Callable[[int, float], None] | None = None,
+    evaluate: Callable[[], float] | None = None,
+    eval_every: int = 250,
 ) -> bool:
     """Train until ``steps`` (True) or until ``deadline`` (time.time(); False)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -73,6 +80,27 @@ def train(
         step = saved["step"]
         _set_rng(saved["rng"])
         print(f"{name}: resumed at step {step}/{steps}", flush=True)
+    best_path = work / "best.pt"
+    best = (
+        torch.load(best_path, map_location="cpu", weights_only=False)
+        if best_path.is_file()
+        else None
+    )
+
+    def score() -> None:
+        nonlocal best
+        value = evaluate()  # type: ignore[misc]
+        better = best is None or value < best["loss"]
+        print(
+            f"{name}: step {step} validation loss {value:.4f}{' (best)' if better else ''}",
+            flush=True,
+        )
+        if better:
+            best = {"model": model.state_dict(), "step": step, "loss": value}
+            tmp = best_path.with_suffix(f".tmp{os.getpid()}")
+            torch.save(best, tmp)
+            os.replace(tmp, best_path)
+
     last_save, t0, avg = time.time(), time.time(), None
     model.train()
     while step < steps:
@@ -97,10 +125,20 @@ def train(
             )
             if on_log is not None:
                 on_log(step, avg)
+        if evaluate is not None and (step % eval_every == 0 or step == steps):
+            score()
         if time.time() - last_save > save_every_s:
             _save(ckpt, model, opt, step)
             last_save = time.time()
     _save(ckpt, model, opt, step)
+    if evaluate is not None and best is None:
+        score()
+    if best is not None:
+        model.load_state_dict(best["model"])
+        print(
+            f"{name}: kept the weights of step {best['step']} (validation loss {best['loss']:.4f})",
+            flush=True,
+        )
     model.eval()
     return True
 

@@ -40,6 +40,9 @@ class VoiceTrainConfig:
     backbone_batch: int = 16
     backbone_size: str = "base"  # base | small (a CPU-sized model)
     backbone_lr: float = 1e-3
+    backbone_dropout: float = 0.1  # residual-branch dropout while training
+    backbone_valid: int = 200  # sentences before the held-out ones that pick the checkpoint
+    backbone_valid_every: int = 250  # steps between validation passes
     threads: int = 0  # CPU threads for torch (0: leave torch's default)
 
     def __post_init__(self) -> None:
@@ -48,6 +51,8 @@ class VoiceTrainConfig:
             raise ValueError(f"unknown stages {sorted(unknown)}; allowed: {', '.join(STAGES)}")
         if self.held_out < 1 or self.sentences <= self.held_out:
             raise ValueError("need 1 <= held_out < sentences")
+        if self.backbone_valid < 0 or self.sentences <= self.held_out + self.backbone_valid:
+            raise ValueError("need 0 <= backbone_valid < sentences - held_out")
 
     @property
     def stage_list(self) -> list[str]:
