@@ -104,8 +104,26 @@ class PrimedStreams:
             await close_streams(self.streams)
             raise
 
-    async def merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+    def merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Yield ``(choice_index, output)`` as outputs arrive on any choice, interleaved."""
+        return self._single() if len(self.streams) == 1 else self._interleaved()
+
+    async def _single(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """One choice (most requests): its outputs in order, without a task per output."""
+        stream, first = self.streams[0], self.first[0]
+        try:
+            if first is not None:
+                yield 0, first
+                if first.finished:
+                    return
+            async for out in stream:
+                yield 0, out
+                if out.finished:
+                    return
+        finally:
+            await close_streams(self.streams)
+
+    async def _interleaved(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         pending: dict[asyncio.Task[RequestOutput], int] = {}
         try:
             for i, stream in enumerate(self.streams):
