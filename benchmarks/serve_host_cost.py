@@ -25,7 +25,7 @@ from typing import Any
 from mmserve.engine.async_engine import AsyncEngine
 from mmserve.engine.outputs import EngineStats, RequestOutput
 from mmserve.server.chat_output import ChatContext, ParserSettings, stream_chat
-from mmserve.server.serving import sse_event
+from mmserve.server.sse import sse_event
 
 
 class PacedEngine:

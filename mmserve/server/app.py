@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from mmserve import __version__
 from mmserve.config import ServerConfig
@@ -26,10 +27,20 @@ from mmserve.server.routes_completions import router as completions_router
 from mmserve.server.routes_demo import router as demo_router
 from mmserve.server.routes_speech import router as speech_router
 from mmserve.server.serving import ServerState, get_state
+from mmserve.server.sse import RAW_SEND
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 basic_router = APIRouter()
+
+
+class MMServeApp(FastAPI):
+    """FastAPI that leaves the ASGI server's own send in the scope (``sse.RAW_SEND``), so a
+    streamed body bypasses the middleware's per-message send wrappers."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[RAW_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 @basic_router.get("/health")
@@ -97,7 +108,7 @@ def create_app(
     metrics_ = ServerMetrics(engine.stats, model_name)
     if speech is not None:  # the voice engine's series (audio streams, refusals, KV)
         metrics_.add_engine(speech.engine.stats, speech.model_name)
-    app = FastAPI(title="mmserve", version=__version__, docs_url=None, redoc_url=None)
+    app = MMServeApp(title="mmserve", version=__version__, docs_url=None, redoc_url=None)
     app.state.mm = ServerState(engine, config, model_name, formats, metrics_)
     app.state.speech, app.state.speech_max_chars = speech, max_speech_input_chars
     install_error_handlers(app)

@@ -30,14 +30,13 @@ from mmserve.server.images import ImageRef, prepare_images
 from mmserve.server.limits import check_fan_out, check_prompt_bytes, check_stop, guard_json_body
 from mmserve.server.protocol import ChatCompletionRequest, ChatMessage
 from mmserve.server.serving import (
-    SSEResponse,
     get_state,
     in_thread,
     resolve_max_tokens,
-    sse_stream,
     timed,
     until_disconnect,
 )
+from mmserve.server.sse import SSEResponse
 from mmserve.server.tool_choice import plan_tools
 
 router = APIRouter()
@@ -178,12 +177,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         num_image_tokens=prompt.num_image_tokens,
     )
     streams = PrimedStreams(fan_out(engine, prompt_ids, params, request_id, prompt.spans))
-    await until_disconnect(request, streams.prime())
+    await until_disconnect(request.receive, streams.prime())
     outputs = timed(state.metrics, ENDPOINT, start, streams.merged())
     if body.stream:
-        return SSEResponse(sse_stream(stream_chat(ctx, outputs)))
+        return SSEResponse(stream_chat(ctx, outputs))
     try:
-        response = await until_disconnect(request, collect_chat(ctx, outputs))
+        response = await until_disconnect(request.receive, collect_chat(ctx, outputs))
     finally:
         await aclose(outputs)
     return JSONResponse(response.model_dump())

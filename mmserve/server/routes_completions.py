@@ -28,14 +28,13 @@ from mmserve.server.protocol_out import (
     make_usage,
 )
 from mmserve.server.serving import (
-    SSEResponse,
     get_state,
     in_thread,
     resolve_max_tokens,
-    sse_stream,
     timed,
     until_disconnect,
 )
+from mmserve.server.sse import SSEResponse
 
 router = APIRouter()
 ENDPOINT = "/v1/completions"
@@ -144,7 +143,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     ]
     num_prompt = sum(len(ids) for _, ids in prompts)
     primed = PrimedStreams(streams)
-    await until_disconnect(request, primed.prime())
+    await until_disconnect(request.receive, primed.prime())
     outputs = timed(state.metrics, ENDPOINT, start, primed.merged())
 
     def usage() -> Usage:
@@ -173,14 +172,14 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     id=request_id, model=state.model_name, choices=[], usage=usage()
                 )
 
-        return SSEResponse(sse_stream(chunks()))
+        return SSEResponse(chunks())
 
     async def collect() -> None:
         async for k, out in outputs:
             choices[k].feed(out)
 
     try:
-        await until_disconnect(request, collect())
+        await until_disconnect(request.receive, collect())
     finally:
         await aclose(outputs)
     response = CompletionResponse(

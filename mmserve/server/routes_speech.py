@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import StreamingResponse
 
 from mmserve.server.errors import ParamError
-from mmserve.server.serving import SSEResponse, until_disconnect
+from mmserve.server.serving import until_disconnect
+from mmserve.server.sse import SSEResponse
 
 router = APIRouter()
 MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
@@ -106,13 +107,13 @@ async def create_speech(req: SpeechRequest, request: Request) -> Response:
     usage = Usage()
     pcm = _stretched(svc.stream(prompts, usage=usage), req.speed)
     try:  # the first audio before the headers, so errors (a full queue: 429) are statuses
-        first = await until_disconnect(request, _first(pcm))
+        first = await until_disconnect(request.receive, _first(pcm))
     except BaseException:
         await pcm.aclose()  # type: ignore[attr-defined]
         raise
     body = _encode(first, pcm, fmt, svc.sample_rate)
     if stream == "sse":
-        return SSEResponse(_sse(body, usage))
+        return SSEResponse(_sse(body, usage), done=False)
     if fmt == "flac":
         return Response(b"".join([b async for b in body]), media_type="audio/flac")
     from tts.audio_format import MEDIA_TYPES
@@ -161,10 +162,11 @@ async def _encode(
 
 
 async def _sse(body: AsyncIterator[bytes], usage: Any) -> AsyncIterator[str]:
+    """The speech events, each JSON-encoded (``SSEResponse`` frames them)."""
     try:
         async for b in body:
             event = {"type": "speech.audio.delta", "audio": base64.b64encode(b).decode()}
-            yield f"data: {json.dumps(event)}\n\n"
+            yield json.dumps(event)
         done = {
             "type": "speech.audio.done",
             "usage": {
@@ -173,7 +175,7 @@ async def _sse(body: AsyncIterator[bytes], usage: Any) -> AsyncIterator[str]:
                 "total_tokens": usage.input_tokens + usage.output_tokens,
             },
         }
-        yield f"data: {json.dumps(done)}\n\n"
+        yield json.dumps(done)
     finally:
         await body.aclose()  # type: ignore[attr-defined]
 

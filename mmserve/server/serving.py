@@ -1,4 +1,4 @@
-"""What every OpenAI route shares: server state, request checks, SSE, disconnects.
+"""What every OpenAI route shares: server state, request checks, disconnects.
 
 ``ServerState`` lives on ``app.state.mm``; routes read the engine, the served
 model name, the resolved parser formats and the metrics from it. Prompt
@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive
 
 from mmserve.config import ServerConfig
 from mmserve.engine.outputs import RequestOutput
 from mmserve.errors import UnknownModelError
 from mmserve.server.engine_client import EngineClient, aclose
-from mmserve.server.errors import ClientDisconnected, ParamError, from_exception
+from mmserve.server.errors import ClientDisconnected, ParamError
 from mmserve.server.metrics import ServerMetrics
 
 T = TypeVar("T")
@@ -83,10 +80,11 @@ async def in_thread(fn: Callable[[], T]) -> T:
     return await asyncio.to_thread(fn)
 
 
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client disconnects first, cancel it and raise."""
+async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client disconnects first (``receive`` says so), cancel it and
+    raise ``ClientDisconnected``."""
     task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_wait_disconnect(request.receive))
+    watch = asyncio.ensure_future(_wait_disconnect(receive))
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -103,42 +101,6 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 async def _wait_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def sse_event(payload: BaseModel | dict[str, Any] | str) -> str:
-    """One SSE event; a ``str`` payload is JSON encoded already."""
-    if isinstance(payload, str):
-        return f"data: {payload}\n\n"
-    if isinstance(payload, BaseModel):
-        return f"data: {payload.model_dump_json()}\n\n"
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-async def sse_stream(chunks: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
-    """SSE framing with ``[DONE]``; an error after the first byte becomes an error event."""
-    try:
-        async for chunk in chunks:
-            yield sse_event(chunk)
-    except Exception as exc:  # noqa: BLE001 - the status line is already sent
-        yield sse_event(from_exception(exc)[0])
-    finally:
-        await aclose(chunks)
-    yield "data: [DONE]\n\n"
-
-
-class SSEResponse(StreamingResponse):
-    """A text/event-stream response that always closes its source, however it ends."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, content: AsyncIterator[str]) -> None:
-        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await aclose(self.body_iterator)  # type: ignore[arg-type]
 
 
 async def timed(

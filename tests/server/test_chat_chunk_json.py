@@ -11,7 +11,7 @@ import pytest
 from mmserve.engine.outputs import RequestOutput
 from mmserve.server.chat_output import ChatContext, ParserSettings, stream_chat
 from mmserve.server.protocol_out import ChatChunkChoice, ChatCompletionChunk
-from mmserve.server.serving import sse_event
+from mmserve.server.sse import sse_event
 
 TEXTS = [
     "",
