@@ -19,7 +19,7 @@ import uvicorn
 
 from mmserve.config import EngineConfig, ServerConfig, SpeechConfig
 from mmserve.server.app import create_app
-from mmserve.server.connections import ConnectionLimits, guarded_h11
+from mmserve.server.connections import ConnectionLimits, guarded_httptools
 from mmserve.server.engine_client import EngineClient
 from mmserve.server.log_limits import install_repeat_filter
 
@@ -28,7 +28,7 @@ SHUTDOWN_FLUSH_S = 2.0  # after the engine cancels at shutdown: time to write th
 
 def uvicorn_config(app: object, config: ServerConfig) -> uvicorn.Config:
     """The uvicorn settings mmserve runs with: WS message limit = the HTTP body limit, the
-    connection limits of ``connections.guarded_h11``, repeated log lines folded."""
+    connection limits of ``connections.guarded_httptools``, repeated log lines folded."""
     limits = ConnectionLimits(
         config.max_connections, config.header_timeout_s, config.body_timeout_s, config.retry_after_s
     )
@@ -37,7 +37,7 @@ def uvicorn_config(app: object, config: ServerConfig) -> uvicorn.Config:
         host=config.host,
         port=config.port,
         log_level=config.log_level,
-        http=guarded_h11(limits),
+        http=guarded_httptools(limits),
         ws_max_size=config.max_body_bytes,
         ws_ping_interval=config.ws_ping_interval_s,
         ws_ping_timeout=config.ws_ping_timeout_s,
