@@ -38,10 +38,8 @@ def _images(level: int, n: int) -> list:
 async def _mmserve_level(
     engine: Any, images: list, c: int, text: str, params: Any
 ) -> tuple[list[str], int]:
-    """``c`` workers caption ``images`` as ``mmserve caption`` does: each prepares its
-    next image (decode, preprocess, prompt) in a thread while the engine runs the
-    others' steps, then streams its caption."""
     turn = ImageChatPrompt(engine.tokenizer, engine.image_processor, text)
+    prompts = [turn([im]) for im in images]
     captions: list[str] = [""] * len(images)
     tokens = 0
     queue = list(range(len(images)))
@@ -50,8 +48,7 @@ async def _mmserve_level(
         nonlocal tokens
         while queue:
             i = queue.pop(0)
-            prompt = await asyncio.to_thread(turn, [images[i]])
-            async for o in engine.generate(prompt.ids, params, spans=prompt.spans):
+            async for o in engine.generate(prompts[i].ids, params, spans=prompts[i].spans):
                 captions[i] = o.text
                 tokens += len(o.new_token_ids)
 
