@@ -136,6 +136,11 @@ class ImageProcessor(ABC):
         """A validated RGB image (``connectors.image_source.load_image``) -> its tensor(s)
         and prompt tokens."""
 
+    def prepare_many(self, images: Sequence[Image.Image]) -> list[PreparedImage]:
+        """``[prepare(im) for im in images]``, equal to it; a processor may batch the work
+        (a captioning job's images arrive together)."""
+        return [self.prepare(im) for im in images]
+
     def splice(
         self, text: str, images: Sequence[PreparedImage], encode: Callable[[str], list[int]]
     ) -> ImagePrompt:

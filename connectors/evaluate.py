@@ -31,7 +31,7 @@ def evaluate_connector(
     text = str(instruction or getattr(connector.config, "prompt", "Describe the image."))
     scenes = [synthetic.sample("test", i) for i in range(n)]
     turn = ImageChatPrompt(llm.tokenizer, connector.processor, text)
-    prompts = [turn([img]) for img, _ in scenes]
+    prompts = turn.each([img for img, _ in scenes])
     outs = llm.generate(
         [p.ids for p in prompts],
         SamplingParams(temperature=0, max_tokens=max_tokens),

@@ -97,6 +97,14 @@ class ImageChatPrompt:
         prepared = [self.processor.prepare(img) for img in images]
         return self.processor.splice(self.rendered, prepared, self._encode)
 
+    def each(self, images: Sequence[Image.Image]) -> list[ImagePrompt]:
+        """One prompt per image (a one-image turn), ``[self([im]) for im in images]``,
+        with the images prepared together (``ImageProcessor.prepare_many``)."""
+        if self.num_images != 1:
+            raise ValueError(f"each() needs a one-image prompt, this one takes {self.num_images}")
+        prepared = self.processor.prepare_many(images)
+        return [self.processor.splice(self.rendered, [p], self._encode) for p in prepared]
+
     def _encode(self, piece: str) -> list[int]:
         ids = self._pieces.get(piece)
         if ids is None:

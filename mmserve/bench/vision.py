@@ -39,7 +39,7 @@ async def _mmserve_level(
     engine: Any, images: list, c: int, text: str, params: Any
 ) -> tuple[list[str], int]:
     turn = ImageChatPrompt(engine.tokenizer, engine.image_processor, text)
-    prompts = [turn([im]) for im in images]
+    prompts = turn.each(images)
     captions: list[str] = [""] * len(images)
     tokens = 0
     queue = list(range(len(images)))
@@ -117,7 +117,7 @@ class HFCaptioner:
     @torch.inference_mode()
     def caption(self, images: list, text: str, max_tokens: int) -> tuple[list[str], int]:
         turn = ImageChatPrompt(self.tokenizer, self.connector.processor, text)
-        prompts = [turn([im]) for im in images]
+        prompts = turn.each(images)
         rows = self.connector.encode([p.spans[0].payload for p in prompts])
         embed = self.lm.get_input_embeddings()
         width = max(len(p.ids) for p in prompts)

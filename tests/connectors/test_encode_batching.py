@@ -65,6 +65,19 @@ def test_a_reused_turn_equals_the_template_rendered_each_time(llm, num_images):
             assert torch.equal(a.payload, b.payload)
     with pytest.raises(ValueError, match="takes"):
         turn([])
+    if num_images == 1:  # the batched form: the same prompts as one call an image
+        imgs = [synthetic.sample("test", 410 + k)[0] for k in range(4)]
+        for got, img in zip(turn.each(imgs), imgs, strict=True):
+            want = turn([img])
+            assert (got.ids, [_plain(sp) for sp in got.spans]) == (
+                want.ids,
+                [_plain(sp) for sp in want.spans],
+            )
+            pairs = zip(got.spans, want.spans, strict=True)
+            assert all(torch.equal(a.payload, b.payload) for a, b in pairs)
+    else:
+        with pytest.raises(ValueError, match="one-image"):
+            turn.each([])
 
 
 def _plain(span) -> tuple:

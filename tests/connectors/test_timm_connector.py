@@ -90,6 +90,25 @@ def test_preprocessing_is_timms_own_transform(connector):
     assert torch.equal(connector.processor.preprocess(img), ref)
 
 
+@pytest.mark.parametrize("crop_mode", ["squash", "center"])
+def test_prepared_together_equals_prepared_each(crop_mode):
+    """``prepare_many`` batches images already at the tile size; every image's pixels,
+    digest and tokens equal ``prepare``'s (and so timm's transform's) bit for bit, the
+    others (larger, smaller, tiled) take ``prepare`` itself, in order."""
+    spec = EncoderSpec(SPEC.name, SPEC.kwargs, None, {**SPEC.data, "crop_mode": crop_mode})
+    model = create_encoder_model(spec)
+    cfg = ConnectorConfig(spec, ProjectorSpec("shuffle_mlp", 32, 24, 2), (4, 4), max_tiles=4)
+    proc = TimmProcessor(cfg, Preprocess(data_config(model, spec)), Ids())
+    images = [_img(32, 32, i) for i in range(5)] + [_img(90, 70, 9), _img(20, 20, 8)]
+    images.insert(2, _img(64, 32, 7))
+    many = proc.prepare_many(images)
+    assert len(many) == len(images)
+    for img, got in zip(images, many, strict=True):
+        want = proc.prepare(img)
+        assert got.pixels.dtype == want.pixels.dtype and torch.equal(got.pixels, want.pixels)
+        assert got.digest == want.digest and got.tokens == want.tokens
+
+
 def test_pixel_shuffle_matches_idefics3():
     x = torch.randn(2, 16, 6)  # (B, seq, C) as Idefics3 gets it
 
