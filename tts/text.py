@@ -2,7 +2,10 @@
 
 ``split_clauses`` cuts long input into pieces a voice speaks one request at a time: at
 sentence ends first, then at clause punctuation, then between words, so no piece is
-longer than ``max_chars`` (a word longer than that is cut). Every character of the input
+longer than ``max_chars`` (a word longer than that is cut). Consecutive sentences that fit
+one piece together stay together: each piece is spoken as an utterance of its own, with
+its own edge silence, so cutting "Smooth! Anna repaired it!" in two would put a pause
+between the sentences that the voice's teacher never makes. Every character of the input
 lands in exactly one piece (whitespace between pieces aside), so nothing is dropped.
 
 ``ClauseStream`` does the same incrementally, for text that is still being written (an LLM's
@@ -32,16 +35,25 @@ _CLAUSE_END = re.compile(r"(?<=[,;:])\s+|\s+(?=[-\u2013\u2014]\s)")
 def split_clauses(text: str, max_chars: int = 200) -> list[str]:
     """Pieces of ``text`` of at most ``max_chars`` characters, cut where speech pauses."""
     out: list[str] = []
+    short = ""  # consecutive sentences that fit one piece together
     for sentence in _SENTENCE_END.split(text.strip()):
         if len(sentence) <= max_chars:
-            out.append(sentence)
+            if short and len(short) + 1 + len(sentence) > max_chars:
+                out.append(short)
+                short = ""
+            short = f"{short} {sentence}" if short else sentence
             continue
+        if short:
+            out.append(short)
+            short = ""
         for clause in _pack(_CLAUSE_END.split(sentence), max_chars, " "):
             out += (
                 [clause]
                 if len(clause) <= max_chars
                 else _pack(clause.split(), max_chars, " ", cut=True)
             )
+    if short:
+        out.append(short)
     return [p.strip() for p in out if p.strip()]
 
 

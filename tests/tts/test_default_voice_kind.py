@@ -38,6 +38,17 @@ def test_split_clauses_keeps_every_word_and_the_limit():
     assert pieces[0] == "Short one."
 
 
+def test_split_clauses_keeps_short_sentences_together():
+    """A piece is an utterance of its own (edge silence included): short sentences share
+    one, as the voice's teacher speaks them, up to the piece limit."""
+    assert split_clauses("Smooth! Anna nearly repaired her thunder!") == [
+        "Smooth! Anna nearly repaired her thunder!"
+    ]
+    text = "One two three. Four five six? Seven eight nine! Ten eleven twelve."
+    pieces = split_clauses(text, 32)
+    assert pieces == ["One two three. Four five six?", "Seven eight nine!", "Ten eleven twelve."]
+
+
 def test_phonemes_mark_words_and_clause_punctuation():
     ph = phonemize("Yes, it is. Is it?")
     assert ph.num_phonemes == sum(ph.is_phoneme) > 5
