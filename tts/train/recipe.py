@@ -29,7 +29,7 @@ class VoiceTrainConfig:
     work_dir: str = ""  # "": $MMSERVE_HOME/voice-train
     out: str = ""  # "": <work_dir>/voice
     stages: str = ",".join(STAGES)
-    sentences: int = 12000
+    sentences: int = 36000
     held_out: int = 100
     seed: int = 0
     device: str = "auto"
