@@ -205,6 +205,68 @@ async def _run_share(load: Load) -> list[Timing]:
     return out
 
 
+_CANNED_CHUNKS = (
+    {"role": "assistant", "content": "Once"},
+    {"content": " upon"},
+)
+
+
+async def _canned_sse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A chat-completions SSE answer of two content chunks, usage and [DONE], whatever
+    was asked: what ``warm_client`` points the SDK at."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (
+            int(v)
+            for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n"))
+            if k.strip().lower() == b"content-length"
+        ),
+        0,
+    )
+    await reader.readexactly(length)
+    base = {"id": "warm", "object": "chat.completion.chunk", "created": 0, "model": "warm"}
+    events = [
+        {**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+        for d in _CANNED_CHUNKS
+    ]
+    events.append(
+        {
+            **base,
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+        }
+    )
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    body += b"data: [DONE]\n\n"
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    writer.close()
+
+
+def warm_client() -> None:
+    """Run the SSE client's whole path once against a canned local answer, so a client
+    process's first-use costs (the SDK's lazy imports and first parse: tens of ms) are
+    paid before any load, and a fresh server's first requests time the server alone."""
+
+    async def once() -> None:
+        server = await asyncio.start_server(_canned_sse, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            msgs = [{"role": "user", "content": "hi"}]
+            load = Load(f"http://127.0.0.1:{port}", "warm", "sse", 1, 1, [msgs], 2)
+            (t,) = await _run_share(load)
+            assert t.error is None and t.tokens == 2, t
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(once())
+
+
 def run_share(load: Load) -> ShareResult:
     """Run one share of a load in this process (a client process's entry point)."""
     cpu, wall = time.process_time(), time.monotonic()

@@ -129,3 +129,13 @@ def test_run_load_splits_clients_requests_and_prompts():
     assert (a.clients, b.clients) == (3, 2) and (a.requests, b.requests) == (6, 5)
     assert a.prompts == sets and b.prompts[0] == sets[6]  # b goes on where a's requests end
     assert a.start_at == b.start_at > 0  # both shares begin at one moment
+
+
+def test_warm_client_runs_the_sdk_path_against_a_canned_answer():
+    """The client processes' warm-up: the openai SDK streams the canned answer (content
+    chunks, usage, [DONE]) through the bench's own request code, with no server."""
+    pytest.importorskip("openai")
+    from mmserve.bench.serve_clients import warm_client
+
+    warm_client()  # asserts the canned stream came back whole, with its usage
+    warm_client()  # and again in the same process (a fresh loop, a fresh port)
