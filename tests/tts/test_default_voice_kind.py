@@ -140,3 +140,49 @@ def test_clause_stream_pieces_do_not_depend_on_chunking():
         cuts = sorted(rng.sample(range(1, len(text)), 12))
         bounds = zip([0, *cuts], [*cuts, len(text)], strict=True)
         assert pieces([text[a:b] for a, b in bounds]) == whole
+
+
+def test_training_keeps_the_picked_weights_and_ignores_a_stale_best(tmp_path):
+    """A validating run ends with the weights it picked; ``best.pt`` is that run's
+    choice, and a run that does not validate (in a work directory a validating run left)
+    ends with its own last weights."""
+    from tts.train.loop import train
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    x, y = torch.randn(32, 4), torch.randn(32, 1)
+
+    def step_fn(_: int) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    def evaluate() -> float:
+        return 0.0 if not (tmp_path / "best.pt").is_file() else 1.0  # the first one wins
+
+    seen: dict[int, dict] = {}
+
+    def log(step: int, _: float) -> None:
+        seen[step] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    assert train(
+        "t",
+        tmp_path,
+        model,
+        step_fn,
+        4,
+        1e-2,
+        warmup=0,
+        log_every=1,
+        on_log=log,
+        evaluate=evaluate,
+        eval_every=2,
+    )
+    picked = {k: v.clone() for k, v in model.state_dict().items()}
+    # the run ends with the weights validation picked (step 2's), not its last (step 4's)
+    assert all(torch.equal(picked[k], seen[2][k]) for k in picked)
+    assert not all(torch.equal(picked[k], seen[4][k]) for k in picked)
+    (tmp_path / "ckpt.pt").unlink()  # a fresh run in the same directory, no validation
+    torch.manual_seed(1)
+    model.reset_parameters()
+    assert train("t", tmp_path, model, step_fn, 6, 1e-2, warmup=0)
+    last = model.state_dict()
+    assert not all(torch.equal(picked[k], last[k]) for k in picked)

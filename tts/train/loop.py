@@ -81,9 +81,10 @@ def train(
         _set_rng(saved["rng"])
         print(f"{name}: resumed at step {step}/{steps}", flush=True)
     best_path = work / "best.pt"
+    # a best.pt left by a run that validated means nothing to one that does not
     best = (
         torch.load(best_path, map_location="cpu", weights_only=False)
-        if best_path.is_file()
+        if evaluate is not None and best_path.is_file()
         else None
     )
 
@@ -96,7 +97,9 @@ def train(
             flush=True,
         )
         if better:
-            best = {"model": model.state_dict(), "step": step, "loss": value}
+            # a copy: state_dict() holds the live tensors, which training goes on changing
+            weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            best = {"model": weights, "step": step, "loss": value}
             tmp = best_path.with_suffix(f".tmp{os.getpid()}")
             torch.save(best, tmp)
             os.replace(tmp, best_path)
