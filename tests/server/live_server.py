@@ -19,11 +19,26 @@ from mmserve.server import create_app
 from mmserve.server.launch import bound_address, make_server
 
 
+def live_config(**overrides: Any) -> ServerConfig:
+    """A test server's config: 127.0.0.1, a free port, warnings only, plus ``overrides``."""
+    return ServerConfig(**{"host": "127.0.0.1", "port": 0, "log_level": "warning", **overrides})
+
+
+def guarded_config(max_connections: int, **overrides: Any) -> ServerConfig:
+    """``live_config`` with half-second header and body timeouts and a connection cap."""
+    return live_config(
+        header_timeout_s=0.5,
+        body_timeout_s=0.5,
+        max_connections=max_connections,
+        **overrides,
+    )
+
+
 class LiveServer:
     """``with LiveServer(engine, config) as srv:`` serves until the block ends."""
 
     def __init__(self, engine: Any, config: ServerConfig | None = None, speech: Any = None) -> None:
-        self.config = config or ServerConfig(host="127.0.0.1", port=0, log_level="warning")
+        self.config = config or live_config()
         self.engine = engine
         self.app = create_app(engine, self.config, speech)
         self.server = make_server(self.app, engine, self.config)

@@ -14,25 +14,14 @@ from typing import Any
 import httpx
 import pytest
 from conftest import chat_messages
-from live_server import LiveServer, wait_for_idle
-
-from mmserve.config import ServerConfig
+from live_server import LiveServer, guarded_config, wait_for_idle
 
 MAX_CONNECTIONS = 3
 
 
 @pytest.fixture(scope="module")
 def guarded(engine: Any) -> Iterator[LiveServer]:
-    config = ServerConfig(
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        header_timeout_s=0.5,
-        body_timeout_s=0.5,
-        max_connections=MAX_CONNECTIONS,
-        retry_after_s=7,
-    )
-    with LiveServer(engine, config) as srv:
+    with LiveServer(engine, guarded_config(MAX_CONNECTIONS, retry_after_s=7)) as srv:
         yield srv
 
 

@@ -15,10 +15,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import chat_messages
-from live_server import LiveServer, wait_for_idle
+from live_server import LiveServer, guarded_config, wait_for_idle
 from websockets.sync.client import connect as ws_connect
-
-from mmserve.config import ServerConfig
 
 MAX_CONNECTIONS = 12
 SEVEN_MB = "x" * (7 << 20)
@@ -26,16 +24,7 @@ SEVEN_MB = "x" * (7 << 20)
 
 @pytest.fixture(scope="module")
 def hostile(engine: Any) -> Iterator[LiveServer]:
-    config = ServerConfig(
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        header_timeout_s=0.5,
-        body_timeout_s=0.5,
-        max_connections=MAX_CONNECTIONS,
-        realtime_max_items=4,
-        max_prompt_bytes=256 << 10,
-    )
+    config = guarded_config(MAX_CONNECTIONS, realtime_max_items=4, max_prompt_bytes=256 << 10)
     with LiveServer(engine, config) as srv:
         yield srv
 
