@@ -140,10 +140,15 @@ class PhonemeVoice(Voice):
     def sampling(self, prompt: list[int], seed: int | None = None) -> SamplingParams:
         phonemes = len([t for t in prompt if self.layout.is_q(t)])
         frames = self.frames_per_phoneme * phonemes + self.frame_slack
+        lay = self.layout
+        # a pointer past the prompt's last phoneme names nothing to speak: the backbone
+        # has lost its place (it does on words a sentence repeats), so the piece ends there
+        # instead of babbling on until <eos>
+        overrun = range(lay.q_base + phonemes, lay.q_base + lay.num_q)
         return SamplingParams(
             temperature=self.temperature,
             max_tokens=2 * frames + 1,
-            stop_token_ids=[EOS],
+            stop_token_ids=[EOS, *overrun],
             seed=seed,
             detokenize=False,
         )

@@ -186,3 +186,28 @@ def test_training_keeps_the_picked_weights_and_ignores_a_stale_best(tmp_path):
     assert train("t", tmp_path, model, step_fn, 6, 1e-2, warmup=0)
     last = model.state_dict()
     assert not all(torch.equal(picked[k], last[k]) for k in picked)
+
+
+def test_a_piece_ends_where_the_pointer_runs_past_its_phonemes():
+    """The shipped backbone loses its place on a word its sentence repeats ("seventy
+    three point seventy five") and points past the last phoneme: those frames speak no
+    text, so the piece ends there (a stop token) instead of babbling on to ``<eos>``."""
+    from tts.phoneme_voice import EOS
+    from tts.synthesizer import Synthesizer
+
+    synth = Synthesizer(None, device="cpu", kv_cache_memory_mb=32)
+    voice, lay = synth.voice, synth.voice.layout
+    (prompt,) = voice.prompts("Nadia and Sam met at the factory at 73.75.")
+    phonemes = sum(lay.is_q(t) for t in prompt)
+    params = voice.sampling(prompt)
+    overrun = range(lay.q_base + phonemes, lay.q_base + lay.num_q)
+    assert set(params.stop_token_ids) == {*overrun, EOS}
+    synth.engine.add_request(prompt, params, "p")
+    out = None
+    while out is None:
+        out = next((o for o in synth.engine.step() if o.request_id == "p" and o.finished), None)
+    *body, last = out.token_ids
+    pointers = [t - lay.q_base for t in body if lay.is_q(t)]
+    assert pointers and max(pointers) == phonemes - 1  # without the rule: 61
+    assert pointers == sorted(pointers)  # the pointer never goes back
+    assert last in (EOS, lay.q_base + phonemes)  # ended by <eos> or the first overrun
