@@ -115,6 +115,20 @@ def test_voice_train_end_to_end_at_toy_scale(tmp_path):
     audio = synth.synthesize("Hi.")
     assert audio.sample_rate == 24000 and len(audio.samples) % 480 == 0
 
+    # --backbone-init: a new backbone run starts from the exported voice's weights (at
+    # learning rate 0 it ends with them, bit for bit)
+    import shutil
+
+    from safetensors.torch import load_file
+
+    shutil.rmtree(work / "backbone")
+    again = tmp_path / "voice2"
+    init = ["--backbone-init", str(voice), "--backbone-lr", "0", "--out", str(again)]
+    assert main([*argv, "--stages", "backbone,export", *init]) == 0
+    first, second = load_file(voice / "model.safetensors"), load_file(again / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
 
 def test_clause_stream_pieces_do_not_depend_on_chunking():
     import random

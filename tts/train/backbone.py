@@ -120,7 +120,10 @@ def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool
     data = LMData(build_lm_data(work), cfg.held_out, cfg.backbone_valid)
     torch.manual_seed(cfg.seed)
     mcfg = llama_config(cfg.backbone_size, data.vocab.size)
-    model = TrainLlama(mcfg, cfg.backbone_dropout).to(device)
+    model = TrainLlama(mcfg, cfg.backbone_dropout)
+    if cfg.backbone_init:
+        init_backbone(model, Path(cfg.backbone_init), data.vocab)
+    model = model.to(device)
     autocast = torch.autocast("cuda", torch.bfloat16) if device == "cuda" else None
 
     def losses(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +141,12 @@ def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool
 
     def step_fn(step: int) -> torch.Tensor:
         total, count = losses(
-            *data.batch(np.random.default_rng([11, step]), cfg.backbone_batch, device)
+            # a run from another voice's weights draws its own batch order
+            *data.batch(
+                np.random.default_rng([12 if cfg.backbone_init else 11, step]),
+                cfg.backbone_batch,
+                device,
+            )
         )
         return total / count
 
@@ -167,6 +175,25 @@ def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool
         return False
     save_backbone(model, mcfg, data.vocab, work / "backbone" / "final")
     return True
+
+
+def init_backbone(model: TrainLlama, voice: Path, vocab: PhonemeVocab) -> None:
+    """Start from a voice's backbone (``--backbone-init``: train on from a shipped voice,
+    whose optimizer state is gone, with a fresh schedule). Its symbols, pointer and code
+    ranges must be this corpus's, and every tensor's name and shape the model's."""
+    from safetensors.torch import load_file
+
+    meta = json.loads((voice / "voice.json").read_text())
+    got = PhonemeVocab(list(meta["symbols"]), int(meta["num_q"]), int(meta["codebook"]))
+    if got.names() != vocab.names():
+        raise ValueError(f"{voice} has another vocabulary than this corpus: it cannot start it")
+    weights = load_file(str(voice / "model.safetensors"))
+    own = model.state_dict()
+    if {k: tuple(v.shape) for k, v in weights.items()} != {
+        k: tuple(v.shape) for k, v in own.items()
+    }:
+        raise ValueError(f"{voice}'s backbone has another shape than --backbone-size's")
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items()})
 
 
 def fit_steps(

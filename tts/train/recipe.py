@@ -41,6 +41,7 @@ class VoiceTrainConfig:
     backbone_size: str = "base"  # base | small (a CPU-sized model)
     backbone_lr: float = 1e-3
     backbone_dropout: float = 0.1  # residual-branch dropout while training
+    backbone_init: str = ""  # a voice directory whose backbone the training starts from
     backbone_valid: int = 200  # sentences before the held-out ones that pick the checkpoint
     backbone_valid_every: int = 250  # steps between validation passes
     threads: int = 0  # CPU threads for torch (0: leave torch's default)
