@@ -6,10 +6,11 @@ saved to ``work/ckpt.pt`` every ``save_every_s`` seconds, at the end and when th
 budget runs out, so a killed or time-boxed run continues from its last checkpoint with the
 same schedule (the schedule depends on the step only).
 
-With ``evaluate`` (a validation loss), the weights are scored every ``eval_every`` steps
-and at the end; the best scoring ones are kept in ``work/best.pt`` and are the model
-``train`` leaves behind (early stopping without stopping: a small corpus is memorised
-long before a fixed schedule ends).
+With ``evaluate`` (a validation loss), the weights are scored before the first step, every
+``eval_every`` steps and at the end; the best scoring ones are kept in ``work/best.pt`` and
+are the model ``train`` leaves behind (early stopping without stopping: a small corpus is
+memorised long before a fixed schedule ends; a run from trained weights never leaves
+worse ones).
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def train(
             os.replace(tmp, best_path)
 
     last_save, t0, avg = time.time(), time.time(), None
+    if evaluate is not None and step == 0 and best is None:
+        score()  # the starting weights are a candidate too (a run from a voice's weights)
     model.train()
     while step < steps:
         if deadline is not None and time.time() > deadline:
