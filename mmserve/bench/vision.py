@@ -4,11 +4,10 @@ Both sides caption the same generated images (the generator's "test" split) with
 same connector (its encoder + projector modules) and the same LM weights, greedy:
 
 - mmserve: the in-process engine with the connector as its span encoder, ``c`` requests
-  in flight (``connectors.caption_job.caption_all``'s loop, captions kept in memory),
-  the images prepared in chunks on a worker thread while earlier chunks are captioned.
-- HF: ``LlamaForCausalLM.generate(inputs_embeds=...)`` on batches of ``c`` images, each
-  batch prepared, then encoded (``generate`` takes a whole batch): its rows are spliced
-  into the prompt's token embeddings, rows are left-padded.
+  in flight (``connectors.caption_job.caption_all``'s loop, captions kept in memory).
+- HF: ``LlamaForCausalLM.generate(inputs_embeds=...)`` on batches of ``c`` images:
+  the connector encodes the batch, its rows are spliced into the prompt's token
+  embeddings, rows are left-padded.
 
 Each concurrency level, and each of its ``repeats`` timed passes, gets its own images
 (no encoder-cache or prefix-cache reuse of images between passes; the text before the
@@ -36,43 +35,24 @@ def _images(level: int, n: int) -> list:
     return [synthetic.sample("test", 10_000 + level * n + i)[0] for i in range(n)]
 
 
-# images prepared together on a worker thread, chunk after chunk, while the engine
-# captions the chunks before (as ``mmserve caption`` prepares beside the engine): a pass
-# waits for its first chunk's preparation, not for all of it
-PREP_CHUNK = 16
-
-
 async def _mmserve_level(
     engine: Any, images: list, c: int, text: str, params: Any
 ) -> tuple[list[str], int]:
     turn = ImageChatPrompt(engine.tokenizer, engine.image_processor, text)
-    chunks = [images[i : i + PREP_CHUNK] for i in range(0, len(images), PREP_CHUNK)]
-    ready = [asyncio.get_running_loop().create_future() for _ in chunks]
+    prompts = turn.each(images)
     captions: list[str] = [""] * len(images)
     tokens = 0
     queue = list(range(len(images)))
-
-    async def prepare() -> None:
-        k = 0
-        try:
-            for k, chunk in enumerate(chunks):
-                ready[k].set_result(await asyncio.to_thread(turn.each, chunk))
-        except Exception as err:  # every waiting worker gets it, none waits forever
-            for fut in ready[k:]:
-                fut.set_exception(err)
 
     async def worker() -> None:
         nonlocal tokens
         while queue:
             i = queue.pop(0)
-            prompt = (await ready[i // PREP_CHUNK])[i % PREP_CHUNK]
-            async for o in engine.generate(prompt.ids, params, spans=prompt.spans):
+            async for o in engine.generate(prompts[i].ids, params, spans=prompts[i].spans):
                 captions[i] = o.text
                 tokens += len(o.new_token_ids)
 
-    producer = asyncio.create_task(prepare())
     await asyncio.gather(*(worker() for _ in range(c)))
-    await producer
     return captions, tokens
 
 
