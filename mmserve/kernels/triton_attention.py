@@ -163,7 +163,13 @@ if triton is not None:
     from mmserve.kernels.triton_grid import prefetch_l1
     from mmserve.kernels.triton_pdl import wait_previous
 
-    @triton.jit
+    # Integer arguments that vary with the batch are not specialised on (1, divisible by
+    # 16, or neither): each class is a compile of seconds, and the classes a batch reaches
+    # depend on its shape (the block tables' width follows the longest sequence; PER and
+    # SPLITS the number of groups and the context), so a step the start-up warm-up did
+    # not shape exactly would compile while serving (an all-prefix-hit prefill of 8
+    # voice streams had waited 1.8 s for its first token on a fresh H100).
+    @triton.jit(do_not_specialize=["stride_bt"])
     def _paged_attention_kernel(
         q_ptr,
         k_ptr,
@@ -234,7 +240,7 @@ if triton is not None:
             PREFETCH,
         )
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["PER", "SPLITS", "stride_bt"])
     def _paged_attention_spread_kernel(
         q_ptr,
         k_ptr,

@@ -327,7 +327,7 @@ if triton is not None:
                         _, den, acc = merge_partials(part, first, last, BM, D, 4)
                         store_attention(attn, den, acc, row_ok, tok, head, Q, D, D)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["stride_bt"])  # as triton_attention's kernels
     def _rope_attention_kernel(
         qkv_ptr,
         qrot_ptr,
