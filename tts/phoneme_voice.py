@@ -99,6 +99,11 @@ def special_tokens_json(names: list[str], unk_token: str) -> str:
     )
 
 
+# the fewest phonemes of a prompt whose pointer the backbone keeps: 99 % of the default
+# voice's 36,000 teacher sentences have 22 or more, 13 fewer than 20
+ANCHORED_PHONEMES = 20
+
+
 class PhonemeVoice(Voice):
     max_piece_chars = 160
     layout: PhonemeFrameLayout
@@ -143,8 +148,14 @@ class PhonemeVoice(Voice):
         lay = self.layout
         # a pointer past the prompt's last phoneme names nothing to speak: the backbone
         # has lost its place (it does on words a sentence repeats), so the piece ends there
-        # instead of babbling on until <eos>
-        overrun = range(lay.q_base + phonemes, lay.q_base + lay.num_q)
+        # instead of babbling on until <eos>. Only on prompts of the teacher corpus's
+        # lengths: on shorter ones its pointer is not anchored at all (it may start at the
+        # last phoneme), and ending there would leave a short reply silent
+        overrun = (
+            range(lay.q_base + phonemes, lay.q_base + lay.num_q)
+            if phonemes >= ANCHORED_PHONEMES
+            else range(0)
+        )
         return SamplingParams(
             temperature=self.temperature,
             max_tokens=2 * frames + 1,

@@ -222,6 +222,10 @@ def test_a_piece_ends_where_the_pointer_runs_past_its_phonemes():
     out = None
     while out is None:
         out = next((o for o in synth.engine.step() if o.request_id == "p" and o.finished), None)
+    # a reply shorter than the teacher's sentences keeps only <eos>: its pointer is not
+    # anchored, and stopping at its first overrun would leave it silent
+    (short,) = voice.prompts("Hello there.")
+    assert voice.sampling(short).stop_token_ids == [EOS]
     *body, last = out.token_ids
     pointers = [t - lay.q_base for t in body if lay.is_q(t)]
     assert pointers and max(pointers) == phonemes - 1  # without the rule: 61
