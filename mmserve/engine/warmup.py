@@ -12,13 +12,9 @@ Unwarmed, the first requests of a fresh server pay those compiles: seconds of TT
 ``warm_up`` drives synthetic requests through the engine itself, so it reaches exactly
 the kernels real requests reach: rounds of 1, 2, 3, 16 and 17 prompts at once (sequence
 counts of 1, multiples of 16 and neither) whose lengths are likewise 1, multiples of 16
-and neither, decoding a few tokens each: greedy; the same prompts again, every full
-block a prefix-cache hit (prefills of a few tokens over a cached context: the shapes a
-repeated system prompt or a resent conversation meets, which had cost a fresh voice
-server's first repeated prompts about 2 s of compiles); sampled, half of them hits. Then
-one prompt longer than a step's token budget (a full chunk, then the rest beside
-decodes; capped by the context, so at most a context-long prompt where the budget is
-larger). Speculation is
+and neither, greedy and sampled, decoding a few tokens each; then one prompt longer than
+a step's token budget (a full chunk, then the rest beside decodes; capped by the context,
+so at most a context-long prompt where the budget is larger). Speculation is
 switched off meanwhile: its cost model must never record a step that paid a compile;
 for the same reason the audio policy's step-cost fit (admission control) is dropped after.
 
@@ -50,14 +46,12 @@ class WarmupReport(NamedTuple):
     seconds: float
     requests: int
     steps: int
-    cached_tokens: int  # prompt tokens the hit rounds found in the prefix cache
 
 
 def warm_up(engine: LLMEngine, seed: int = 0) -> WarmupReport:
     """Run the warm-up (module docstring); the engine must have no request in flight."""
     assert not engine.has_unfinished(), "warm up an idle engine"
     start = time.perf_counter()
-    hits_before = engine.blocks.prefix_hits
     spec_on = engine.spec is not None
     if spec_on:
         engine.set_speculation(False)
@@ -65,12 +59,13 @@ def warm_up(engine: LLMEngine, seed: int = 0) -> WarmupReport:
     requests = steps = 0
     try:
         for i, n in enumerate(r for r in ROUND_SIZES if r <= engine.scheduler.max_num_seqs):
-            lengths = [PROMPT_LENGTHS[(i + j) % len(PROMPT_LENGTHS)] for j in range(n)]
-            prompts = [_prompt(engine, rng, length) for length in lengths]
-            fresh = [_prompt(engine, rng, length) for length in lengths]
-            mixed = prompts[: n // 2] + fresh[n // 2 :]
-            for batch, sampled in ((prompts, False), (prompts, False), (mixed, True)):
-                steps += _run(engine, batch, [_params(sampled, j) for j in range(n)])
+            for sampled in (False, True):
+                prompts = [
+                    _prompt(engine, rng, PROMPT_LENGTHS[(i + j) % len(PROMPT_LENGTHS)])
+                    for j in range(n)
+                ]
+                params = [_params(sampled, j) for j in range(n)]
+                steps += _run(engine, prompts, params)
                 requests += n
         long = _prompt(engine, rng, engine.scheduler.budget + 17)
         short = [_prompt(engine, rng, 20) for _ in range(2)]
@@ -80,9 +75,8 @@ def warm_up(engine: LLMEngine, seed: int = 0) -> WarmupReport:
         if spec_on:
             engine.set_speculation(True)
     _warm_bitmask(engine)
-    cached = engine.blocks.prefix_hits - hits_before
     _forget(engine)
-    report = WarmupReport(time.perf_counter() - start, requests, steps, cached)
+    report = WarmupReport(time.perf_counter() - start, requests, steps)
     log.info(
         "warmed up %d requests in %d steps in %.2fs", report.requests, report.steps, report.seconds
     )

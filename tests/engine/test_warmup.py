@@ -14,13 +14,8 @@ def test_warm_up_leaves_no_trace_and_outputs_unchanged(default_model_dir):
     llm = LLM(str(default_model_dir), max_num_seqs=3, max_num_batched_tokens=64)
     before = llm.generate(PROMPT, GREEDY)[0].token_ids
     report = warm_up(llm.engine)
-    # rounds of 1, 2 and 3 prompts (greedy, the same again, sampled with half of them
-    # again), then a prompt over the budget
-    assert report.requests == 3 * (1 + 2 + 3) + 3
-    # the repeats hit the cache: each prompt's full 16-token blocks but the one holding
-    # its last token (prompts of 1; 16 and 17; 17, 33 and 64 tokens: 0; 0 + 16;
-    # 16 + 32 + 48), and again in the sampled rounds' first halves (0; 16)
-    assert report.cached_tokens == (16 + 16 + 32 + 48) + 16
+    # rounds of 1, 2 and 3 prompts (greedy and sampled), then a prompt over the budget
+    assert report.requests == 2 * (1 + 2 + 3) + 3
     assert report.steps > report.requests // 3  # several prompts share steps
     engine = llm.engine
     assert not engine.has_unfinished() and not engine.requests
