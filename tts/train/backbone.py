@@ -78,22 +78,44 @@ def sequence(vocab: PhonemeVocab, item: dict, frames: np.ndarray) -> tuple[np.nd
 
 class LMData:
     """The sentences' token sequences: the last ``held_out`` are never used (the quality
-    report's), the ``valid`` before them pick the checkpoint kept, the rest train."""
+    report's), the ``valid`` before them pick the checkpoint kept, the rest train. With
+    ``spans`` > 0, each training and validation sentence also gives one run of its
+    clauses of at most that many phonemes (``tts.train.spans``; drawn by a seeded choice),
+    so short utterances are trained on and scored too."""
 
-    def __init__(self, path: Path, held_out: int, valid: int = 0) -> None:
+    def __init__(self, path: Path, held_out: int, valid: int = 0, spans: int = 0) -> None:
         d = np.load(path)
-        self.tokens, self.offsets, self.loss_from = d["tokens"], d["offsets"], d["loss_from"]
+        tokens, offsets, loss_from = d["tokens"], d["offsets"], d["loss_from"]
         self.vocab = PhonemeVocab(list(d["symbols"]), int(d["num_q"]), int(d["codebook"]))
-        n = len(self.offsets) - 1
-        lengths = np.diff(self.offsets)
+        n = len(offsets) - 1
+        self.seqs = [tokens[offsets[i] : offsets[i + 1]] for i in range(n)]
+        self.loss_from = [int(x) for x in loss_from]
         end = n - held_out - valid
-        train = [i for i in range(end) if lengths[i] > 0]
-        self.by_length = sorted(train, key=lambda i: int(lengths[i]))  # for bucketing
-        held = [i for i in range(end, n - held_out) if lengths[i] > 0]
-        self.valid = sorted(held, key=lambda i: int(lengths[i]))
+        train = [i for i in range(end) if len(self.seqs[i]) > 0]
+        held = [i for i in range(end, n - held_out) if len(self.seqs[i]) > 0]
+        if spans > 0:
+            train += self._add_spans(train, spans)
+            held += self._add_spans(held, spans)
+        self.by_length = sorted(train, key=lambda i: len(self.seqs[i]))  # for bucketing
+        self.valid = sorted(held, key=lambda i: len(self.seqs[i]))
+
+    def _add_spans(self, sentences: list[int], max_phonemes: int) -> list[int]:
+        from tts.train.spans import clause_spans
+
+        added = []
+        for i in sentences:
+            got = clause_spans(
+                self.seqs[i].astype(np.int64), self.loss_from[i], self.vocab, max_phonemes
+            )
+            if got:
+                tokens, start = got[int(np.random.default_rng([13, i]).integers(len(got)))]
+                added.append(len(self.seqs))
+                self.seqs.append(tokens.astype(self.seqs[i].dtype))
+                self.loss_from.append(start)
+        return added
 
     def _pack(self, pick: list[int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
-        seqs = [self.tokens[self.offsets[i] : self.offsets[i + 1]] for i in pick]
+        seqs = [self.seqs[i] for i in pick]
         t = max(len(s) for s in seqs)
         ids = np.full((len(pick), t), PAD, np.int64)
         mask = np.zeros((len(pick), t), np.float32)
@@ -117,7 +139,7 @@ class LMData:
 
 
 def train_backbone(cfg, work: Path, device: str, deadline: float | None) -> bool:
-    data = LMData(build_lm_data(work), cfg.held_out, cfg.backbone_valid)
+    data = LMData(build_lm_data(work), cfg.held_out, cfg.backbone_valid, cfg.backbone_spans)
     torch.manual_seed(cfg.seed)
     mcfg = llama_config(cfg.backbone_size, data.vocab.size)
     model = TrainLlama(mcfg, cfg.backbone_dropout)

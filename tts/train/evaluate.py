@@ -24,6 +24,23 @@ from tts.train.teacher import speak
 
 MCD_TARGET_DB, DURATION_TARGET = 1.5, 0.15
 
+# what a voice agent says most often: shorter than almost every teacher sentence, so
+# scored apart from the held-out ones (durations against the teacher's, and MCD)
+SHORT_REPLIES = (
+    "Hi.",
+    "Yes.",
+    "No.",
+    "Okay.",
+    "Sure.",
+    "Thank you!",
+    "Got it.",
+    "Hello there.",
+    "Sounds good.",
+    "Is that right?",
+    "One moment, please.",
+    "Goodbye, and have a nice day!",
+)
+
 
 def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4) -> dict:
     from tts.framecodec import FrameCodec
@@ -72,8 +89,34 @@ def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4)
             flush=True,
         )
     summary = _summary(rows)
+    short: list[dict[str, float | str]] = []
+    ratios: list[float] = []
+    mcds: list[float] = []
+    for text in SHORT_REPLIES:
+        teacher, _ = speak(text)
+        voice = synth.synthesize(text).samples
+        got = {
+            "mcd_voice_db": quality.mcd(teacher, voice),
+            "teacher_s": quality.speech_seconds(teacher),
+            "voice_s": quality.speech_seconds(voice),
+        }
+        short.append({"text": text, **got})
+        ratios.append(got["voice_s"] / got["teacher_s"])
+        mcds.append(got["mcd_voice_db"])
+        print(f"short {text!r}: {got['voice_s']:.2f} s vs {got['teacher_s']:.2f} s", flush=True)
+    ratio = np.array(ratios)
+    summary["short_replies"] = {
+        "replies": len(short),
+        "mcd_voice_db": float(np.mean(mcds)),
+        "duration_ratio_mean": float(ratio.mean()),
+        "duration_ratio_max": float(ratio.max()),
+        "duration_within_15pct": float(np.mean(np.abs(ratio - 1) <= DURATION_TARGET)),
+    }
     (out / "voice_quality.json").write_text(
-        json.dumps({"summary": summary, "rows": rows, "voice": str(vdir)}, indent=1)
+        json.dumps(
+            {"summary": summary, "rows": rows, "short_replies": short, "voice": str(vdir)},
+            indent=1,
+        )
     )
     print(json.dumps(summary, indent=1))
     return summary
