@@ -54,8 +54,11 @@ def test_spans_are_the_clauses_espeak_speaks_alone(vocab, text, clauses):
     assert seq[:start].tolist() not in prompts  # the whole sentence is not a span
 
     body = seq[start:-1].reshape(-1, 2)
+    names = vocab.names()
     for tokens, s in spans:
         assert tokens[-1] == 2  # <eos>
+        marks = [names[t] for t in tokens[1 : s - 1] if names[t] in ",.!?;"]
+        assert marks[-1] in ".!?"  # a reply's end, never a comma's pause before <eos>
         n = sum(vocab.q_base <= t < vocab.q_base + vocab.num_q for t in tokens[:s])
         frames = tokens[s:-1].reshape(-1, 2)
         ptr = frames[:, 0] - vocab.q_base

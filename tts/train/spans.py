@@ -18,6 +18,9 @@ import numpy as np
 from tts.phoneme_voice import BOS, EOS, SPECIALS, SPEECH, PhonemeVocab
 
 PAUSE = "_:"
+# a run ends where a reply ends: a comma's pause followed by <eos> would teach the backbone
+# to stop at a sentence's inner commas
+FINAL_MARKS = frozenset(".!?")
 
 
 def _items(prompt: np.ndarray, vocab: PhonemeVocab) -> list[tuple[int, int | None]]:
@@ -72,7 +75,8 @@ def clause_spans(
     seq: np.ndarray, loss_from: int, vocab: PhonemeVocab, max_phonemes: int
 ) -> list[tuple[np.ndarray, int]]:
     """Every run of whole clauses of one sentence's token sequence (``sequence``'s
-    layout) with at most ``max_phonemes`` phonemes, the whole sentence excepted, as
+    layout) that ends with a sentence's end (``FINAL_MARKS``) and has at most
+    ``max_phonemes`` phonemes, the whole sentence excepted, as
     ``(tokens, loss_from)``: the run's prompt with its pointers renumbered from 0, the
     frames whose pointer is in the run (renumbered alike), then ``<eos>``."""
     prompt = seq[:loss_from]
@@ -83,6 +87,10 @@ def clause_spans(
     body = seq[loss_from:-1].reshape(-1, 2).astype(np.int64)
     ptr = body[:, 0] - vocab.q_base
     ks = [[k for _, k in items[a:b] if k is not None] for a, b in segs]
+    final = [
+        any(vocab.symbols[sym - len(SPECIALS)] in FINAL_MARKS for sym, k in items[a:b] if k is None)
+        for a, b in segs
+    ]
     out: list[tuple[np.ndarray, int]] = []
     for first in range(len(segs)):
         for last in range(first, len(segs)):
@@ -91,6 +99,8 @@ def clause_spans(
             k0, k1 = ks[first][0], ks[last][-1]
             if k1 - k0 + 1 > max_phonemes:
                 break
+            if not final[last]:
+                continue
             new_prompt = [BOS]
             for sym, k in items[segs[first][0] : segs[last][1]]:
                 new_prompt.append(sym)
