@@ -42,7 +42,7 @@ class VoiceTrainConfig:
     backbone_lr: float = 1e-3
     backbone_dropout: float = 0.1  # residual-branch dropout while training
     backbone_init: str = ""  # a voice directory whose backbone the training starts from
-    backbone_spans: int = 24  # clause runs of at most this many phonemes also train (0: off)
+    backbone_spans: int = 0  # >0: clause runs of at most this many phonemes also train
     backbone_valid: int = 200  # sentences before the held-out ones that pick the checkpoint
     backbone_valid_every: int = 250  # steps between validation passes
     threads: int = 0  # CPU threads for torch (0: leave torch's default)
