@@ -77,13 +77,7 @@ def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4)
         teacher, _ = speak(text)
         t0 = time.perf_counter()
         voice = synth.synthesize(text).samples
-        row = {
-            "text": text,
-            "synth_s": time.perf_counter() - t0,
-            "mcd_voice_db": quality.mcd(teacher, voice),
-            "teacher_s": quality.speech_seconds(teacher),
-            "voice_s": quality.speech_seconds(voice),
-        }
+        row = {"synth_s": time.perf_counter() - t0, **_against_teacher(text, teacher, voice)}
         pics = [("teacher (espeak-ng)", teacher)]
         if encoder is not None:
             with torch.inference_mode():
@@ -120,23 +114,29 @@ def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4)
     return summary
 
 
+def _against_teacher(text: str, teacher: np.ndarray, voice: np.ndarray) -> dict:
+    return {
+        "text": text,
+        "mcd_voice_db": quality.mcd(teacher, voice),
+        "teacher_s": quality.speech_seconds(teacher),
+        "voice_s": quality.speech_seconds(voice),
+    }
+
+
+def _ratios(rows: list[dict]) -> np.ndarray:
+    """Each row's speech duration, voice over teacher."""
+    return np.array([r["voice_s"] / r["teacher_s"] for r in rows])
+
+
 def _probe(synth, texts: tuple[str, ...]) -> tuple[list[dict], dict]:
     """Texts outside the corpus: each one's durations and MCD against the teacher."""
     rows: list[dict] = []
     for text in texts:
         teacher, _ = speak(text)
-        voice = synth.synthesize(text).samples
-        rows.append(
-            {
-                "text": text,
-                "mcd_voice_db": quality.mcd(teacher, voice),
-                "teacher_s": quality.speech_seconds(teacher),
-                "voice_s": quality.speech_seconds(voice),
-            }
-        )
-        r = rows[-1]
+        r = _against_teacher(text, teacher, synth.synthesize(text).samples)
+        rows.append(r)
         print(f"{text!r}: {r['voice_s']:.2f} s vs {r['teacher_s']:.2f} s", flush=True)
-    ratio = np.array([r["voice_s"] / r["teacher_s"] for r in rows])
+    ratio = _ratios(rows)
     return rows, {
         "texts": len(rows),
         "mcd_voice_db": float(np.mean([r["mcd_voice_db"] for r in rows])),
@@ -160,7 +160,7 @@ def _trained_codec(cfg, cls):
 
 def _summary(rows: list[dict]) -> dict:
     voice = np.array([r["mcd_voice_db"] for r in rows])
-    ratio = np.array([r["voice_s"] / r["teacher_s"] for r in rows])
+    ratio = _ratios(rows)
     s = {
         "sentences": len(rows),
         "mcd_voice_db": float(voice.mean()),
