@@ -3,12 +3,23 @@
 Statements, questions, exclamations, lists, quotations, long clause chains, numbers of
 every kind espeak reads aloud (cardinals, decimals, years, clock times, money,
 percentages, ordinals, phone numbers), so the voice hears the punctuation and intonation
-it will meet. ``sentences(n, seed)`` is a pure function of its arguments.
+it will meet. ``sentences(n, seed, kind)`` is a pure function of its arguments.
+
+Two kinds: ``templates`` draws every sentence from a few hundred words (the voices
+trained before the broad corpus re-draw their held-out sentences from it), ``broad``
+mixes those templates with everyday sentences over a vocabulary of about 1,300 common
+words (``tts.train.words``) and short replies, so a voice learns English sounds rather
+than one corpus's words. No kind ever draws a quality-report probe text.
 """
 
 from __future__ import annotations
 
 import random
+
+from tts.train import words as W
+from tts.train.probes import PROBE_TEXTS
+
+KINDS = ("templates", "broad")
 
 NAMES = (
     "Alice Ben Carla David Emma Felix Grace Henry Iris Jack Karen Leo Maria Noah Olivia "
@@ -149,13 +160,129 @@ def _sentence(r: random.Random) -> str:
     return f"Is {_np(r)} really {r.choice(ADJECTIVES)}, or is it {r.choice(ADJECTIVES)}?"
 
 
-def sentences(n: int, seed: int = 0) -> list[str]:
-    """``n`` distinct sentences, the same for the same (n, seed)."""
+def _bnp(r: random.Random) -> str:
+    """A noun phrase over the broad vocabulary."""
+    noun = r.choice(W.NOUNS)
+    adj = r.choice(W.ADJECTIVES) if r.random() < 0.45 else ""
+    head = f"{adj} {noun}" if adj else noun
+    if noun in W.UNCOUNTABLE:
+        return f"{r.choice(('the', 'some', 'my', 'your', 'our', 'their'))} {head}"
+    det = r.choice(("the", "a", "my", "your", "his", "her", "our", "their", "this", "that"))
+    return f"{W.article(head) if det == 'a' else det} {head}"
+
+
+def _verb(r: random.Random) -> tuple[str, str, str, str]:
+    return W.verb_forms(r.choice(W.VERBS))
+
+
+def _everyday(r: random.Random, joined: bool = False) -> str:
+    """A sentence over the broad vocabulary: agent phrasing, questions, statements.
+    ``joined``: the second half of a compound one (no further compounds)."""
+    base, third, past, part = _verb(r)
+    name, np_, when = r.choice(W.NAMES), _bnp(r), r.choice(W.WHEN)
+    noun, adj, place = r.choice(W.COUNTABLE), r.choice(W.ADJECTIVES), r.choice(W.PLACES)
+    pick = r.randrange(19 if joined else 24)
+    if pick == 0:
+        return f"{name} will {base} {np_} {when}."
+    if pick == 1:
+        return f"{name} {past} {np_} {r.choice(W.ADVERBS)}."
+    if pick == 2:
+        return f"I can {base} {np_} for you."
+    if pick == 3:
+        return f"Let me {base} {np_} {when}."
+    if pick == 4:
+        return f"Would you like me to {base} {np_}?"
+    if pick == 5:
+        return f"Do you want to {base} {np_} {when}?"
+    if pick == 6:
+        return f"Your {noun} is {adj}, and it will be ready {when}."
+    if pick == 7:
+        return f"The {noun} has been {part} to {place}."
+    if pick == 8:
+        return f"I'm sorry, I couldn't {base} {np_}."
+    if pick == 9:
+        return f"Can you {base} {np_} at {place}?"
+    if pick == 10:
+        return f"There are {_number(r)} {W.plural(noun)} in {place}."
+    if pick == 11:
+        n, unit = r.randrange(2, 60), r.choice(W.UNITS)
+        return f"It takes about {n} {unit} to get to {place}."
+    if pick == 12:
+        return f"Thanks for {W.ing(base)} {np_}!"
+    if pick == 13:
+        return f"Please don't {base} {np_} {when}."
+    if pick == 14:
+        return f"We're {W.ing(base)} {np_} at {place} {when}."
+    if pick == 15:
+        return f"{name} said that {np_} was {adj} and {r.choice(W.ADJECTIVES)}."
+    if pick == 16:
+        return f"How many {W.plural(noun)} did {name} {base} {when}?"
+    if pick == 17:
+        return f"What {adj} {noun} should we {base}?"
+    if pick == 18:
+        b2 = _verb(r)[0]
+        return f"If you {base} {np_}, I'll {b2} {_bnp(r)}."
+    if pick == 19:
+        return f"{r.choice(W.INTERJECTIONS)}, {np_} is {adj}."
+    if pick == 20:
+        other = _everyday(r, joined=True).rstrip(".!?")
+        return f"{_cap(np_)} {past} {when}, {r.choice(CONNECT)} {other[:1].lower() + other[1:]}."
+    if pick == 21:
+        day = r.choice(W.DAYS)
+        return f"On {day}, {name} and {r.choice(W.NAMES)} {past} {np_}."
+    if pick == 22:
+        what = r.choice(("The meeting", "Your appointment", "The call", "The flight", "Dinner"))
+        return f"{what} is at {r.randrange(1, 13)}:{r.randrange(0, 60):02d} on {r.choice(W.DAYS)}."
+    items = [W.plural(x) for x in r.sample(W.COUNTABLE, r.randrange(3, 6))]
+    return f"We need {', '.join(items[:-1])}, and {items[-1]}."
+
+
+def _short(r: random.Random) -> str:
+    """A short reply: a stock phrase, an interjection before one, or a few words."""
+    pick = r.randrange(6)
+    if pick <= 1:
+        return r.choice(W.SHORT)
+    if pick == 2:
+        reply = r.choice(W.SHORT)
+        return f"{r.choice(W.INTERJECTIONS)}, {reply[:1].lower() + reply[1:]}"
+    if pick == 3:
+        adj = _cap(r.choice(W.ADJECTIVES))
+        return r.choice((f"{adj}!", f"{adj} {r.choice(W.NOUNS)}.", f"Very {adj.lower()}."))
+    if pick == 4:
+        noun = r.choice(W.COUNTABLE)
+        return r.choice((f"The {noun}?", f"My {noun}.", f"Which {noun}?", f"Another {noun}!"))
+    base, third, past, _ = _verb(r)
+    return r.choice(
+        (
+            f"I {past} it.",
+            f"{r.choice(W.NAMES)} is here.",
+            f"See you {r.choice(W.WHEN)}.",
+            f"Please {base}.",
+            f"It {third}.",
+            f"Don't {base} it!",
+        )
+    )
+
+
+def _broad(r: random.Random) -> str:
+    x = r.random()
+    if x < 0.3:
+        return _sentence(r)
+    if x < 0.5:
+        return _short(r)
+    return _everyday(r)
+
+
+def sentences(n: int, seed: int = 0, kind: str = "templates") -> list[str]:
+    """``n`` distinct sentences of ``kind``, the same for the same (n, seed, kind)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown corpus kind {kind!r}; allowed: {', '.join(KINDS)}")
+    draw = _sentence if kind == "templates" else _broad
     r = random.Random(seed)
     out: list[str] = []
-    seen: set[str] = set()
+    seen: set[str] = set(PROBE_TEXTS)
     while len(out) < n:
-        s = _sentence(r)
+        s = draw(r)
         if s not in seen:
             seen.add(s)
             out.append(s)

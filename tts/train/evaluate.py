@@ -20,39 +20,10 @@ import torch
 
 from tts import quality
 from tts.train.corpus import sentences
+from tts.train.probes import PROBES
 from tts.train.teacher import speak
 
 MCD_TARGET_DB, DURATION_TARGET = 1.5, 0.15
-
-# Texts outside the corpus's templates, scored apart from the held-out sentences
-# (durations and MCD against the teacher). What a voice agent says most often is shorter
-# than almost every teacher sentence:
-SHORT_REPLIES = (
-    "Hi.",
-    "Yes.",
-    "No.",
-    "Okay.",
-    "Sure.",
-    "Thank you!",
-    "Got it.",
-    "Hello there.",
-    "Sounds good.",
-    "Is that right?",
-    "One moment, please.",
-    "Goodbye, and have a nice day!",
-)
-# and in words the corpus's vocabulary (a few hundred words) does not have:
-OPEN_TEXT = (
-    "Let me check the weather for you.",
-    "The meeting has been moved to Thursday afternoon.",
-    "Your package should arrive within three business days.",
-    "I'm sorry, I didn't catch that. Could you say it again?",
-    "Turn left at the next intersection, then continue straight.",
-    "The temperature tomorrow will reach a high of twenty degrees.",
-    "Please hold while I transfer your call to a specialist.",
-    "Would you like me to set a reminder for this evening?",
-)
-PROBES = {"short_replies": SHORT_REPLIES, "open_text": OPEN_TEXT}
 
 
 def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4) -> dict:
@@ -67,7 +38,8 @@ def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4)
         "held_out": cfg.held_out,
         "seed": cfg.seed,
     }
-    texts = sentences(corpus["sentences"], corpus["seed"])[-corpus["held_out"] :][:n]
+    kind = corpus.get("kind", "templates")  # voices from before the broad corpus
+    texts = sentences(corpus["sentences"], corpus["seed"], kind)[-corpus["held_out"] :][:n]
     synth = Synthesizer(str(vdir), device=cfg.device if cfg.device != "auto" else "auto")
     encoder = _trained_codec(cfg, FrameCodec)
     out = Path(report)

@@ -30,6 +30,7 @@ class VoiceTrainConfig:
     out: str = ""  # "": <work_dir>/voice
     stages: str = ",".join(STAGES)
     sentences: int = 36000
+    corpus: str = "templates"  # templates | broad (tts.train.corpus.KINDS)
     held_out: int = 100
     seed: int = 0
     device: str = "auto"
@@ -51,6 +52,10 @@ class VoiceTrainConfig:
         unknown = set(self.stage_list) - set(STAGES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}; allowed: {', '.join(STAGES)}")
+        from tts.train.corpus import KINDS
+
+        if self.corpus not in KINDS:
+            raise ValueError(f"unknown corpus {self.corpus!r}; allowed: {', '.join(KINDS)}")
         if self.held_out < 1 or self.sentences <= self.held_out:
             raise ValueError("need 1 <= held_out < sentences")
         if self.backbone_valid < 0 or self.sentences <= self.held_out + self.backbone_valid:
@@ -87,7 +92,7 @@ def run(cfg: VoiceTrainConfig) -> int:
         from tts.train.corpus import sentences
         from tts.train.teacher import build
 
-        build(sentences(cfg.sentences, cfg.seed), work / "teacher", workers=0)
+        build(sentences(cfg.sentences, cfg.seed, cfg.corpus), work / "teacher", workers=0)
     if "codec" in stages and not (work / "codes.npz").is_file():
         if not _codec_stage(cfg, work, device, deadline):
             return 3
@@ -102,7 +107,12 @@ def run(cfg: VoiceTrainConfig) -> int:
         export_voice(
             work,
             out,
-            corpus={"sentences": cfg.sentences, "held_out": cfg.held_out, "seed": cfg.seed},
+            corpus={
+                "sentences": cfg.sentences,
+                "held_out": cfg.held_out,
+                "seed": cfg.seed,
+                "kind": cfg.corpus,
+            },
         )
         print(f"voice written to {out}", flush=True)
     return 0
