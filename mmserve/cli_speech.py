@@ -84,6 +84,12 @@ def _voice_cmd_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eval-sentences", type=int, default=32, help="eval: held-out sentences to score"
     )
+    parser.add_argument(
+        "--held-out-of",
+        default="",
+        help="eval: score this corpus kind's held-out sentences (templates | broad) instead "
+        "of the voice's own, to compare voices trained on different kinds",
+    )
 
 
 @subcommand("voice", "train or evaluate the default voice", _voice_cmd_flags)
@@ -95,5 +101,5 @@ def voice(args: argparse.Namespace) -> int:
         return run(cfg)
     from tts.train.evaluate import evaluate
 
-    evaluate(args.voice, cfg, args.report, args.eval_sentences)
+    evaluate(args.voice, cfg, args.report, args.eval_sentences, held_out_of=args.held_out_of)
     return 0

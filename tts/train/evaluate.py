@@ -26,7 +26,11 @@ from tts.train.teacher import speak
 MCD_TARGET_DB, DURATION_TARGET = 1.5, 0.15
 
 
-def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4) -> dict:
+def evaluate(
+    voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4, held_out_of: str = ""
+) -> dict:
+    """``held_out_of``: score the held-out sentences of that corpus kind instead of the
+    voice's own (any the voice trained on are left out), to compare voices of two kinds."""
     from tts.framecodec import FrameCodec
     from tts.registry import voice_dir as resolve
     from tts.synthesizer import Synthesizer
@@ -39,7 +43,14 @@ def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4)
         "seed": cfg.seed,
     }
     kind = corpus.get("kind", "templates")  # voices from before the broad corpus
-    texts = sentences(corpus["sentences"], corpus["seed"], kind)[-corpus["held_out"] :][:n]
+    own = sentences(corpus["sentences"], corpus["seed"], kind)
+    texts = own[-corpus["held_out"] :]
+    if held_out_of and held_out_of != kind:
+        trained = set(own[: -corpus["held_out"]])
+        other = sentences(corpus["sentences"], corpus["seed"], held_out_of)
+        texts = [t for t in other[-corpus["held_out"] :] if t not in trained]
+        print(f"held-out sentences of the {held_out_of} corpus, {len(texts)} not trained on")
+    texts = texts[:n]
     synth = Synthesizer(str(vdir), device=cfg.device if cfg.device != "auto" else "auto")
     encoder = _trained_codec(cfg, FrameCodec)
     out = Path(report)
@@ -67,7 +78,7 @@ def evaluate(voice_dir: str | None, cfg, report: str, n: int, pictures: int = 4)
             + f"; {row['voice_s']:.2f} s vs {row['teacher_s']:.2f} s",
             flush=True,
         )
-    summary = _summary(rows)
+    summary = {"held_out_of": held_out_of or kind, **_summary(rows)}
     extra = {name: _probe(synth, texts) for name, texts in PROBES.items()}
     for name, (_, probe) in extra.items():
         summary[name] = probe
