@@ -75,3 +75,17 @@ def test_word_forms():
     assert [W.article(w) for w in ("hour", "user", "apple", "house")] == ["an", "a", "an", "a"]
     for lst in (W.NOUNS, W.ADJECTIVES, W.VERBS, W.ADVERBS, W.NAMES, W.SHORT):
         assert len(lst) == len(set(lst))
+
+
+def test_held_out_of_another_kind_leaves_out_what_the_voice_trained_on(drawn):
+    from tts.train.evaluate import held_out_texts
+
+    meta = {"sentences": N, "held_out": 100, "seed": 0}  # the shipped voice's voice.json
+    assert held_out_texts(meta, 24) == drawn["templates"][-100:][:24]
+    cross = held_out_texts(meta, 100, held_out_of="broad")
+    trained = set(drawn["templates"][:-100])
+    assert cross and not set(cross) & trained
+    assert set(cross) <= set(drawn["broad"][-100:])
+    assert len(cross) == sum(t not in trained for t in drawn["broad"][-100:])
+    broad_meta = {**meta, "kind": "broad"}
+    assert held_out_texts(broad_meta, 5) == drawn["broad"][-100:][:5]

@@ -41,16 +41,10 @@ def evaluate(
         "sentences": cfg.sentences,
         "held_out": cfg.held_out,
         "seed": cfg.seed,
+        "kind": cfg.corpus,
     }
-    kind = corpus.get("kind", "templates")  # voices from before the broad corpus
-    own = sentences(corpus["sentences"], corpus["seed"], kind)
-    texts = own[-corpus["held_out"] :]
-    if held_out_of and held_out_of != kind:
-        trained = set(own[: -corpus["held_out"]])
-        other = sentences(corpus["sentences"], corpus["seed"], held_out_of)
-        texts = [t for t in other[-corpus["held_out"] :] if t not in trained]
-        print(f"held-out sentences of the {held_out_of} corpus, {len(texts)} not trained on")
-    texts = texts[:n]
+    kind = corpus.get("kind", "templates")
+    texts = held_out_texts(corpus, n, held_out_of)
     synth = Synthesizer(str(vdir), device=cfg.device if cfg.device != "auto" else "auto")
     encoder = _trained_codec(cfg, FrameCodec)
     out = Path(report)
@@ -104,6 +98,21 @@ def _against_teacher(text: str, teacher: np.ndarray, voice: np.ndarray) -> dict:
         "teacher_s": quality.speech_seconds(teacher),
         "voice_s": quality.speech_seconds(voice),
     }
+
+
+def held_out_texts(corpus: dict, n: int, held_out_of: str = "") -> list[str]:
+    """The first ``n`` held-out sentences of a voice's corpus (``voice.json``'s "corpus"),
+    or of the ``held_out_of`` kind's corpus of the same size and seed, less any sentence
+    the voice trained on."""
+    kind = corpus.get("kind", "templates")  # voices from before the broad corpus
+    own = sentences(corpus["sentences"], corpus["seed"], kind)
+    texts = own[-corpus["held_out"] :]
+    if held_out_of and held_out_of != kind:
+        trained = set(own[: -corpus["held_out"]])
+        other = sentences(corpus["sentences"], corpus["seed"], held_out_of)
+        texts = [t for t in other[-corpus["held_out"] :] if t not in trained]
+        print(f"held-out sentences of the {held_out_of} corpus, {len(texts)} not trained on")
+    return texts[:n]
 
 
 def _ratios(rows: list[dict]) -> np.ndarray:
