@@ -136,14 +136,25 @@ class FrameCodec(StreamingCodec):
         )
 
     # -- encoder -------------------------------------------------------------------
-    def encode(self, audio: torch.Tensor) -> Encoded:
-        """(B, S) audio -> codes for ceil(S / hop) frames."""
-        n = -(-audio.shape[-1] // self.cfg.hop)
-        mel = log_mel(
-            audio, self.sample_rate, 2 * self.cfg.hop, self.cfg.hop, self.cfg.n_mels, n=n
-        )  # (B, T, M)
-        z = self.encoder(mel.transpose(1, 2)).transpose(1, 2)  # (B, T, D)
-        codes, values = self.fsq.quantize(z)
+    def encode(self, audio: torch.Tensor, lengths: list[int] | None = None) -> Encoded:
+        """(B, S) audio -> codes for ceil(S / hop) frames. ``lengths``: each row's own
+        length in samples, the rest zero padding; row b's first ceil(lengths[b] / hop)
+        frames are then its codes encoded alone (the mel frames are uncentred, so padding
+        past a row's end is what its own encode pads with, and the encoder's convolutions
+        see zeros past a row's last frame, as its own zero padding)."""
+        hop = self.cfg.hop
+        n = -(-audio.shape[-1] // hop)
+        mel = log_mel(audio, self.sample_rate, 2 * hop, hop, self.cfg.n_mels, n=n)  # (B, T, M)
+        x = mel.transpose(1, 2)
+        if lengths is None:
+            z = self.encoder(x)
+        else:
+            frames = torch.tensor([-(-s // hop) for s in lengths], device=x.device)
+            keep = (torch.arange(n, device=x.device)[None] < frames[:, None])[:, None]
+            for layer in self.encoder:
+                x = layer(x * keep if isinstance(layer, nn.Conv1d) else x)
+            z = x
+        codes, values = self.fsq.quantize(z.transpose(1, 2))  # (B, T, D)
         return Encoded(codes, values)
 
     # -- decoder -------------------------------------------------------------------

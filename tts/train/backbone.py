@@ -11,6 +11,7 @@ a machine without espeak-ng: carry that file and the codec.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +32,15 @@ def build_lm_data(work: Path) -> Path:
     out = work / "lm_data.npz"
     if out.is_file():
         return out
+    t0 = time.perf_counter()
     index = json.loads((work / "teacher" / "index.json").read_text())
-    codes = np.load(work / "codes.npz")
+    with np.load(work / "codes.npz") as npz:  # each npz["..."] reads the file again
+        all_codes, code_offsets = npz["codes"], npz["offsets"]
     symbols = sorted({s for it in index for s in it["symbols"]})
     vocab = PhonemeVocab(symbols, NUM_Q, _codebook(work))
     seqs, starts, offsets = [], [], [0]
     for i, it in enumerate(index):
-        frames = codes["codes"][codes["offsets"][i] : codes["offsets"][i + 1]]
+        frames = all_codes[code_offsets[i] : code_offsets[i + 1]]
         seq, start = sequence(vocab, it, frames)
         seqs.append(seq)
         starts.append(start)
@@ -53,6 +56,7 @@ def build_lm_data(work: Path) -> Path:
         codebook=vocab.codebook,
     )
     (work / "lm_data.tmp.npz").replace(out)
+    print(f"backbone: {len(seqs)} sequences built in {time.perf_counter() - t0:.0f} s", flush=True)
     return out
 
 

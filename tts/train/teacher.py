@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -62,6 +63,7 @@ def build(texts: list[str], out: Path, log_every: int = 500, workers: int = 1) -
         return
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or os.cpu_count() or 1
+    t0 = time.perf_counter()
     items: list[Item] = []
     offset = 0
     with open(out / "audio.i16", "wb") as fh, _rendered(texts, workers) as rendered:
@@ -72,7 +74,8 @@ def build(texts: list[str], out: Path, log_every: int = 500, workers: int = 1) -
             items.append(item)
             if log_every and (i + 1) % log_every == 0:
                 print(
-                    f"teacher: {i + 1}/{len(texts)} sentences, {offset / RATE / 3600:.2f} h",
+                    f"teacher: {i + 1}/{len(texts)} sentences, {offset / RATE / 3600:.2f} h"
+                    f" ({time.perf_counter() - t0:.0f} s)",
                     flush=True,
                 )
     (out / "index.json").write_text(json.dumps([asdict(it) for it in items]))
