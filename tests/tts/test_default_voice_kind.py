@@ -4,6 +4,8 @@ end to end at toy scale into a voice the engine speaks with."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -76,7 +78,7 @@ def test_training_llama_is_hf_llama():
         assert torch.allclose(ours(ids), hf(ids).logits.float(), atol=1e-4)
 
 
-def test_voice_train_end_to_end_at_toy_scale(tmp_path):
+def test_voice_train_end_to_end_at_toy_scale(tmp_path, capsys):
     from mmserve.cli import main
     from tts.synthesizer import Synthesizer
 
@@ -128,6 +130,12 @@ def test_voice_train_end_to_end_at_toy_scale(tmp_path):
     first, second = load_file(voice / "model.safetensors"), load_file(again / "model.safetensors")
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+    # the work directory's teacher data was drawn from the templates: another corpus is
+    # refused before any stage runs, not trained on the wrong sentences
+    assert main([*argv, "--corpus", "broad"]) != 0
+    assert "holds teacher data of other sentences" in capsys.readouterr().err
+    assert json.loads((voice / "voice.json").read_text())["corpus"]["kind"] == "templates"
 
 
 def test_clause_stream_pieces_do_not_depend_on_chunking():

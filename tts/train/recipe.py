@@ -88,11 +88,14 @@ def run(cfg: VoiceTrainConfig) -> int:
     device = resolve_device(cfg.device)
     deadline = time.time() + 60 * cfg.minutes if cfg.minutes else None
     stages = cfg.stage_list
+    from tts.train.corpus import sentences
+
+    texts = sentences(cfg.sentences, cfg.seed, cfg.corpus)
+    _check_teacher(work / "teacher", texts)
     if "teacher" in stages:
-        from tts.train.corpus import sentences
         from tts.train.teacher import build
 
-        build(sentences(cfg.sentences, cfg.seed, cfg.corpus), work / "teacher", workers=0)
+        build(texts, work / "teacher", workers=0)
     if "codec" in stages and not (work / "codes.npz").is_file():
         if not _codec_stage(cfg, work, device, deadline):
             return 3
@@ -116,6 +119,19 @@ def run(cfg: VoiceTrainConfig) -> int:
         )
         print(f"voice written to {out}", flush=True)
     return 0
+
+
+def _check_teacher(path: Path, texts: list[str]) -> None:
+    """A work directory's teacher data must be these sentences: every later stage reads
+    it, and ``voice.json`` tells the quality report which sentences were held out."""
+    if not (path / "done").is_file():
+        return
+    had = [item["text"] for item in json.loads((path / "index.json").read_text())]
+    if had != texts:
+        raise ValueError(
+            f"{path} holds teacher data of other sentences than --corpus, --sentences and "
+            "--seed draw; pass the settings it was built with, or another --work-dir"
+        )
 
 
 def _codec_stage(cfg: VoiceTrainConfig, work: Path, device: str, deadline: float | None) -> bool:
