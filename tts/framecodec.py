@@ -139,9 +139,11 @@ class FrameCodec(StreamingCodec):
     def encode(self, audio: torch.Tensor, lengths: list[int] | None = None) -> Encoded:
         """(B, S) audio -> codes for ceil(S / hop) frames. ``lengths``: each row's own
         length in samples, the rest zero padding; row b's first ceil(lengths[b] / hop)
-        frames are then its codes encoded alone (the mel frames are uncentred, so padding
-        past a row's end is what its own encode pads with, and the encoder's convolutions
-        see zeros past a row's last frame, as its own zero padding)."""
+        frames are then computed as when it is encoded alone (the mel frames are
+        uncentred, so padding past a row's end is what its own encode pads with, and the
+        encoder's convolutions see zeros past a row's last frame, as its own zero
+        padding). On the CPU the codes are bit-identical to encoding each row alone
+        (``tests/tts/test_voice_train_data.py``)."""
         hop = self.cfg.hop
         n = -(-audio.shape[-1] // hop)
         mel = log_mel(audio, self.sample_rate, 2 * hop, hop, self.cfg.n_mels, n=n)  # (B, T, M)
