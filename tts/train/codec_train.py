@@ -77,10 +77,10 @@ def encode_all(
     for a in range(0, len(order), batch):
         pick = order[a : a + batch]
         wavs = [teacher.wav(i) for i in pick]
-        x = np.zeros((len(pick), max(len(w) for w in wavs)), np.float32)
+        lengths = [len(w) for w in wavs]
+        x = np.zeros((len(pick), max(lengths)), np.float32)
         for b, w in enumerate(wavs):
             x[b, : len(w)] = w
-        lengths = [len(w) for w in wavs]
         got = codec.encode(torch.from_numpy(x).to(device), lengths).codes.cpu().numpy()
         for b, i in enumerate(pick):
             codes[i] = got[b, : -(-lengths[b] // codec.cfg.hop)].astype(np.int16)

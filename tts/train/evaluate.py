@@ -43,7 +43,6 @@ def evaluate(
         "seed": cfg.seed,
         "kind": cfg.corpus,
     }
-    kind = corpus.get("kind", "templates")
     texts = held_out_texts(corpus, n, held_out_of)
     synth = Synthesizer(str(vdir), device=cfg.device if cfg.device != "auto" else "auto")
     encoder = _trained_codec(cfg, FrameCodec)
@@ -72,7 +71,8 @@ def evaluate(
             + f"; {row['voice_s']:.2f} s vs {row['teacher_s']:.2f} s",
             flush=True,
         )
-    summary = {"held_out_of": held_out_of or kind, **_summary(rows)}
+    scored = held_out_of or corpus.get("kind", "templates")
+    summary = {"held_out_of": scored, **_summary(rows)}
     extra = {name: _probe(synth, texts) for name, texts in PROBES.items()}
     for name, (_, probe) in extra.items():
         summary[name] = probe
