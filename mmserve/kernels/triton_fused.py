@@ -295,7 +295,10 @@ if triton is not None:
         )
         tl.store(ps_ptr + rm.to(tl.int64) * G + group, pair_sum(xo * xo, 16), mask=row_ok)
 
-    @triton.jit
+    # M (a step's rows) is not specialised on divisibility by 16: a variant for each
+    # (tile config, M % 16 == 0) pair would compile at the first step that reaches it,
+    # which the start-up warm-up cannot cover for every row count.
+    @triton.jit(do_not_specialize=["M"])
     def _fused_gemm_kernel(
         a_ptr,
         w_ptr,
@@ -623,7 +626,10 @@ if triton is not None:
                 offset,
             )
 
-    @triton.jit
+    # M (a step's rows) is not specialised on divisibility by 16: a variant for each
+    # (tile config, M % 16 == 0) pair would compile at the first step that reaches it,
+    # which the start-up warm-up cannot cover for every row count.
+    @triton.jit(do_not_specialize=["M"])
     def _qkv_rope_kernel(
         a_ptr,
         w_ptr,

@@ -115,7 +115,10 @@ if triton is not None:
         pid_m, pid_n = tile_ids(pid, M, N, BM, BN, GROUP_M)
         return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
 
-    @triton.jit
+    # M (a step's rows) is not specialised on divisibility by 16: a variant for each
+    # (tile config, M % 16 == 0) pair would compile at the first step that reaches it,
+    # which the start-up warm-up cannot cover for every row count.
+    @triton.jit(do_not_specialize=["M"])
     def _gemm_kernel(
         a_ptr,
         w_ptr,
@@ -196,7 +199,10 @@ if triton is not None:
             )
         return w
 
-    @triton.jit
+    # M (a step's rows) is not specialised on divisibility by 16: a variant for each
+    # (tile config, M % 16 == 0) pair would compile at the first step that reaches it,
+    # which the start-up warm-up cannot cover for every row count.
+    @triton.jit(do_not_specialize=["M"])
     def _gemm_q8_kernel(
         a_ptr,
         q_ptr,
