@@ -99,8 +99,10 @@ def special_tokens_json(names: list[str], unk_token: str) -> str:
     )
 
 
-# the fewest phonemes of a prompt whose pointer the backbone keeps: 99 % of the default
-# voice's 36,000 teacher sentences have 22 or more, 13 fewer than 20
+# the fewest phonemes of a prompt whose pointer the backbone keeps, set on the template
+# corpus's voice (99 % of its 36,000 teacher sentences have 22 or more, 13 fewer than 20);
+# the broad corpus's voice learned short prompts too (about 11 % of its sentences are under
+# 20 phonemes) and keeps short replies' durations without the rule (docs/speech.md)
 ANCHORED_PHONEMES = 20
 
 

@@ -3,15 +3,19 @@ English than the templates, and no kind ever draws a quality-report probe."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
 from tts.train import corpus
 from tts.train import words as W
 from tts.train.probes import PROBE_TEXTS, UNSEEN_WORDS
+from tts.train.recipe import VoiceTrainConfig
 
-N = 36000  # the training default: the held-out and probe claims are about this corpus
+N = VoiceTrainConfig().sentences  # the held-out and probe claims are about this corpus
+SHIPPED = Path(__file__).resolve().parents[2] / "tts" / "voices" / "default" / "voice.json"
 
 
 def _words(texts) -> set[str]:
@@ -33,12 +37,20 @@ def test_kinds_are_seeded_distinct_and_free_of_probes(drawn):
         corpus.sentences(10, 0, "poetry")
 
 
-def test_templates_kind_is_the_one_the_shipped_voice_was_trained_on(drawn):
-    # tts/voices/default/voice.json has no "kind": its held-out sentences are re-drawn
-    # from the templates. Two of them, as the quality report prints them:
-    held_out = drawn["templates"][-100:]
-    assert "Ravi and Zoe met at the museum at 94,047." in held_out
-    assert "Nadia and Sam met at the factory at 73.75." in held_out
+def test_the_shipped_voice_was_trained_on_the_default_corpus(drawn):
+    # its held-out sentences are re-drawn from voice.json's corpus settings, so a change
+    # to the corpus code must not move them (two of them, as the quality report prints them)
+    meta = json.loads(SHIPPED.read_text())["corpus"]
+    cfg = VoiceTrainConfig()
+    assert (meta["kind"], meta["sentences"], meta["seed"]) == (cfg.corpus, N, cfg.seed)
+    held_out = drawn["broad"][-meta["held_out"] :]
+    assert "I can mind the county for you." in held_out
+    assert "Please bring needle, tunnel, kettle, and blanket." in held_out
+    # a voice.json without "kind" (the voices before the broad corpus) re-draws templates,
+    # which draw as they did for the 36,000-sentence template voice
+    templates = corpus.sentences(36000, 0, "templates")[-100:]
+    assert "Ravi and Zoe met at the museum at 94,047." in templates
+    assert "Nadia and Sam met at the factory at 73.75." in templates
 
 
 def test_broad_reaches_far_more_words_and_short_replies(drawn):
@@ -50,7 +62,7 @@ def test_broad_reaches_far_more_words_and_short_replies(drawn):
         return sum(len(t.split()) <= 3 for t in texts)
 
     assert short(drawn["templates"]) < 50
-    assert short(drawn["broad"]) > 3000  # of 36,000
+    assert short(drawn["broad"]) > 3000  # of 48,000
 
 
 def test_unseen_words_probe_is_unseen_by_every_kind(drawn):
@@ -80,7 +92,7 @@ def test_word_forms():
 def test_held_out_of_another_kind_leaves_out_what_the_voice_trained_on(drawn):
     from tts.train.evaluate import held_out_texts
 
-    meta = {"sentences": N, "held_out": 100, "seed": 0}  # the shipped voice's voice.json
+    meta = {"sentences": N, "held_out": 100, "seed": 0}  # a voice.json without "kind"
     assert held_out_texts(meta, 24) == drawn["templates"][-100:][:24]
     cross = held_out_texts(meta, 100, held_out_of="broad")
     trained = set(drawn["templates"][:-100])

@@ -131,11 +131,12 @@ def test_voice_train_end_to_end_at_toy_scale(tmp_path, capsys):
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
 
-    # the work directory's teacher data was drawn from the templates: another corpus is
-    # refused before any stage runs, not trained on the wrong sentences
-    assert main([*argv, "--corpus", "broad"]) != 0
+    # the work directory's teacher data was drawn from the broad corpus (the default):
+    # another corpus is refused before any stage runs, not trained on the wrong sentences
+    assert json.loads((voice / "voice.json").read_text())["corpus"]["kind"] == "broad"
+    assert main([*argv, "--corpus", "templates"]) != 0
     assert "holds teacher data of other sentences" in capsys.readouterr().err
-    assert json.loads((voice / "voice.json").read_text())["corpus"]["kind"] == "templates"
+    assert json.loads((voice / "voice.json").read_text())["corpus"]["kind"] == "broad"
 
 
 def test_clause_stream_pieces_do_not_depend_on_chunking():
