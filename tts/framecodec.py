@@ -26,7 +26,7 @@ from torch import nn
 
 from tts.codec import CodecState, PCMBlock, StreamingCodec, valid_range
 from tts.features import log_mel
-from tts.streaming import StreamCtx
+from tts.streaming import StreamCtx, keep_rows
 
 
 @dataclass(frozen=True)
@@ -197,15 +197,33 @@ class FrameCodec(StreamingCodec):
     @torch.inference_mode()
     def step(self, codes: torch.Tensor, state: CodecState) -> PCMBlock:
         self.check_codes(codes)
-        ctx = StreamCtx(state, torch.zeros(1), torch.zeros(1), 1)
+        pcm = self._advance(codes, state)
+        before = state.frames.copy()
+        state.frames += codes.shape[1]
+        lo, hi = valid_range(before, codes.shape[1], self.cfg.hop, 0, state.end)
+        return PCMBlock(pcm, lo, hi)
+
+    @torch.inference_mode()
+    def step_rows(self, codes: torch.Tensor, keep: torch.Tensor, state: CodecState) -> torch.Tensor:
+        """``step``'s device half for the rows where ``keep`` (B,) is set: their state is
+        written in place and every other row's is left as it was (their PCM is not
+        meaningful). No host sync and no host bookkeeping (``state.frames`` is the
+        caller's), so a CUDA graph can record it (``CodecSlots``). -> (B, n * hop) PCM."""
+        self.check_codes(codes)
+        return self._advance(codes, state, keep)
+
+    def _advance(
+        self, codes: torch.Tensor, state: CodecState, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        ctx = StreamCtx(state, torch.zeros(1), torch.zeros(1), 1, keep=keep)
         fr = self.frames_out(self.fsq.values(codes[..., 0].to(self.device)), ctx)
         h = self.cfg.hop
         tails = torch.cat([state.buffers[-1][:, None], fr[:, :-1, h:]], dim=1)
-        state.buffers[-1] = fr[:, -1, h:].contiguous()
-        before = state.frames.copy()
-        state.frames += codes.shape[1]
-        lo, hi = valid_range(before, codes.shape[1], h, 0, state.end)
-        return PCMBlock((fr[:, :, :h] + tails).reshape(fr.shape[0], -1), lo, hi)
+        if keep is None:
+            state.buffers[-1] = fr[:, -1, h:].contiguous()
+        else:
+            keep_rows(state.buffers[-1], fr[:, -1, h:], keep)
+        return (fr[:, :, :h] + tails).reshape(fr.shape[0], -1)
 
     def flush(self, state: CodecState) -> PCMBlock:
         """Causal: every sample was final when its frame arrived; nothing is left."""

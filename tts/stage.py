@@ -13,7 +13,8 @@ samples at ``codec.sample_rate``; the samples do not depend on the grouping (the
 streaming contract).
 
 On CUDA the codec runs on a stream of its own, so its kernels overlap the next engine step
-(which async scheduling has already launched) instead of queueing behind it.
+(which async scheduling has already launched) instead of queueing behind it, and a call of
+up to one chunk's frames replays a CUDA graph recorded at start-up (``tts.slots``).
 
 This is the one piece issue 50's scheduler needs beside the engine: a stream's frames are
 known here as they complete (``frames`` decoded and ``pending`` held per request), which
@@ -75,7 +76,8 @@ class AudioStage:
         dev = codec.device
         self._cuda_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         with self._on_stream():  # the state lives on the stream that uses it
-            self.slots = CodecSlots(codec, capacity)
+            # a call holds at most one chunk's frames unless a paced release sends more
+            self.slots = CodecSlots(codec, capacity, self.policy.max_chunk_frames)
         self.streams: dict[str, _Stream] = {}
 
     @property

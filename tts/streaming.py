@@ -38,12 +38,16 @@ class StreamCtx:
         end_frames: torch.Tensor,
         rate: int,
         record: list[tuple[int, int]] | None = None,
+        keep: torch.Tensor | None = None,
     ) -> None:
         self.state, self.rate = state, rate
         self.t0 = t0_frames * rate  # (B,) int64 on the device
         self.end_frames = end_frames
         self.i = 0
         self.record = record  # shape-recording pass: (channels, length) per buffer
+        # (B,) bool: store writes the state's own tensors in place, and only these rows
+        # (``CodecSlots``' recorded steps: fixed addresses, the other slots untouched)
+        self.keep = keep
 
     def mask(self, x: torch.Tensor) -> torch.Tensor:
         """Zero the columns of ``x`` (B, C, n) outside each row's [0, end)."""
@@ -61,13 +65,21 @@ class StreamCtx:
         return buf
 
     def store(self, new: torch.Tensor) -> None:
-        if self.record is None:
+        if self.keep is not None:
+            keep_rows(self.state.buffers[self.i], new, self.keep)
+        elif self.record is None:
             self.state.buffers[self.i] = new.contiguous()
         self.i += 1
 
     def times(self, n: int) -> torch.Tensor:
         """(B, n) times of the current signal's columns."""
         return self.t0[:, None] + torch.arange(n, device=self.t0.device)
+
+
+def keep_rows(buf: torch.Tensor, new: torch.Tensor, keep: torch.Tensor) -> None:
+    """``buf[r] = new[r]`` in place for the rows ``r`` where ``keep`` (B,) is set, with no
+    host sync (a CUDA graph records it)."""
+    buf.copy_(torch.where(keep.view(-1, *([1] * (buf.dim() - 1))), new, buf))
 
 
 def conv_same(
