@@ -93,8 +93,13 @@ def test_the_recorded_pass_gives_each_stream_the_gather_scatter_samples(codec):
             pool.open(seed=s)
     ptrs = [b.data_ptr() for b in graphs.state.buffers]
     g = torch.Generator().manual_seed(5)
+    worst = 0.0
     for slots, n in _calls(5):
         codes = torch.randint(0, gpu.codebook_size, (len(slots), n, 1), generator=g).to(dev)
         a, b = plain.step(slots, codes), graphs.step(slots, codes)
-        assert max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True)) < 1e-5
+        # cuDNN's convolutions run in TF32 by default, and the pool's batch and the call's
+        # round differently (1.6e-5 on an H100; in float32 both paths agree to 6e-7)
+        assert max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True)) < 1e-4
+        worst = max(worst, max(float(np.abs(x).max()) for x in a))
+    assert worst > 1e-2  # the rows compared are signal, not silence
     assert [t.data_ptr() for t in graphs.state.buffers] == ptrs
