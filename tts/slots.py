@@ -71,8 +71,8 @@ class CodecSlots:
                 self._record()
 
     def _record(self) -> None:
-        """One graph a frame count, in one memory pool (the calls never overlap). The keep
-        mask is all False while recording, so no slot's state changes."""
+        """One graph a frame count, in one memory pool (the calls never overlap), each
+        replayed once. The keep mask is all False here, so no slot's state changes."""
         step_rows = self._step_rows
         assert step_rows is not None
         pool = torch.cuda.graph_pool_handle()
@@ -87,6 +87,7 @@ class CodecSlots:
                 # thread-local: another engine's thread may launch work meanwhile
                 with torch.cuda.graph(p.graph, pool=pool, capture_error_mode="thread_local"):
                     p.pcm = step_rows(p.codes, self._keep, self.state)
+                p.graph.replay()  # its first replay's upload here, not on a stream's first audio
         torch.cuda.current_stream().wait_stream(side)
 
     @property
