@@ -85,7 +85,9 @@ class Preprocess:
         assert tuple(images.shape[1:3]) == self.size, "only for images at the input size"
         mean = torch.tensor(self.cfg["mean"], device=images.device).view(1, 3, 1, 1)
         std = torch.tensor(self.cfg["std"], device=images.device).view(1, 3, 1, 1)
-        return (images.permute(0, 3, 1, 2).float() / 255.0 - mean) / std
+        # the same float32 operations in the same order, in place on one contiguous copy
+        x = images.permute(0, 3, 1, 2).contiguous().float()
+        return x.div_(255.0).sub_(mean).div_(std)
 
 
 class TimmEncoder(nn.Module):

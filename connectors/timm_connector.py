@@ -14,6 +14,7 @@ tokens together, so their counts always agree with ``TimmConnector.encode``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import threading
@@ -95,6 +96,13 @@ class TimmProcessor(ImageProcessor):
         self.config, self.preprocess = config, preprocess
         self.placeholder_id: int = token_id(config.placeholder)
         self.separator_ids: tuple[int, ...] = tuple(token_id.encode(config.tile_separator))
+        cfg = preprocess.cfg
+        # for them timm's resize and crop are the identity (crop_pct 1)
+        self._identity_crop = cfg.get("crop_pct", 1.0) == 1.0 and cfg.get(
+            "crop_mode", "center"
+        ) in ("center", "squash")
+        # an image at the tile size is keyed by its RGB bytes under this preprocessing
+        self._salt = json.dumps(cfg, sort_keys=True, default=str).encode()
 
     def tile_grid(self, image: Image.Image) -> tuple[int, int]:
         """(rows, cols) of tiles for ``image``: (1, 1) = the global view alone. Of the grids
@@ -116,6 +124,8 @@ class TimmProcessor(ImageProcessor):
         )
 
     def prepare(self, image: Image.Image) -> PreparedImage:
+        if self._at_tile_size(image):
+            return self.prepare_many([image])[0]
         rows, cols = self.tile_grid(image)
         views = []
         if rows * cols > 1:
@@ -130,27 +140,24 @@ class TimmProcessor(ImageProcessor):
         pixels = torch.stack([self.preprocess(v) for v in views])  # (T, C, H, W)
         return PreparedImage(pixels, self.tokens(len(views)))
 
-    def prepare_many(self, images: Sequence[Image.Image]) -> list[PreparedImage]:
-        """``prepare`` for each, with the images already at the tile size normalized in one
-        batched op: for them timm's resize and crop are the identity (crop_pct 1), and
-        ``Preprocess.normalize_uint8`` does ToTensor + Normalize's float32 arithmetic, op
-        for op, so the pixels (and digests) equal ``prepare``'s bit for bit."""
-        cfg = self.preprocess.cfg
+    def _at_tile_size(self, image: Image.Image) -> bool:
         th, tw = self.preprocess.size
-        fast = cfg.get("crop_pct", 1.0) == 1.0 and cfg.get("crop_mode", "center") in (
-            "center",
-            "squash",
-        )
-        batch = [
-            i for i, im in enumerate(images) if fast and im.mode == "RGB" and im.size == (tw, th)
-        ]
+        return self._identity_crop and image.mode == "RGB" and image.size == (tw, th)
+
+    def prepare_many(self, images: Sequence[Image.Image]) -> list[PreparedImage]:
+        """``prepare`` for each; the images already at the tile size are normalized in one
+        batched op (``Preprocess.normalize_uint8``: ToTensor + Normalize's float32
+        arithmetic, op for op, so the pixels equal timm's transform's bit for bit) and
+        keyed by a digest of their RGB bytes (a quarter of the float pixels' to hash)."""
+        batch = [i for i, im in enumerate(images) if self._at_tile_size(im)]
         out: list[PreparedImage | None] = [None] * len(images)
         if batch:
-            u8 = torch.from_numpy(np.stack([np.asarray(images[i]) for i in batch]))
-            pixels = self.preprocess.normalize_uint8(u8).contiguous()
+            u8 = np.stack([np.asarray(images[i]) for i in batch])
+            pixels = self.preprocess.normalize_uint8(torch.from_numpy(u8))
             tokens = self.tokens(1)
             for row, i in enumerate(batch):
-                out[i] = PreparedImage(pixels[row : row + 1], tokens)
+                digest = hashlib.blake2b(self._salt + u8[row].tobytes(), digest_size=16).digest()
+                out[i] = PreparedImage(pixels[row : row + 1], tokens, digest)
         return [p if p is not None else self.prepare(im) for p, im in zip(out, images, strict=True)]
 
     def tokens(self, num_views: int) -> ImageTokens:

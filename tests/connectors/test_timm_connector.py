@@ -107,6 +107,11 @@ def test_prepared_together_equals_prepared_each(crop_mode):
         want = proc.prepare(img)
         assert got.pixels.dtype == want.pixels.dtype and torch.equal(got.pixels, want.pixels)
         assert got.digest == want.digest and got.tokens == want.tokens
+        if img.size == (32, 32):  # the batched path: timm's own transform, bit for bit
+            assert torch.equal(got.pixels[0], proc.preprocess(img))
+    # keyed by content: a copy of an image shares its digest, another image does not
+    assert len({p.digest for p in many}) == len(images)
+    assert proc.prepare(images[0].copy()).digest == many[0].digest
 
 
 def test_pixel_shuffle_matches_idefics3():
