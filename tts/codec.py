@@ -67,6 +67,16 @@ class CodecState:
                 mine.index_copy_(0, idx, theirs)
         self.frames[rows], self.end[rows], self.seeds[rows] = sub.frames, sub.end, sub.seeds
 
+    def advance(
+        self, n: int, frame_samples: int, delay: int = 0, rows: list[int] | None = None
+    ) -> tuple[list[int], list[int]]:
+        """Count ``n`` more frames fed to ``rows`` (every row: None) -> each one's real
+        columns [lo, hi) of the block those frames decoded into (``valid_range``)."""
+        sel = slice(None) if rows is None else rows
+        before = self.frames[sel].copy()
+        self.frames[sel] += n
+        return valid_range(before, n, frame_samples, delay, self.end[sel])
+
     def reset(self, rows: list[int], seeds: list[int] | None = None) -> None:
         """Start ``rows`` afresh (a new stream in an old slot)."""
         with torch.inference_mode():

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tts.codec import CodecState, PCMBlock, StreamingCodec, valid_range
+from tts.codec import CodecState, PCMBlock, StreamingCodec
 from tts.features import log_mel
 from tts.streaming import StreamCtx, keep_rows
 
@@ -198,10 +198,7 @@ class FrameCodec(StreamingCodec):
     def step(self, codes: torch.Tensor, state: CodecState) -> PCMBlock:
         self.check_codes(codes)
         pcm = self._advance(codes, state)
-        before = state.frames.copy()
-        state.frames += codes.shape[1]
-        lo, hi = valid_range(before, codes.shape[1], self.cfg.hop, 0, state.end)
-        return PCMBlock(pcm, lo, hi)
+        return PCMBlock(pcm, *state.advance(codes.shape[1], self.cfg.hop))
 
     @torch.inference_mode()
     def step_rows(self, codes: torch.Tensor, keep: torch.Tensor, state: CodecState) -> torch.Tensor:

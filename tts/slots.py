@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tts.codec import PCMBlock, StreamingCodec, valid_range
+from tts.codec import PCMBlock, StreamingCodec
 
 
 class SlotsFullError(RuntimeError):
@@ -133,13 +133,9 @@ class CodecSlots:
                 pcm = step_rows(p.codes, self._keep, self.state)
             assert pcm is not None
             rows = pcm.index_select(0, idx)
-        st, n = self.state, codes.shape[1]
-        before = st.frames[slots].copy()
-        st.frames[slots] += n
-        lo, hi = valid_range(
-            before, n, self.codec.frame_samples, self.codec.delay_samples, st.end[slots]
-        )
-        return PCMBlock(rows, lo, hi).rows()
+        codec = self.codec
+        lo_hi = self.state.advance(codes.shape[1], codec.frame_samples, codec.delay_samples, slots)
+        return PCMBlock(rows, *lo_hi).rows()
 
     def close(self, slots: list[int]) -> list[np.ndarray]:
         """End the streams in ``slots`` -> each one's last samples; the slots are free."""

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tts.codec import CodecState, PCMBlock, StreamingCodec, valid_range
+from tts.codec import CodecState, PCMBlock, StreamingCodec
 from tts.streaming import StreamCtx, conv_same, conv_transpose, delay, gaussian_noise, snake
 
 _OPEN = 1 << 40  # a row's end frame while it is still open
@@ -345,9 +345,7 @@ class SNAC(StreamingCodec):
         seeds = torch.from_numpy(state.seeds).to(dev)
         pcm = self.decoder(self.latent(codes), ctx, seeds)[:, 0]
         assert ctx.i == len(state.buffers)
-        state.frames += codes.shape[1]
-        lo, hi = valid_range(before, codes.shape[1], self.frame_samples, self._delay, state.end)
-        return PCMBlock(pcm, lo, hi)
+        return PCMBlock(pcm, *state.advance(codes.shape[1], self.frame_samples, self._delay))
 
 
 def _seeds(seeds: list[int] | None, batch: int, device: torch.device) -> torch.Tensor:

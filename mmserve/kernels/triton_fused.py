@@ -626,10 +626,7 @@ if triton is not None:
                 offset,
             )
 
-    # M (a step's rows) is not specialised on divisibility by 16: a variant for each
-    # (tile config, M % 16 == 0) pair would compile at the first step that reaches it,
-    # which the start-up warm-up cannot cover for every row count.
-    @triton.jit(do_not_specialize=["M"])
+    @triton.jit(do_not_specialize=["M"])  # as _fused_gemm_kernel's M
     def _qkv_rope_kernel(
         a_ptr,
         w_ptr,

@@ -199,10 +199,7 @@ if triton is not None:
             )
         return w
 
-    # M (a step's rows) is not specialised on divisibility by 16: a variant for each
-    # (tile config, M % 16 == 0) pair would compile at the first step that reaches it,
-    # which the start-up warm-up cannot cover for every row count.
-    @triton.jit(do_not_specialize=["M"])
+    @triton.jit(do_not_specialize=["M"])  # as _gemm_kernel's M
     def _gemm_q8_kernel(
         a_ptr,
         q_ptr,
