@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserve import envs
-from mmserve.bench import serve_clients, serve_report
+from mmserve.bench import proc_cpu, serve_clients, serve_report
 from mmserve.bench.serve_clients import Load, Messages, Timing, run_load
 
 SYSTEM = "You are a storyteller. Answer at length."
@@ -160,13 +160,19 @@ def serve_phases(cfg: ServeBenchConfig, pool: Executor | None, out: Path) -> dic
 
         def level(kind: str, clients: int, requests: int, name: str = "") -> dict:
             load = Load(target.url, model, kind, clients, requests, sets, cfg.max_tokens)
+            before, wall = proc_cpu.snapshot(target.pid), time.monotonic()
             shares = run_load(load, pool, cfg.procs())
+            use = proc_cpu.usage(before, proc_cpu.snapshot(target.pid), time.monotonic() - wall)
             timings = [t for s in shares for t in s.timings]
             lv = serve_report.summarize(timings, clients, shares)
+            lv["server_cpu"] = use
+            busiest = proc_cpu.busiest_thread(use)
             print(
                 f"[{name or kind}] {clients} clients: {lv['tok_s']} tok/s, TTFT p99 "
                 f"{lv['ttft_p99_ms']} ms, gap p99 {lv['gap_p99_ms']} ms, "
-                f"{lv['errors']} errors",
+                f"{lv['errors']} errors; server CPU "
+                + ", ".join(f"{p} {u['cpu']:.2f}" for p, u in use.items())
+                + (f"; busiest thread {busiest[0]} {busiest[1]:.2f}" if busiest else ""),
                 flush=True,
             )
             return lv

@@ -81,6 +81,13 @@ def _cell(level: dict | None, key: str, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _busiest(level: dict) -> str:
+    from mmserve.bench.proc_cpu import busiest_thread
+
+    best = busiest_thread(level.get("server_cpu") or {})
+    return "" if best is None else f"{best[0]} {best[1]:.2f}"
+
+
 def table(result: dict) -> str:
     """A short text table: one line per (path, load)."""
     lines = [
@@ -88,7 +95,7 @@ def table(result: dict) -> str:
         f"{result['config']['max_tokens']} tokens a request, server start-up "
         f"{result['server']['startup_s']:.1f}s",
         f"{'path':<8}{'clients':>8}{'tok/s':>10}{'x engine':>9}{'TTFT p50':>10}"
-        f"{'p99 ms':>9}{'gap p99':>9}{'errors':>7}",
+        f"{'p99 ms':>9}{'gap p99':>9}{'errors':>7}  busiest server thread (CPU share)",
     ]
     for kind in ("engine", "sse", "ws"):
         for c, lv in result.get(kind, {}).items():
@@ -97,7 +104,7 @@ def table(result: dict) -> str:
                 f"{_cell(lv, 'vs_engine', '{:.2f}'):>9}"
                 f"{_cell(lv, 'ttft_p50_ms', '{:.1f}'):>10}"
                 f"{_cell(lv, 'ttft_p99_ms', '{:.1f}'):>9}"
-                f"{_cell(lv, 'gap_p99_ms', '{:.1f}'):>9}{lv['errors']:>7}"
+                f"{_cell(lv, 'gap_p99_ms', '{:.1f}'):>9}{lv['errors']:>7}  {_busiest(lv)}"
             )
     for name in ("first_burst", "steady_burst"):
         lv = result.get(name)

@@ -39,6 +39,7 @@ from mmserve.engine.outputs import EngineStats, RequestOutput, coalesce
 from mmserve.engine.playback import AudioSpec
 from mmserve.engine.request import EmbeddingSpan
 from mmserve.errors import EngineDeadError, QueueFullError
+from mmserve.procname import name_this_thread
 from mmserve.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ class AsyncEngine:
     def _loop(self) -> None:
         """Run steps until shut down; if the loop itself dies, every stream gets the error
         (a request never hangs on a dead engine)."""
+        name_this_thread("mmserve-engine")
         try:
             self._steps()
         except BaseException as exc:

@@ -27,6 +27,7 @@ import zmq
 from mmserve.config import EngineConfig, SpeechConfig
 from mmserve.engine import wire
 from mmserve.engine.core import EngineCore, Member
+from mmserve.procname import name_this_thread
 
 log = logging.getLogger("mmserve")
 
@@ -98,6 +99,7 @@ def core_main(
         format="%(levelname)s %(name)s (core): %(message)s",
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    name_this_thread("mmserve-core")
     core = EngineCore(*_build(engine_config, speech_config))
     signal.signal(signal.SIGTERM, lambda *_: setattr(core, "stopping", True))
     ctx = zmq.Context()
@@ -121,6 +123,7 @@ def core_main(
 
 
 def _run(core: EngineCore, requests: zmq.Socket) -> None:
+    name_this_thread("mmserve-engine")
     try:
         core.run(requests)
     finally:

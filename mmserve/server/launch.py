@@ -18,6 +18,7 @@ from typing import TextIO
 import uvicorn
 
 from mmserve.config import EngineConfig, ServerConfig, SpeechConfig
+from mmserve.procname import name_this_thread
 from mmserve.server.app import create_app
 from mmserve.server.connections import ConnectionLimits, guarded_httptools
 from mmserve.server.engine_client import EngineClient
@@ -146,6 +147,7 @@ def _run_in_process(
 ) -> int:
     from mmserve.engine.async_engine import AsyncEngine
 
+    name_this_thread("mmserve-api")
     engine = AsyncEngine.from_config(engine_config)
     speech_config = speech_config or SpeechConfig()
     speech = start_speech(speech_config, engine) if speech_config.enabled else None

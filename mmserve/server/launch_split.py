@@ -1,20 +1,22 @@
 """``mmserve serve`` as processes: one engine core, one or more API servers on one port.
 
 The launcher spawns the engine core (``mmserve.engine.core_process``) and waits until it
-has loaded; binds the listening socket once; spawns ``api_server_count - 1`` API-server
-processes that accept on that same socket (handed to them at spawn); and serves as the
-first API server itself. Each API server loads only the CPU halves (tokenizer, chat
-template, image processor, the voice's phonemizer) and talks to the core through
-``core_client.RemoteEngine``. A thread reaps children as they exit, so a dead core is
-seen as dead (not a zombie) by every API server, which then answers ``/health`` with 503
-and ends in-flight requests with an error. SIGTERM/SIGINT stop the API servers, then the
-core.
+has loaded; binds the port; spawns ``api_server_count - 1`` API-server processes, each
+listening on a socket of its own bound to that port (or, where the kernel does not
+balance such sockets, accepting on the launcher's, handed to them at spawn); waits until
+they all listen; and serves as the first API server itself. Each API server loads only
+the CPU halves (tokenizer, chat template, image processor, the voice's phonemizer) and
+talks to the core through ``core_client.RemoteEngine``. A thread reaps children as they
+exit, so a dead core is seen as dead (not a zombie) by every API server, which then
+answers ``/health`` with 503 and ends in-flight requests with an error. SIGTERM/SIGINT
+stop the API servers, then the core.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -31,16 +33,25 @@ from typing import Any
 from mmserve.config import EngineConfig, ServerConfig, SpeechConfig
 from mmserve.engine import wire
 from mmserve.engine.core_process import CoreAddress, start_core, wait_ready
+from mmserve.procname import name_this_thread
 from mmserve.server.core_client import Core, RemoteEngine
 from mmserve.server.launch import exit_on_signal, raise_fd_limit, serve_app, setup_logging
 
 log = logging.getLogger("mmserve")
+
+# Linux spreads a port's connections over the sockets bound to it with SO_REUSEPORT by a
+# hash of each connection's addresses, whoever is busy. On one shared socket, every API
+# server wakes for a new connection and the first to run accepts all that are queued: a
+# burst of 64 connections went 63/1 over 4 servers on a 2-core host (the busiest took
+# 20-24 of them with SO_REUSEPORT). Elsewhere (BSD and macOS do not balance) they share one socket.
+REUSEPORT_BALANCES = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
 
 
 def run_split(
     engine_config: EngineConfig, server_config: ServerConfig, speech_config: SpeechConfig
 ) -> int:
     address = CoreAddress.fresh()
+    name_this_thread("mmserve-api-0")
     core = start_core(engine_config, speech_config, address, server_config.log_level)
     children: list[BaseProcess] = []
     signal.signal(signal.SIGTERM, exit_on_signal)
@@ -51,19 +62,34 @@ def run_split(
             print(f"mmserve: error: {exc}", file=sys.stderr, flush=True)
             return 1
         print(f"mmserve: engine core running in process {info.pid}", flush=True)
-        sock = listen(server_config)
+        balanced = server_config.api_server_count > 1 and REUSEPORT_BALANCES
+        sock = listen(server_config, reuse_port=balanced)
+        port = sock.getsockname()[1]
         ctx = multiprocessing.get_context("spawn")
-        for i in range(1, server_config.api_server_count):
+        ready = [ctx.Event() for _ in range(1, server_config.api_server_count)]
+        for i, accepting in enumerate(ready, start=1):
             child = ctx.Process(
                 target=api_server_main,
                 name=f"mmserve-api-{i}",
-                args=(address, info, server_config, speech_config, sock, os.getpid()),
+                args=(
+                    address,
+                    info,
+                    server_config,
+                    speech_config,
+                    None if balanced else sock,
+                    port,
+                    accepting,
+                    os.getpid(),
+                ),
             )
             child.start()
             children.append(child)
         threading.Thread(
             target=_reap, args=([core, *children],), name="mmserve-reaper", daemon=True
         ).start()
+        if not _all_listening(children, ready):
+            print("mmserve: error: an API server exited while starting", file=sys.stderr)
+            return 1
         engine, speech = remote_engines(address, info, speech_config, announce=True)
         try:
             asyncio.run(
@@ -84,16 +110,31 @@ def run_split(
     return 0
 
 
-def listen(config: ServerConfig) -> socket.socket:
-    """The one listening socket every API server accepts on (bound before they start, so
-    ``--port 0`` names one port for all of them)."""
+def listen(config: ServerConfig, reuse_port: bool = False) -> socket.socket:
+    """The launcher's listening socket, bound before any API server starts (so
+    ``--port 0`` names one port for all of them). ``reuse_port``: each API server binds
+    a socket of its own to the same port (``REUSEPORT_BALANCES``); otherwise they all
+    accept on this one."""
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((config.host, config.port))
     sock.listen(2048)
-    sock.set_inheritable(True)
+    sock.set_inheritable(not reuse_port)
     return sock
+
+
+def _all_listening(children: list[BaseProcess], ready: list[Any], timeout: float = 600.0) -> bool:
+    """Wait until every API server listens (so no connection is hashed to a socket that
+    is not there yet); False if one exits first."""
+    deadline = time.monotonic() + timeout
+    for child, accepting in zip(children, ready, strict=True):
+        while not accepting.wait(0.2):
+            if not child.is_alive() or time.monotonic() > deadline:
+                return False
+    return True
 
 
 def api_server_main(
@@ -101,17 +142,25 @@ def api_server_main(
     info: wire.CoreInfo,
     server_config: ServerConfig,
     speech_config: SpeechConfig,
-    sock: socket.socket,
+    sock: socket.socket | None,
+    port: int,
+    accepting: Any,
     launcher_pid: int,
 ) -> None:
-    """One more API server (a spawned child): serve on the shared socket until signalled,
-    or until the launcher is gone (an orphan would keep answering 503 forever)."""
+    """One more API server (a spawned child): serve on the launcher's socket, or on one of
+    its own bound to the same port (``sock`` None), until signalled or until the launcher
+    is gone (an orphan would keep answering 503 forever). ``accepting`` is set once it
+    listens."""
     setup_logging(server_config)
     raise_fd_limit()
+    name_this_thread(multiprocessing.current_process().name)
     threading.Thread(
         target=_stop_when_orphaned, args=(launcher_pid,), name="mmserve-parent", daemon=True
     ).start()
     engine, speech = remote_engines(address, info, speech_config, announce=False)
+    if sock is None:
+        sock = listen(dataclasses.replace(server_config, port=port), reuse_port=True)
+    accepting.set()
     try:
         asyncio.run(
             serve_app(

@@ -155,6 +155,35 @@ def test_two_api_servers_and_one_core(served: Served) -> None:
     assert httpx.get(f"{served.url}/health").json() == {"status": "ok"}
 
 
+def test_connections_spread_over_both_api_servers(served: Served) -> None:
+    """32 keep-alive connections: each API server holds some (on one shared socket, the
+    first server to wake took nearly all of a burst)."""
+    import psutil
+
+    port = int(served.url.rsplit(":", 1)[1])
+    clients = [httpx.Client(base_url=served.url) for _ in range(32)]
+    try:
+        for c in clients:
+            assert c.get("/health").status_code == 200
+        launcher = psutil.Process(served.proc.pid)
+        servers = [launcher] + [
+            p for p in launcher.children() if p.name().startswith("mmserve-api")
+        ]
+        held = {
+            p.name(): sum(
+                c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                for c in p.net_connections("tcp")
+            )
+            for p in servers
+        }
+    finally:
+        for c in clients:
+            c.close()
+    assert sorted(held) == ["mmserve-api-0", "mmserve-api-1"], held
+    assert sum(held.values()) == 32, held
+    assert min(held.values()) >= 4, held  # a fair split is 16; Binomial(32, 1/2) < 4: 1e-5
+
+
 def test_usage_and_streamed_text_match_the_whole_answer(sdk: openai.OpenAI) -> None:
     whole = sdk.chat.completions.create(
         model="smollm2-135m-instruct", messages=HI, max_tokens=6, temperature=0
