@@ -7,9 +7,12 @@ outputs to the API servers that own them, one message per engine per API server.
 in the loop waits on HTTP, JSON, detokenization for clients or parsing; when no engine
 has work it sleeps in ``poll`` until a request arrives or the earliest audio deadline.
 
-Wire invariant: an output's cumulative ``token_ids`` and ``text`` are left empty; they are
-the concatenations of the deltas (``Request.take_output``), and the client rebuilds them,
-so a step's message grows with the step, not with each request's length.
+Wire invariant: an output's cumulative ``token_ids`` and ``text`` are left empty (never
+built: ``LLMEngine.cumulative_outputs``); they are the concatenations of the deltas, and
+the client rebuilds them, so a step's message grows with the step, not with each
+request's length. A request without stop strings comes with ``detokenize=False``: its
+text can end nothing, so the core skips it and the API server makes it from the token
+ids (``core_client.LocalText``).
 
 A thread answers ``Probe``s on the control socket with the loop's health and every
 member's stats, so ``/health`` and ``/metrics`` keep answering while a long step runs (a
@@ -49,6 +52,8 @@ class Member:
 class EngineCore:
     def __init__(self, members: list[Member], info: wire.CoreInfo) -> None:
         self.members, self.info = members, info
+        for m in members:  # the wire invariant: deltas only (module docstring)
+            m.engine.cumulative_outputs = False
         self.order = [*members[1:], members[0]]  # guests (a voice: deadlines) first
         self.step_since: float | None = None  # monotonic start of the step running now
         self.dead_reason = ""

@@ -175,6 +175,9 @@ class LLMEngine:
         self._ran_nothing = False  # the last step scheduled nothing (``idle_for``)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # outputs carry the cumulative token_ids/text (False: deltas only; the engine core
+        # sets it, its API servers rebuild them)
+        self.cumulative_outputs = True
 
     def _capture_graphs(
         self, model: CausalLM, device: torch.device
@@ -529,7 +532,10 @@ class LLMEngine:
         policy = self.scheduler.policy
         seqs = step.seqs
         policy.end_step(len(seqs), sum(s.num_tokens for s in seqs), self.scheduler.has_work())
-        return [req.take_output() for req in update.done if policy.releases(req)] + self._refused()
+        cumulative = self.cumulative_outputs
+        return [
+            req.take_output(cumulative) for req in update.done if policy.releases(req)
+        ] + self._refused()
 
     def _refused(self) -> list[RequestOutput]:
         """Outputs for the waiting audio streams the audio policy refused this step."""

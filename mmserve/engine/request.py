@@ -140,8 +140,11 @@ class Request:
                 keys[b] = (keys[b] or b"") + s.digest + s.start.to_bytes(8, "little")
         return keys
 
-    def take_output(self) -> RequestOutput:
-        """The delta since the last call (text held back for stop strings stays held)."""
+    def take_output(self, cumulative: bool = True) -> RequestOutput:
+        """The delta since the last call (text held back for stop strings stays held).
+        ``cumulative`` False leaves ``token_ids`` and ``text`` empty: a consumer that
+        rebuilds them from the deltas (an API server of the engine core) need not pay a
+        copy of the whole output every step."""
         upto = (
             len(self.text)
             if self.finished
@@ -157,8 +160,8 @@ class Request:
             request_id=self.request_id,
             new_token_ids=new_ids,
             new_text=new_text,
-            token_ids=list(self.output_ids),
-            text=self.text[: self.sent],
+            token_ids=list(self.output_ids) if cumulative else [],
+            text=self.text[: self.sent] if cumulative else "",
             finished=self.finished,
             finish_reason=self.finish_reason,
             num_prompt_tokens=len(self.prompt_ids),

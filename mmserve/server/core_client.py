@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -40,6 +41,7 @@ import zmq
 import zmq.asyncio
 
 from mmserve.engine import wire
+from mmserve.engine.detokenizer import IncrementalDetokenizer
 from mmserve.engine.outputs import EngineStats, RequestOutput, coalesce
 from mmserve.engine.playback import AudioSpec
 from mmserve.engine.request import EmbeddingSpan
@@ -62,6 +64,28 @@ class _Stream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    local: LocalText | None = None  # its text is made here, not in the core
+
+
+class LocalText:
+    """The text of a request the core does not detokenize (one without stop strings: its
+    text can end nothing, so the core needs none of it), made by the API server from the
+    deltas' token ids by the engine's own rule (``TokenAppender``): each output token in
+    order through the same ``IncrementalDetokenizer``, except a finishing stop or EOS
+    token, and the held tail on a stop or length finish. The same tokens through the
+    same detokenizer: the same text, delta for delta, as the engine makes in-process."""
+
+    def __init__(self, detok: IncrementalDetokenizer) -> None:
+        self.detok = detok
+
+    def delta(self, out: RequestOutput) -> str:
+        ids = out.new_token_ids
+        if out.finished and out.finish_reason == "stop":
+            ids = ids[:-1]  # a stop or EOS token is never detokenized
+        text = "".join([self.detok.add([t]) for t in ids])
+        if out.finished and out.finish_reason in ("stop", "length"):
+            text += self.detok.flush()
+        return text
 
 
 @dataclass(frozen=True)
@@ -211,13 +235,19 @@ class CoreClient:
         spans: list[EmbeddingSpan] | None,
         stage_seed: int | None,
         audio: AudioSpec | None,
+        detok: IncrementalDetokenizer | None = None,
     ) -> AsyncIterator[RequestOutput]:
+        """``detok``: make the request's text here (``LocalText``); the core is asked
+        for its token ids alone."""
         rid = request_id or f"req-{uuid.uuid4().hex}"
         if not self.core.alive():
             raise EngineDeadError(f"the engine has stopped ({self.core._dead}); restart the server")
         key = (member, rid)
         merge = not self.core.info.members[member].sample_rate  # audio deltas stay per step
         stream = self._streams[key] = _Stream()
+        if detok is not None:
+            stream.local = LocalText(detok)
+            params = dataclasses.replace(params, detokenize=False)
         self.send(
             wire.Add(
                 member, rid, list(prompt_token_ids), params, wire.to_wire(spans), stage_seed, audio
@@ -272,6 +302,8 @@ class CoreClient:
                 stream = self._streams.get((msg.engine, out.request_id))
                 if stream is None:
                     continue  # its consumer went away; the abort is on its way
+                if stream.local is not None:
+                    out.new_text = stream.local.delta(out)
                 stream.token_ids.extend(out.new_token_ids)
                 stream.text += out.new_text
                 out.token_ids, out.text = list(stream.token_ids), stream.text
@@ -348,8 +380,16 @@ class RemoteEngine:
         if stage_request is not None and self.stage is None:
             raise ValueError("this engine has no output stage for a stage request")
         seed = None if stage_request is None else int(stage_request.seed)
+        detok = None
+        if self.tokenizer is not None and seed is None and params.detokenize and not params.stop:
+            detok = IncrementalDetokenizer(
+                self.tokenizer.backend,
+                prompt_token_ids,
+                params.skip_special_tokens,
+                getattr(self.tokenizer, "all_special_ids", None),
+            )
         return self.core.client().generate(
-            self.member, prompt_token_ids, params, request_id, spans, seed, audio
+            self.member, prompt_token_ids, params, request_id, spans, seed, audio, detok
         )
 
     async def abort(self, request_id: str) -> None:
