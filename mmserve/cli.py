@@ -84,10 +84,12 @@ HELP = {
     "allowed_local_media_path": "accept local image paths under this directory (default: off)",
     "remote_image_timeout_s": "timeout for fetching a remote image",
     "engine_process": "run the engine's step loop in an engine-core process of its own, "
-    "the API server (HTTP, templates, detokenization, parsers) in another, talking over "
-    "ZeroMQ (default: off: the loop runs on a thread of the API server)",
-    "api_server_count": "API-server processes accepting on the one port, all served by one "
-    "engine core; > 1 implies --engine-process",
+    "the API servers (HTTP, templates, detokenization, parsers) in others, talking over "
+    "ZeroMQ; --no-engine-process: the loop on a thread of the one API server (default: "
+    "on with a CUDA device, off on a CPU)",
+    "api_server_count": "API-server processes on the one port, all served by one engine "
+    "core; > 1 implies --engine-process (default: a quarter of the CPU cores, 1 to 4, "
+    "with a CUDA device; else 1)",
     "voice_max_chunk_ms": "a stream's later audio chunks hold up to this much audio, decoded "
     "in one codec call (its first chunk is one frame; 0: every frame decodes as it "
     "completes; default 320)",
@@ -428,7 +430,7 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
         "--client-procs",
         type=int,
         default=0,
-        help="client processes (default: a quarter of the cores, 1 to 4)",
+        help="client processes (default: half the cores, 1 to 8)",
     )
     serve.add_argument(
         "--no-engine", action="store_true", help="skip the in-process engine baseline"

@@ -7,6 +7,7 @@ what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -168,8 +169,9 @@ class ServerConfig:
     allowed_local_media_path: str | None = None  # accept file paths under this directory
     remote_image_timeout_s: float = 10.0
     # -- processes (docs/serving.md) --
-    engine_process: bool = False  # True: the step loop in an engine-core process of its own
-    api_server_count: int = 1  # API-server processes sharing the port; > 1 implies the split
+    # None (both): chosen from the device at start-up (``resolve_layout``)
+    engine_process: bool | None = None  # True: the step loop in an engine-core process
+    api_server_count: int | None = None  # API-server processes sharing the port
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -201,7 +203,7 @@ class ServerConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.api_server_count < 1:
+        if self.api_server_count is not None and self.api_server_count < 1:
             raise ValueError(f"api_server_count must be >= 1, got {self.api_server_count}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be non-empty when set")
@@ -226,8 +228,26 @@ class ServerConfig:
 
     @property
     def split(self) -> bool:
-        """The step loop runs in an engine-core process, API servers in others."""
-        return self.engine_process or self.api_server_count > 1
+        """The step loop runs in an engine-core process, API servers in others (the layout
+        resolved: ``resolve_layout``)."""
+        return bool(self.engine_process) or (self.api_server_count or 1) > 1
+
+    def resolve_layout(self, cuda: bool, cpus: int) -> ServerConfig:
+        """The process layout with what was left unset chosen (docs/configuration.md):
+        on a CUDA device, the engine core in a process of its own and ``cpus // 4`` API
+        servers (1 to 4): a GPU step loop runs faster than one event loop can stream its
+        tokens, and sharing that loop's GIL with it halves both; on a CPU, one process
+        (its steps are slower than any event loop). ``api_server_count`` > 1 implies the
+        core's process; ``--no-engine-process`` keeps one process."""
+        engine_process = self.engine_process
+        if engine_process is None:
+            engine_process = cuda or (self.api_server_count or 1) > 1
+        count = self.api_server_count
+        if count is None:
+            count = max(1, min(4, cpus // 4)) if engine_process and cuda else 1
+        if not engine_process and count > 1:
+            raise ValueError("api_server_count > 1 needs the engine-core process")
+        return dataclasses.replace(self, engine_process=engine_process, api_server_count=count)
 
 
 @dataclass

@@ -95,3 +95,25 @@ def test_no_module_flips_a_kernel_switch():
     assert not re.search(
         r"MMSERVE_(ROPE_ATTENTION|O_GROUPS)", (ROOT / "mmserve" / "envs.py").read_text()
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "cuda", "cpus", "layout"),
+    [
+        ({}, True, 16, (True, 4)),  # a GPU: the core in its own process, API servers
+        ({}, True, 2, (True, 1)),
+        ({}, False, 16, (False, 1)),  # a CPU: one process
+        ({"engine_process": False}, True, 16, (False, 1)),
+        ({"api_server_count": 2}, False, 2, (True, 2)),  # > 1 implies the core's process
+        ({"engine_process": True}, False, 16, (True, 1)),
+    ],
+)
+def test_the_process_layout_left_unset_follows_the_device(given, cuda, cpus, layout):
+    resolved = ServerConfig(**given).resolve_layout(cuda, cpus)
+    assert (resolved.engine_process, resolved.api_server_count) == layout
+    assert resolved.split == layout[0]
+
+
+def test_several_api_servers_need_the_core_process():
+    with pytest.raises(ValueError, match="engine-core process"):
+        ServerConfig(engine_process=False, api_server_count=2).resolve_layout(True, 16)

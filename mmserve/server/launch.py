@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
 import socket
 import sys
@@ -127,6 +128,10 @@ def run_server(
     setup_logging(server_config)
     raise_fd_limit()
     print(f"mmserve: loading {engine_config.model or 'the default model'} ...", flush=True)
+    from mmserve.engine.factory import resolve_device
+
+    cuda = resolve_device(engine_config.device).type == "cuda"
+    server_config = server_config.resolve_layout(cuda, os.cpu_count() or 1)
     if server_config.split:
         from mmserve.server.launch_split import run_split
 

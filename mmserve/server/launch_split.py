@@ -62,11 +62,12 @@ def run_split(
             print(f"mmserve: error: {exc}", file=sys.stderr, flush=True)
             return 1
         print(f"mmserve: engine core running in process {info.pid}", flush=True)
-        balanced = server_config.api_server_count > 1 and REUSEPORT_BALANCES
+        count = server_config.api_server_count or 1  # resolved by ``run_server``
+        balanced = count > 1 and REUSEPORT_BALANCES
         sock = listen(server_config, reuse_port=balanced)
         port = sock.getsockname()[1]
         ctx = multiprocessing.get_context("spawn")
-        ready = [ctx.Event() for _ in range(1, server_config.api_server_count)]
+        ready = [ctx.Event() for _ in range(1, count)]
         for i, accepting in enumerate(ready, start=1):
             child = ctx.Process(
                 target=api_server_main,
