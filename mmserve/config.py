@@ -168,7 +168,7 @@ class ServerConfig:
     allow_remote_images: bool = False  # fetch http(s) image URLs
     allowed_local_media_path: str | None = None  # accept file paths under this directory
     remote_image_timeout_s: float = 10.0
-    # -- processes (docs/serving.md) --
+    # -- processes (docs/architecture.md, "Process layout") --
     # None (both): chosen from the device at start-up (``resolve_layout``)
     engine_process: bool | None = None  # True: the step loop in an engine-core process
     api_server_count: int | None = None  # API-server processes sharing the port
