@@ -64,7 +64,12 @@ def run_split(
         print(f"mmserve: engine core running in process {info.pid}", flush=True)
         count = server_config.api_server_count or 1  # resolved by ``run_server``
         balanced = count > 1 and REUSEPORT_BALANCES
-        sock = listen(server_config, reuse_port=balanced)
+        try:
+            sock = listen(server_config, reuse_port=balanced)
+        except OSError as exc:
+            where = f"{server_config.host}:{server_config.port}"
+            print(f"mmserve: error: cannot listen on {where}: {exc.strerror}", file=sys.stderr)
+            return 1
         port = sock.getsockname()[1]
         ctx = multiprocessing.get_context("spawn")
         ready = [ctx.Event() for _ in range(1, count)]
@@ -111,12 +116,19 @@ def run_split(
     return 0
 
 
-def listen(config: ServerConfig, reuse_port: bool = False) -> socket.socket:
+def listen(config: ServerConfig, reuse_port: bool = False, join: bool = False) -> socket.socket:
     """The launcher's listening socket, bound before any API server starts (so
     ``--port 0`` names one port for all of them). ``reuse_port``: each API server binds
-    a socket of its own to the same port (``REUSEPORT_BALANCES``); otherwise they all
-    accept on this one."""
+    a socket of its own to the same port (``REUSEPORT_BALANCES``; ``join``: an API
+    server joining the launcher's); otherwise they all accept on this one."""
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    if reuse_port and not join and config.port:
+        # SO_REUSEPORT would let this bind join another server's group on a port it
+        # already serves (same user) and silently take a share of its connections: a
+        # plain bind first refuses the port as a second server without it would be
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((config.host, config.port))
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:
@@ -160,7 +172,7 @@ def api_server_main(
     ).start()
     engine, speech = remote_engines(address, info, speech_config, announce=False)
     if sock is None:
-        sock = listen(dataclasses.replace(server_config, port=port), reuse_port=True)
+        sock = listen(dataclasses.replace(server_config, port=port), reuse_port=True, join=True)
     accepting.set()
     try:
         asyncio.run(

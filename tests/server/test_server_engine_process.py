@@ -340,3 +340,33 @@ def test_killed_core_ends_the_stream_with_an_error(served: Served, sdk: openai.O
     with pytest.raises(openai.APIStatusError) as refused:
         sdk.chat.completions.create(model="smollm2-135m-instruct", messages=HI, max_tokens=2)
     assert refused.value.status_code == 503
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT balances on Linux")
+def test_a_port_another_server_listens_on_is_refused() -> None:
+    """SO_REUSEPORT lets a bind join another server's group on its port (same user):
+    the launcher refuses a port that is already served, with or without that option,
+    while its own API servers still join its group."""
+    import socket
+
+    from mmserve.config import ServerConfig
+    from mmserve.server.launch_split import listen
+
+    for theirs in (False, True):
+        other = socket.socket()
+        if theirs:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        config = ServerConfig(host="127.0.0.1", port=other.getsockname()[1])
+        with pytest.raises(OSError):
+            listen(config, reuse_port=True)
+        other.close()
+    ours = listen(ServerConfig(host="127.0.0.1", port=0), reuse_port=True)
+    port = ours.getsockname()[1]
+    joined = listen(ServerConfig(host="127.0.0.1", port=port), reuse_port=True, join=True)
+    assert joined.getsockname()[1] == port
+    with pytest.raises(OSError):  # a second launcher on the same port
+        listen(ServerConfig(host="127.0.0.1", port=port), reuse_port=True)
+    joined.close()
+    ours.close()
