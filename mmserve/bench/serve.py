@@ -163,12 +163,14 @@ def serve_phases(cfg: ServeBenchConfig, pool: Executor | None, out: Path) -> dic
 
         def level(kind: str, clients: int, requests: int, name: str = "") -> dict:
             load = Load(target.url, model, kind, clients, requests, sets, cfg.max_tokens)
+            spec = _served_spec(target.url)
             before, wall = proc_cpu.snapshot(target.pid), time.monotonic()
             shares = run_load(load, pool, cfg.procs())
             use = proc_cpu.usage(before, proc_cpu.snapshot(target.pid), time.monotonic() - wall)
             timings = [t for s in shares for t in s.timings]
             lv = serve_report.summarize(timings, clients, shares)
             lv["server_cpu"] = use
+            lv["spec"] = {k: v - spec.get(k, 0) for k, v in _served_spec(target.url).items()}
             busiest = proc_cpu.busiest_thread(use)
             print(
                 f"[{name or kind}] {clients} clients: {lv['tok_s']} tok/s, TTFT p99 "
@@ -211,10 +213,30 @@ def engine_phase(cfg: ServeBenchConfig, engine_cfg: Any) -> dict[str, Any]:
     )  # warm
     levels = {}
     for c in cfg.concurrency:
+        before = _spec_counters(llm.engine)
         timings = closed_loop(llm.engine, ids, c, _requests(cfg, c), params)
         levels[str(c)] = serve_report.summarize(timings, c)
-        print(f"[engine] {c} in flight: {levels[str(c)]['tok_s']} tok/s", flush=True)
+        # speculation decides per step whether to draft: what it did is part of the
+        # baseline's rate (a baseline that moves between runs shows whether it drafted)
+        after = _spec_counters(llm.engine)
+        levels[str(c)]["spec"] = {k: after[k] - before.get(k, 0) for k in after}
+        print(
+            f"[engine] {c} in flight: {levels[str(c)]['tok_s']} tok/s; speculation "
+            f"{levels[str(c)]['spec']}",
+            flush=True,
+        )
     return levels
+
+
+def _spec_counters(engine: Any) -> dict[str, int]:
+    """The engine's speculation counters (zero without a speculator)."""
+    st = engine.stats()
+    names = ("spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total")
+    return {
+        n.removeprefix("spec_").removesuffix("_total"): getattr(st, n)
+        for n in names
+        if getattr(st, n, None) is not None
+    }
 
 
 def closed_loop(
@@ -278,6 +300,25 @@ def _served_model(url: str) -> str:
     key = envs.MMSERVE_API_KEY
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx.get(f"{url}/v1/models", headers=headers, timeout=60).json()["data"][0]["id"]
+
+
+def _served_spec(url: str) -> dict[str, float]:
+    """The served engine's speculation counters from ``/metrics`` (as the engine phase's
+    ``_spec_counters``); empty if they cannot be read."""
+    import httpx
+
+    key = envs.MMSERVE_API_KEY
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        text = httpx.get(f"{url}/metrics", headers=headers, timeout=30).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in ("draft_tokens", "accepted_tokens"):
+            if line.startswith(f"mmserve_spec_{name}_total"):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _startup_lines(log: Path) -> list[str]:
