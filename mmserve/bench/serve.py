@@ -231,12 +231,8 @@ def engine_phase(cfg: ServeBenchConfig, engine_cfg: Any) -> dict[str, Any]:
 def _spec_counters(engine: Any) -> dict[str, int]:
     """The engine's speculation counters (zero without a speculator)."""
     st = engine.stats()
-    names = ("spec_num_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total")
-    return {
-        n.removeprefix("spec_").removesuffix("_total"): getattr(st, n)
-        for n in names
-        if getattr(st, n, None) is not None
-    }
+    names = ("num_drafts", "draft_tokens", "accepted_tokens")
+    return {n: getattr(st, f"spec_{n}_total") for n in names}
 
 
 def closed_loop(

@@ -136,7 +136,6 @@ class EngineCore:
             )
             if owner is None:
                 continue
-            out.token_ids, out.text = [], ""  # rebuilt by the client (module docstring)
             box.setdefault(owner, []).append(out)
         for owner, outs in box.items():
             sock.send_multipart([owner, self._enc.encode(wire.Outputs(i, outs))], copy=False)

@@ -356,7 +356,7 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.forget(request_id)
         req.finish_reason = "abort"
-        return req.take_output()
+        return req.take_output(self.cumulative_outputs)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -543,7 +543,7 @@ class LLMEngine:
         for req in self.scheduler.refused:
             self._finish(req)
             req.finish_reason = "overloaded"
-            outs.append(req.take_output())
+            outs.append(req.take_output(self.cumulative_outputs))
         self.scheduler.refused.clear()
         return outs
 
