@@ -163,19 +163,22 @@ def serve_phases(cfg: ServeBenchConfig, pool: Executor | None, out: Path) -> dic
 
         def level(kind: str, clients: int, requests: int, name: str = "") -> dict:
             load = Load(target.url, model, kind, clients, requests, sets, cfg.max_tokens)
-            spec = _served_spec(target.url)
+            counters = _served_counters(target.url)
             before, wall = proc_cpu.snapshot(target.pid), time.monotonic()
             shares = run_load(load, pool, cfg.procs())
             use = proc_cpu.usage(before, proc_cpu.snapshot(target.pid), time.monotonic() - wall)
             timings = [t for s in shares for t in s.timings]
             lv = serve_report.summarize(timings, clients, shares)
             lv["server_cpu"] = use
-            lv["spec"] = {k: v - spec.get(k, 0) for k, v in _served_spec(target.url).items()}
+            lv["counters"] = counters_delta(counters, _served_counters(target.url))
             busiest = proc_cpu.busiest_thread(use)
+            steps = lv["counters"]
             print(
                 f"[{name or kind}] {clients} clients: {lv['tok_s']} tok/s, TTFT p99 "
                 f"{lv['ttft_p99_ms']} ms, gap p99 {lv['gap_p99_ms']} ms, "
-                f"{lv['errors']} errors; server CPU "
+                f"{lv['errors']} errors; steps {steps.get('engine_steps')} (batch "
+                f"{steps.get('mean_batch')}, ahead {steps.get('ahead_share')}, prompt "
+                f"{steps.get('engine_prompt_steps')}); server CPU "
                 + ", ".join(f"{p} {u['cpu']:.2f}" for p, u in use.items())
                 + (f"; busiest thread {busiest[0]} {busiest[1]:.2f}" if busiest else ""),
                 flush=True,
@@ -213,26 +216,56 @@ def engine_phase(cfg: ServeBenchConfig, engine_cfg: Any) -> dict[str, Any]:
     )  # warm
     levels = {}
     for c in cfg.concurrency:
-        before = _spec_counters(llm.engine)
+        before = _engine_counters(llm.engine)
         timings = closed_loop(llm.engine, ids, c, _requests(cfg, c), params)
         levels[str(c)] = serve_report.summarize(timings, c)
-        # speculation decides per step whether to draft: what it did is part of the
-        # baseline's rate (a baseline that moves between runs shows whether it drafted)
-        after = _spec_counters(llm.engine)
-        levels[str(c)]["spec"] = {k: after[k] - before.get(k, 0) for k in after}
+        levels[str(c)]["counters"] = counters_delta(before, _engine_counters(llm.engine))
         print(
-            f"[engine] {c} in flight: {levels[str(c)]['tok_s']} tok/s; speculation "
-            f"{levels[str(c)]['spec']}",
+            f"[engine] {c} in flight: {levels[str(c)]['tok_s']} tok/s; "
+            f"{levels[str(c)]['counters']}",
             flush=True,
         )
     return levels
 
 
-def _spec_counters(engine: Any) -> dict[str, int]:
-    """The engine's speculation counters (zero without a speculator)."""
+# the engine's counters a load's figures are read beside: what speculation did (it
+# decides per step whether to draft) and how the step loop ran (steps, their mean batch,
+# how many carried a prompt chunk or went out ahead of the last step's tokens)
+COUNTERS = (
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "engine_steps",
+    "engine_step_seqs",
+    "engine_prompt_steps",
+    "engine_steps_ahead",
+    "engine_steps_prelaunched",
+)
+_STATS_FIELDS = {
+    "spec_draft_tokens": "spec_draft_tokens_total",
+    "spec_accepted_tokens": "spec_accepted_tokens_total",
+    "engine_steps": "steps_total",
+    "engine_step_seqs": "step_seqs_total",
+    "engine_prompt_steps": "prompt_steps_total",
+    "engine_steps_ahead": "steps_ahead_total",
+    "engine_steps_prelaunched": "steps_prelaunched_total",
+}
+
+
+def _engine_counters(engine: Any) -> dict[str, float]:
+    """``COUNTERS`` of an in-process ``LLMEngine``, as ``/metrics`` names them."""
     st = engine.stats()
-    names = ("num_drafts", "draft_tokens", "accepted_tokens")
-    return {n: getattr(st, f"spec_{n}_total") for n in names}
+    return {name: getattr(st, _STATS_FIELDS[name]) for name in COUNTERS}
+
+
+def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The counters over a load, with the step loop's mean batch and the share of steps
+    launched ahead (absent counters: nothing to report)."""
+    d = {k: v - before.get(k, 0) for k, v in after.items()}
+    steps = d.get("engine_steps", 0)
+    if steps:
+        d["mean_batch"] = round(d.get("engine_step_seqs", 0) / steps, 1)
+        d["ahead_share"] = round(d.get("engine_steps_ahead", 0) / steps, 3)
+    return d
 
 
 def closed_loop(
@@ -298,22 +331,28 @@ def _served_model(url: str) -> str:
     return httpx.get(f"{url}/v1/models", headers=headers, timeout=60).json()["data"][0]["id"]
 
 
-def _served_spec(url: str) -> dict[str, float]:
-    """The served engine's speculation counters from ``/metrics`` (as the engine phase's
-    ``_spec_counters``); empty if they cannot be read."""
+def _served_counters(url: str) -> dict[str, float]:
+    """The served engine's ``COUNTERS`` from ``/metrics``; empty if they cannot be read."""
     import httpx
 
     key = envs.MMSERVE_API_KEY
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        text = httpx.get(f"{url}/metrics", headers=headers, timeout=30).text
+        return parse_counters(httpx.get(f"{url}/metrics", headers=headers, timeout=30).text)
     except httpx.HTTPError:
         return {}
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """``COUNTERS`` from Prometheus text (each summed over its labels: every engine)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
-        for name in ("draft_tokens", "accepted_tokens"):
-            if line.startswith(f"mmserve_spec_{name}_total"):
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        if not line.startswith("mmserve_"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0].removeprefix("mmserve_")
+        name = name.removesuffix("_total")
+        if name in COUNTERS:
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 

@@ -175,6 +175,7 @@ class LLMEngine:
         self._ran_nothing = False  # the last step scheduled nothing (``idle_for``)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.steps_total = self.step_seqs_total = 0  # steps run, and their sequences
         # outputs carry the cumulative token_ids/text (False: deltas only; the engine core
         # sets it, its API servers rebuild them)
         self.cumulative_outputs = True
@@ -411,6 +412,8 @@ class LLMEngine:
             step = self._schedule_and_run()
         if step is None:
             return self._idle()
+        self.steps_total += 1
+        self.step_seqs_total += len(step.seqs)
         picked = self._pick(step)
         update = self._update(step, picked)
         self._record(step, clock, update)
@@ -631,6 +634,11 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             prefix_cache_hit_tokens_total=self.blocks.prefix_hits,
             prefix_cache_query_tokens_total=self.blocks.prefix_queries,
+            steps_total=self.steps_total,
+            step_seqs_total=self.step_seqs_total,
+            prompt_steps_total=self.scheduler.prompt_steps,
+            steps_ahead_total=self.launch.ahead_steps,
+            steps_prelaunched_total=self.launch.prelaunched_steps,
             **self.scheduler.policy.stats(),
             **self._encoder_stats(),
             **self._spec_stats(),

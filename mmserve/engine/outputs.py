@@ -78,5 +78,13 @@ class EngineStats:
     encoder_calls_total: int = 0  # batched span-encoder calls (at most one a step)
     encoder_payloads_total: int = 0  # payloads (images) that went through the encoder
     encoder_cache_hits_total: int = 0  # payloads served from the encoder-output cache
+    # the step loop: steps run, sequences they ran (their mean: the batch), steps with a
+    # prompt chunk, steps launched before the last step's tokens reached the host
+    # (``ahead``) or before its outputs were built (``prelaunched``)
+    steps_total: int = 0
+    step_seqs_total: int = 0
+    prompt_steps_total: int = 0
+    steps_ahead_total: int = 0
+    steps_prelaunched_total: int = 0
     audio_streams_active: int = 0  # audio streams the engine holds (playing or queued)
     audio_streams_refused_total: int = 0  # refused by admission control (deadline mode)

@@ -99,6 +99,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.prompt_steps = 0  # schedules that ran a prompt chunk
         self.refused: list[Request] = []  # refused by the audio policy, for the engine
 
     def add(self, req: Request) -> None:
@@ -115,7 +116,9 @@ class Scheduler:
         step = _Step(self.budget)
         self.refused += self.policy.begin_step(self.running, self.waiting)
         self._schedule_decodes(step, drafts or {})
+        decodes = len(step.seqs)
         self._schedule_prefills(step)
+        self.prompt_steps += len(step.seqs) > decodes
         return Schedule(step.seqs, step.preempted)
 
     def _schedule_decodes(self, step: _Step, drafts: dict[str, list[int]]) -> None:

@@ -140,7 +140,8 @@ def _forget(engine: LLMEngine) -> None:
     assert blocks.num_used_blocks == 0, "a warm-up request kept its blocks"
     blocks.reset_prefix_cache()
     blocks.prefix_hits = blocks.prefix_queries = 0
-    engine.scheduler.num_preemptions = 0
+    engine.scheduler.num_preemptions = engine.scheduler.prompt_steps = 0
+    engine.steps_total = engine.step_seqs_total = 0
     engine.prompt_tokens_total = engine.generation_tokens_total = 0
     engine.launch.ahead_steps = engine.launch.prelaunched_steps = 0
     engine.scheduler.policy.forget_costs()

@@ -87,6 +87,25 @@ class EngineStatsCollector(Collector):
             "second than plain decode steps",
             s.spec_guard_pauses_total,
         )
+        yield counter("engine_steps", "Engine steps run", s.steps_total)
+        yield counter(
+            "engine_step_seqs",
+            "Sequences the engine's steps ran (over engine_steps: the mean batch)",
+            s.step_seqs_total,
+        )
+        yield counter(
+            "engine_prompt_steps", "Engine steps that ran a prompt chunk", s.prompt_steps_total
+        )
+        yield counter(
+            "engine_steps_ahead",
+            "Decode steps launched before the last step's tokens reached the host",
+            s.steps_ahead_total,
+        )
+        yield counter(
+            "engine_steps_prelaunched",
+            "Steps launched before the last step's outputs were built",
+            s.steps_prelaunched_total,
+        )
         yield gauge(
             "audio_streams_active",
             "Audio streams the engine holds (playing or queued)",

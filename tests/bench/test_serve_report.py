@@ -139,3 +139,33 @@ def test_warm_client_runs_the_sdk_path_against_a_canned_answer():
 
     warm_client()  # asserts the canned stream came back whole, with its usage
     warm_client()  # and again in the same process (a fresh loop, a fresh port)
+
+
+def test_engine_counters_read_from_metrics_text_and_differenced():
+    """The bench reads the step loop's counters off a real ``/metrics`` rendering and
+    reports each load's difference with its mean batch and share of steps ahead."""
+    from mmserve.bench.serve import COUNTERS, counters_delta, parse_counters
+    from mmserve.engine.outputs import EngineStats
+    from mmserve.server.metrics import ServerMetrics
+
+    def stats(steps: int) -> EngineStats:
+        return EngineStats(
+            kv_blocks_total=8, kv_blocks_used=0, kv_blocks_free=8, num_running=0,
+            num_waiting=0, preemptions_total=0, prompt_tokens_total=0,
+            generation_tokens_total=0, prefix_cache_hit_tokens_total=0,
+            prefix_cache_query_tokens_total=0, spec_draft_tokens_total=3 * steps,
+            steps_total=steps, step_seqs_total=40 * steps, prompt_steps_total=steps // 10,
+            steps_ahead_total=steps // 2, steps_prelaunched_total=steps // 4,
+        )  # fmt: skip
+
+    metrics = ServerMetrics(lambda: stats(100), "m")
+    metrics.add_engine(lambda: stats(20), "voice")  # every engine's series are summed
+    before = parse_counters(metrics.render().decode())
+    assert set(before) == set(COUNTERS)
+    assert before["engine_steps"] == 120 and before["spec_draft_tokens"] == 360
+    after = dict(before, engine_steps=220, engine_step_seqs=before["engine_step_seqs"] + 3000)
+    after["engine_steps_ahead"] += 75
+    d = counters_delta(before, after)
+    assert d["engine_steps"] == 100 and d["mean_batch"] == 30.0 and d["ahead_share"] == 0.75
+    assert d["spec_accepted_tokens"] == 0
+    assert counters_delta({}, {}) == {}

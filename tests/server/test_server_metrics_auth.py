@@ -44,6 +44,8 @@ def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI, model
         "mmserve_spec_draft_tokens_total",
         "mmserve_spec_accepted_tokens_total",
         "mmserve_spec_guard_pauses_total",
+        "mmserve_engine_steps_ahead_total",
+        "mmserve_engine_steps_prelaunched_total",
     ):
         assert any(n == name for n, _ in before), name
     assert _value(before, "mmserve_kv_blocks_free") > 0
@@ -69,8 +71,17 @@ def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI, model
         "mmserve_time_to_first_token_seconds_count",
         "mmserve_inter_token_latency_seconds_count",
         "mmserve_prefix_cache_query_tokens_total",
+        "mmserve_engine_steps_total",
+        "mmserve_engine_step_seqs_total",
+        "mmserve_engine_prompt_steps_total",
     ):
         assert _value(after, counter) > _value(before, counter), counter
+    # one request alone: one sequence a step
+    steps = _value(after, "mmserve_engine_steps_total") - _value(before, "mmserve_engine_steps_total")
+    seqs = _value(after, "mmserve_engine_step_seqs_total") - _value(
+        before, "mmserve_engine_step_seqs_total"
+    )
+    assert steps == seqs > 0
 
 
 def test_api_key_guards_http(auth_server: LiveServer, model_name: str) -> None:
