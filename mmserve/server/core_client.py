@@ -51,6 +51,7 @@ from mmserve.sampling_params import SamplingParams
 log = logging.getLogger("mmserve")
 
 PROBE_INTERVAL_S = 0.5
+ALIVE_CHECK_S = 0.05  # the most often a request looks the core's process up (``alive``)
 _CLIENT_NUMBERS = itertools.count()
 SILENT_AFTER_S = 2.0  # no probe answer for this long: the silence counts as a running step
 
@@ -126,6 +127,7 @@ class Core:
         self.address, self.info = address, info
         self._clients: dict[asyncio.AbstractEventLoop, CoreClient] = {}
         self._dead: str | None = None
+        self._alive_at = -ALIVE_CHECK_S  # monotonic time of the last process look-up
         self.on_close = on_close
         self.process: Any = None  # the core's process object, where this process started it
         self._probe_lock = threading.Lock()
@@ -157,8 +159,14 @@ class Core:
             client.fail_all(EngineDeadError(f"the engine has stopped: {reason}"))
 
     def alive(self) -> bool:
-        if self._dead is None and not wire.pid_alive(self.info.pid):
-            self.die(f"the engine core process {self.info.pid} exited")
+        """Whether the core runs; its process is looked up at most every
+        ``ALIVE_CHECK_S`` (a request that slips in meanwhile is failed by ``die``, with
+        every other stream in flight, when the next look or the watcher finds it gone)."""
+        now = time.monotonic()
+        if self._dead is None and now - self._alive_at >= ALIVE_CHECK_S:
+            self._alive_at = now
+            if not wire.pid_alive(self.info.pid):
+                self.die(f"the engine core process {self.info.pid} exited")
         return self._dead is None
 
     def probe_now(self, timeout_s: float = 5.0) -> wire.Health | None:

@@ -32,7 +32,7 @@ from mmserve.server.realtime_protocol import (
     object_id,
     server_event,
 )
-from mmserve.server.serving import resolve_max_tokens
+from mmserve.server.serving import in_thread, resolve_max_tokens
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -150,7 +150,8 @@ class ResponseRun:
             text = tok.apply_chat_template(messages, add_generation_prompt=True)
             return list(tok.encode(text, add_special_tokens=False))
 
-        prompt_ids = await asyncio.to_thread(render)
+        chars = sum(len(str(m.get("content") or "")) for m in messages)
+        prompt_ids = await in_thread(render, chars)
         max_tokens = resolve_max_tokens(
             self.max_output_tokens, len(prompt_ids), self.engine.max_model_len, "input"
         )

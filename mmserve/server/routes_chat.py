@@ -139,9 +139,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     messages = template_messages(body.messages, refs, image_text)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     texts = [_text_only(m["content"]) for m in messages]
-    check_prompt_bytes(
-        texts + ([json.dumps(tools)] if tools else []), state.config.max_prompt_bytes, "messages"
-    )
+    texts += [json.dumps(tools)] if tools else []
+    check_prompt_bytes(texts, state.config.max_prompt_bytes, "messages")
     images = await prepare_images(refs, state.config, processor) if refs and processor else []
 
     def render() -> tuple[str, ImagePrompt]:
@@ -156,7 +155,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         except ImageError as exc:
             raise ParamError(str(exc), param="messages") from exc
 
-    prompt_text, prompt = await in_thread(render)
+    chars = None if images else sum(map(len, texts))  # an image's splice: a thread
+    prompt_text, prompt = await in_thread(render, chars)
     prompt_ids = prompt.ids
     max_tokens = resolve_max_tokens(
         body.requested_max_tokens(), len(prompt_ids), engine.max_model_len, "messages"

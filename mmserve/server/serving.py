@@ -75,8 +75,18 @@ def resolve_max_tokens(
     return requested
 
 
-async def in_thread(fn: Callable[[], T]) -> T:
-    """Run CPU work (templating, tokenizing) off the event loop."""
+# Prompt text up to this many characters is templated and tokenized on the event loop:
+# that takes ~0.1 ms, less than a hop to a worker thread and back costs the loop (the
+# submit, the wake-up, the GIL handed over twice); longer text goes to a thread, so it
+# cannot stall every other stream the loop serves.
+INLINE_PROMPT_CHARS = 2048
+
+
+async def in_thread(fn: Callable[[], T], chars: int | None = None) -> T:
+    """Run CPU work (templating, tokenizing) off the event loop, or on it when it is the
+    work of ``chars <= INLINE_PROMPT_CHARS`` characters of prompt text."""
+    if chars is not None and chars <= INLINE_PROMPT_CHARS:
+        return fn()
     return await asyncio.to_thread(fn)
 
 
