@@ -76,11 +76,12 @@ def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI, model
         "mmserve_engine_prompt_steps_total",
     ):
         assert _value(after, counter) > _value(before, counter), counter
+
     # one request alone: one sequence a step
-    steps = _value(after, "mmserve_engine_steps_total") - _value(before, "mmserve_engine_steps_total")
-    seqs = _value(after, "mmserve_engine_step_seqs_total") - _value(
-        before, "mmserve_engine_step_seqs_total"
-    )
+    def moved(name: str) -> float:
+        return _value(after, name) - _value(before, name)
+
+    steps, seqs = moved("mmserve_engine_steps_total"), moved("mmserve_engine_step_seqs_total")
     assert steps == seqs > 0
 
 
