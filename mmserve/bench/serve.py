@@ -72,7 +72,7 @@ class ServeBenchConfig:
     burst: int = 32  # first_burst / steady_burst size (0: skip both)
     protocols: tuple[str, ...] = ("sse", "ws")
     engine: bool = True  # the in-process baseline
-    client_procs: int = 0  # client processes (0: auto, half the cores, 1..8)
+    client_procs: int = 0  # client processes (0: auto, the cores the server leaves, 1..16)
     serve_args: tuple[str, ...] = ()
     out_dir: str = "bench/out"
     startup_s: float = 600.0
@@ -89,10 +89,24 @@ class ServeBenchConfig:
                 raise ValueError(f"protocol {p!r}: use sse and/or ws")
 
     def procs(self) -> int:
-        # an SDK client spends ~100 us of CPU an event: at the engine's rates, four of
-        # them would be busy (the server's own processes take about a quarter of a
-        # 16-core host)
-        return self.client_procs or max(1, min(8, (os.cpu_count() or 1) // 2))
+        """Client processes: as set, else every core the served layout leaves (its
+        engine core and its API servers take one each, ``ServerConfig.resolve_layout``),
+        1 to 16. An SDK client spends ~200 us of CPU an event on these hosts: at the
+        engine's rates eight of them ran at 0.8 of a core each and held the load back
+        (the server's own counters showed it: a lower batch at 256 clients)."""
+        if self.client_procs:
+            return self.client_procs
+        from mmserve.config import ServerConfig
+
+        cpus = os.cpu_count() or 1
+        cuda = self.device.startswith("cuda")
+        if self.device == "auto":
+            import torch
+
+            cuda = torch.cuda.is_available()
+        layout = ServerConfig().resolve_layout(cuda, cpus)
+        server = layout.api_server_count + bool(layout.engine_process)
+        return max(1, min(16, cpus - server))
 
     def serve_flags(self) -> list[str]:
         """Flags for ``mmserve serve``: the bench's, then ``serve_args`` (later flags win).

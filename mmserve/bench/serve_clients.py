@@ -285,7 +285,13 @@ def run_load(load: Load, pool: Executor | None, procs: int) -> list[ShareResult]
     procs = max(1, min(procs, load.clients))
     if pool is None or procs == 1:
         return [run_share(load)]
-    clients, requests = split(load.clients, procs), split(load.requests, procs)
+    clients = split(load.clients, procs)
+    # every client the same number of requests (give or take one), whichever share it is
+    # in: shares of requests cut apart from their clients would leave some clients a
+    # last request to run alone at the load's end, a tail at a fraction of the batch
+    per_client = split(load.requests, load.clients)
+    ends = [sum(clients[: i + 1]) for i in range(procs)]
+    requests = [sum(per_client[e - c : e]) for c, e in zip(clients, ends, strict=True)]
     start_at = time.monotonic() + 0.3  # every share's process is running by then
     offsets = [sum(requests[:i]) % len(load.prompts) for i in range(procs)]
     shares = [

@@ -126,8 +126,11 @@ def test_run_load_splits_clients_requests_and_prompts():
     out = run_load(Load("u", "m", "sse", 5, 11, sets, 4), pool, 2)  # type: ignore[arg-type]
     assert len(out) == 2
     a, b = pool.shares
-    assert (a.clients, b.clients) == (3, 2) and (a.requests, b.requests) == (6, 5)
-    assert a.prompts == sets and b.prompts[0] == sets[6]  # b goes on where a's requests end
+    # 11 requests over 5 clients: 3, 2, 2, 2, 2, so the 3-client share sends 7
+    assert (a.clients, b.clients) == (3, 2) and (a.requests, b.requests) == (7, 4)
+    assert a.prompts == sets and b.prompts[0] == sets[7]  # b goes on where a's requests end
+    run_load(Load("u", "m", "sse", 256, 512, sets, 4), pool, 11)  # type: ignore[arg-type]
+    assert all(s.requests == 2 * s.clients for s in pool.shares)  # no client runs a third
     assert a.start_at == b.start_at > 0  # both shares begin at one moment
 
 
@@ -169,3 +172,16 @@ def test_engine_counters_read_from_metrics_text_and_differenced():
     assert d["engine_steps"] == 100 and d["mean_batch"] == 30.0 and d["ahead_share"] == 0.75
     assert d["spec_accepted_tokens"] == 0
     assert counters_delta({}, {}) == {}
+
+
+def test_client_processes_take_the_cores_the_served_layout_leaves(monkeypatch):
+    """On a 16-core GPU host the split server takes five processes (its core and four API
+    servers), so eleven client processes; on a CPU one server process; set, as set."""
+    from mmserve.bench.serve import ServeBenchConfig
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert ServeBenchConfig(device="cuda").procs() == 11
+    assert ServeBenchConfig(device="cpu").procs() == 15
+    assert ServeBenchConfig(device="cuda", client_procs=3).procs() == 3
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert ServeBenchConfig(device="cuda").procs() == 1
