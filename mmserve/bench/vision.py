@@ -9,7 +9,8 @@ same connector (its encoder + projector modules) and the same LM weights, greedy
   the connector encodes the batch, its rows are spliced into the prompt's token
   embeddings, rows are left-padded.
 
-Each concurrency level, and each of its ``repeats`` timed passes, gets its own images
+Each concurrency level begins with an untimed pass of its own batch size on each side,
+then each of its ``repeats`` timed passes gets its own images
 (no encoder-cache or prefix-cache reuse of images between passes; the text before the
 image is shared within a level, as any server's prefix cache would share it). Reported
 per level, from the median pass: images/s, generated tok/s, the ratio to HF; and how
@@ -33,6 +34,11 @@ from connectors.prompt import ImageChatPrompt
 
 def _images(level: int, n: int) -> list:
     return [synthetic.sample("test", 10_000 + level * n + i)[0] for i in range(n)]
+
+
+def _warm_images(c: int) -> list:
+    """``c`` images for a level's untimed pass (seeds no timed pass draws)."""
+    return [synthetic.sample("test", 1_000_000 + 1_000 * c + i)[0] for i in range(c)]
 
 
 async def _mmserve_level(
@@ -87,6 +93,9 @@ def run_mmserve(
     asyncio.run(_mmserve_level(engine, _images(99, 2), 2, text, params))  # warm-up
     out = {}
     for c, sets in levels:
+        # one untimed batch at this concurrency first, on both sides: a batch size's
+        # first run pays its own start-up (HF's first pass of 32 took 1.7x its later ones)
+        asyncio.run(_mmserve_level(engine, _warm_images(c), c, text, params))
         passes = []
         for images in sets:
             t0 = time.perf_counter()
@@ -157,6 +166,7 @@ def run_hf(
     hf.caption(_images(99, 2), text, max_tokens)  # warm-up
     out = {}
     for c, sets in levels:
+        hf.caption(_warm_images(c), text, max_tokens)  # untimed, as ``run_mmserve``'s
         passes = []
         for images in sets:
             _sync(hf.device)
