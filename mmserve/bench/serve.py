@@ -105,7 +105,7 @@ class ServeBenchConfig:
 
             cuda = torch.cuda.is_available()
         layout = ServerConfig().resolve_layout(cuda, cpus)
-        server = layout.api_server_count + bool(layout.engine_process)
+        server = (layout.api_server_count or 1) + bool(layout.engine_process)
         return max(1, min(16, cpus - server))
 
     def serve_flags(self) -> list[str]:
