@@ -157,10 +157,13 @@ class BlockManager:
     def append_slots(self, table: BlockTable, num_new_tokens: int) -> bool:
         """Room for ``num_new_tokens`` more tokens (decode, or k+1 verify); False: no change."""
         assert self._tables.get(table.seq_key) is table, "table is not live"
-        if not self.can_append(table, num_new_tokens):
-            return False
-        need = self.blocks_for(table.num_tokens + num_new_tokens) - len(table.block_ids)
-        table.block_ids.extend(self._take() for _ in range(need))
+        # ``can_append``'s rule, inlined: this runs for every sequence of every decode
+        # step, and most steps' tokens fit in the last block (need <= 0)
+        need = -(-(table.num_tokens + num_new_tokens) // self.block_size) - len(table.block_ids)
+        if need > 0:
+            if need > self.num_free_blocks:
+                return False
+            table.block_ids.extend(self._take() for _ in range(need))
         table.num_tokens += num_new_tokens
         return True
 

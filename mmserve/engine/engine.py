@@ -456,15 +456,20 @@ class LLMEngine:
         append its new tokens and finish the requests that ended."""
         now = time.monotonic()
         update = _Update()
+        sampled = picked.sampled
         for s, rows, pick in zip(step.seqs, step.result.rows, picked.picks, strict=True):
             req = s.req
-            if req.finished:  # a step run ahead: its request finished (or was aborted)
-                continue
+            if req.status is Status.FINISHED:  # a step run ahead: its request finished
+                continue  # (or was aborted)
             if not rows:  # a prefill chunk that has not reached the end of the prompt
                 req.num_computed = s.start + s.num_tokens
                 self._commit(req)
                 continue
-            tokens, logprobs = self._tokens(s, rows, pick, step.result, picked.sampled)
+            if s.draft:
+                tokens, logprobs = self._tokens(s, rows, pick, step.result, sampled)
+            else:  # a plain row (most rows of most steps): its slice of the batch's tokens
+                assert sampled is not None and isinstance(pick, slice)
+                tokens, logprobs = sampled.token_ids[pick], sampled.logprobs[pick]
             # KV is valid for the real tokens and the accepted drafts, not the rejected ones
             req.num_computed = s.start + s.num_real + len(tokens) - 1
             if s.draft:
@@ -479,7 +484,7 @@ class LLMEngine:
             update.emit_s += time.perf_counter() - t
             update.emitted += len(tokens)
             update.emitters += 1
-            if req.finished:
+            if req.status is Status.FINISHED:
                 self._finish(req)
             update.done.append(req)
         return update
@@ -492,12 +497,9 @@ class LLMEngine:
         result: StepLogits,
         sampled: SampleResult | None,
     ) -> tuple[list[int], list]:
-        """A sequence's new tokens (a verify's accepted drafts and the target's next
-        token) and their logprobs."""
-        if not s.draft:
-            assert sampled is not None and isinstance(pick, slice)
-            return sampled.token_ids[pick], sampled.logprobs[pick]
-        assert self.spec is not None
+        """A verify's new tokens (its accepted drafts and the target's next token) and
+        their logprobs."""
+        assert self.spec is not None and s.draft
         if pick is not None:  # greedy: the target's tokens came from the batch call
             assert sampled is not None
             tokens = self.spec.verify_greedy(s, sampled.token_ids[pick])

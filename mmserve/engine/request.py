@@ -145,14 +145,15 @@ class Request:
         ``cumulative`` False leaves ``token_ids`` and ``text`` empty: a consumer that
         rebuilds them from the deltas (an API server of the engine core) need not pay a
         copy of the whole output every step."""
-        upto = (
-            len(self.text)
-            if self.finished
-            else self.sent + self.stop.safe_len(self.text[self.sent :])
-        )
-        new_text, self.sent = self.text[self.sent : upto], upto
-        new_ids = self.output_ids[self.sent_tokens :]
-        self.sent_tokens = len(self.output_ids)
+        finished = self.status is Status.FINISHED
+        text, sent = self.text, self.sent
+        new_text = ""
+        if len(text) > sent:  # (none for a request without text: token ids alone)
+            upto = len(text) if finished else sent + self.stop.safe_len(text[sent:])
+            new_text, self.sent = text[sent:upto], upto
+        ids = self.output_ids
+        new_ids = ids[self.sent_tokens :]
+        self.sent_tokens = len(ids)
         logprobs = None
         if self.params.logprobs is not None:
             logprobs, self.pending_logprobs = self.pending_logprobs, []
@@ -160,9 +161,9 @@ class Request:
             request_id=self.request_id,
             new_token_ids=new_ids,
             new_text=new_text,
-            token_ids=list(self.output_ids) if cumulative else [],
-            text=self.text[: self.sent] if cumulative else "",
-            finished=self.finished,
+            token_ids=list(ids) if cumulative else [],
+            text=text[: self.sent] if cumulative else "",
+            finished=finished,
             finish_reason=self.finish_reason,
             num_prompt_tokens=len(self.prompt_ids),
             num_cached_tokens=self.num_cached_tokens,
