@@ -430,7 +430,7 @@ def _bench_flags(parser: argparse.ArgumentParser) -> None:
         "--client-procs",
         type=int,
         default=0,
-        help="client processes (default: half the cores, 1 to 8)",
+        help="client processes (default: the cores the served layout leaves, 1 to 16)",
     )
     serve.add_argument(
         "--no-engine", action="store_true", help="skip the in-process engine baseline"
