@@ -245,16 +245,7 @@ def engine_phase(cfg: ServeBenchConfig, engine_cfg: Any) -> dict[str, Any]:
 # the engine's counters a load's figures are read beside: what speculation did (it
 # decides per step whether to draft) and how the step loop ran (steps, their mean batch,
 # how many carried a prompt chunk or went out ahead of the last step's tokens)
-COUNTERS = (
-    "spec_draft_tokens",
-    "spec_accepted_tokens",
-    "engine_steps",
-    "engine_step_seqs",
-    "engine_prompt_steps",
-    "engine_steps_ahead",
-    "engine_steps_prelaunched",
-)
-_STATS_FIELDS = {
+COUNTERS = {  # the name under /metrics (less ``mmserve_``, ``_total``) -> EngineStats field
     "spec_draft_tokens": "spec_draft_tokens_total",
     "spec_accepted_tokens": "spec_accepted_tokens_total",
     "engine_steps": "steps_total",
@@ -268,7 +259,7 @@ _STATS_FIELDS = {
 def _engine_counters(engine: Any) -> dict[str, float]:
     """``COUNTERS`` of an in-process ``LLMEngine``, as ``/metrics`` names them."""
     st = engine.stats()
-    return {name: getattr(st, _STATS_FIELDS[name]) for name in COUNTERS}
+    return {name: getattr(st, field) for name, field in COUNTERS.items()}
 
 
 def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -337,22 +328,24 @@ def _requests(cfg: ServeBenchConfig, clients: int) -> int:
     return max(clients * cfg.requests_per_client, cfg.min_requests)
 
 
+def _auth() -> dict[str, str]:
+    """The served API key's header, if the server was started with one."""
+    key = envs.MMSERVE_API_KEY
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _served_model(url: str) -> str:
     import httpx
 
-    key = envs.MMSERVE_API_KEY
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.get(f"{url}/v1/models", headers=headers, timeout=60).json()["data"][0]["id"]
+    return httpx.get(f"{url}/v1/models", headers=_auth(), timeout=60).json()["data"][0]["id"]
 
 
 def _served_counters(url: str) -> dict[str, float]:
     """The served engine's ``COUNTERS`` from ``/metrics``; empty if they cannot be read."""
     import httpx
 
-    key = envs.MMSERVE_API_KEY
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        return parse_counters(httpx.get(f"{url}/metrics", headers=headers, timeout=30).text)
+        return parse_counters(httpx.get(f"{url}/metrics", headers=_auth(), timeout=30).text)
     except httpx.HTTPError:
         return {}
 
