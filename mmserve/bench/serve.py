@@ -230,10 +230,10 @@ def engine_phase(cfg: ServeBenchConfig, engine_cfg: Any) -> dict[str, Any]:
     )  # warm
     levels = {}
     for c in cfg.concurrency:
-        before = _engine_counters(llm.engine)
+        before = engine_counters(llm.engine)
         timings = closed_loop(llm.engine, ids, c, _requests(cfg, c), params)
         levels[str(c)] = serve_report.summarize(timings, c)
-        levels[str(c)]["counters"] = counters_delta(before, _engine_counters(llm.engine))
+        levels[str(c)]["counters"] = counters_delta(before, engine_counters(llm.engine))
         print(
             f"[engine] {c} in flight: {levels[str(c)]['tok_s']} tok/s; "
             f"{levels[str(c)]['counters']}",
@@ -253,10 +253,11 @@ COUNTERS = {  # the name under /metrics (less ``mmserve_``, ``_total``) -> Engin
     "engine_prompt_steps": "prompt_steps_total",
     "engine_steps_ahead": "steps_ahead_total",
     "engine_steps_prelaunched": "steps_prelaunched_total",
+    "engine_ahead_admissions": "ahead_admissions_total",
 }
 
 
-def _engine_counters(engine: Any) -> dict[str, float]:
+def engine_counters(engine: Any) -> dict[str, float]:
     """``COUNTERS`` of an in-process ``LLMEngine``, as ``/metrics`` names them."""
     st = engine.stats()
     return {name: getattr(st, field) for name, field in COUNTERS.items()}

@@ -88,6 +88,7 @@ def run_mmserve(
 ) -> dict:
     """``levels``: (concurrency, [one pass's images, ...]) each."""
     from mmserve import SamplingParams
+    from mmserve.bench.serve import counters_delta, engine_counters
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     asyncio.run(_mmserve_level(engine, _images(99, 2), 2, text, params))  # warm-up
@@ -97,11 +98,15 @@ def run_mmserve(
         # first run pays its own start-up (HF's first pass of 32 took 1.7x its later ones)
         asyncio.run(_mmserve_level(engine, _warm_images(c), c, text, params))
         passes = []
+        before = engine_counters(engine.engine)
         for images in sets:
             t0 = time.perf_counter()
             caps, toks = asyncio.run(_mmserve_level(engine, images, c, text, params))
             passes.append((time.perf_counter() - t0, caps, toks))
         out[str(c)] = _level(passes, len(sets[0]))
+        # what the step loop did over the level's timed passes (steps, mean batch, share
+        # launched ahead, requests admitted ahead)
+        out[str(c)]["counters"] = counters_delta(before, engine_counters(engine.engine))
     return out
 
 

@@ -100,15 +100,24 @@ class DecodeGraphs:
         # one flat int64 buffer: ids | positions | slots (rows) | context lens | query lens
         # (sequences) | tables (B, MB)
         cuda = self.device.type == "cuda"  # CPU: eager only (tests under Triton's interpreter)
-        self._host = torch.zeros(3 * r + 2 * b + b * mb, dtype=torch.long, pin_memory=cuda)
+        # two pinned buffers, used in turn, each with the event of its last copy out: a
+        # step launched while the last one still runs (async scheduling) fills the other
+        # buffer, never waiting on the last step's copy, which may sit behind other work
+        # (a mixed step's decode replay goes before its chunks' copy)
+        self._hosts = [
+            torch.zeros(3 * r + 2 * b + b * mb, dtype=torch.long, pin_memory=cuda) for _ in range(2)
+        ]
+        self._copies = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self._turn = 0
+        self._host = self._hosts[0]
         self._host_np = self._host.numpy()
         self._buf = torch.zeros_like(self._host, device=self.device)
-        self._copied = torch.cuda.Event() if cuda else None
         # the stream the last input copy went on: fetching it by ``current_stream()`` each
         # step costs the host far more than checking the current stream's id
         self._index = self.device.index if self.device.index is not None else 0
         self._stream = torch.cuda.current_stream(self.device) if cuda else None
-        self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bs -> (dst, src)
+        # (bs, turn) -> (dst, src)
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.ids, self.positions, self.slots = (self._buf[i * r : (i + 1) * r] for i in range(3))
         self.context_lens = self._buf[3 * r : 3 * r + b]
         self.query_lens = self._buf[3 * r + b : 3 * r + 2 * b]
@@ -246,22 +255,26 @@ class DecodeGraphs:
         assert self.fits(n, longest), (n, longest)
         bs = self.sizes[bisect.bisect_left(self.sizes, n)]
         q = self.qsizes[bisect.bisect_left(self.qsizes, longest)]
-        assert self._copied is not None
-        self._copied.synchronize()  # the last step's copy has left the pinned buffer
+        turn = self._turn = self._turn ^ 1
+        copied = self._copies[turn]
+        assert copied is not None
+        copied.synchronize()  # this buffer's copy, two runs ago, has left it
+        self._host = self._hosts[turn]
+        self._host_np = self._host.numpy()
         keys = self._fill(tokens, starts, tables, block_size, q)
         # the flat buffer up to the end of table row bs - 1: all this graph reads (the
         # whole buffer is ~1 MiB at 256 x 512 blocks, ~40 us of a ~1 ms batch-1 step)
-        view = self._views.get(bs)
+        view = self._views.get((bs, turn))
         if view is None:
             used = 3 * self._rows + 2 * self.max_batch + bs * self.max_blocks
-            view = self._views[bs] = (self._buf[:used], self._host[:used])
+            view = self._views[bs, turn] = (self._buf[:used], self._host[:used])
         if input_ids is not None:  # the first n elements of the buffer: the ids
             assert q == 1 and input_ids.shape == (n,), (q, input_ids.shape)
         assert tokens_to is None or input_ids is not None
         # one kernel (no DMA copy: its hand-offs left the stream idle ~2-7 us each)
         copy_flat(view[0], view[1], input_ids, None if tokens_to is None else tokens_to[0])
         stream = self._current_stream()
-        self._copied.record(stream)
+        copied.record(stream)
         if tokens_to is not None:
             tokens_to[1].record(stream)
         assert (embeds is not None) == (self.embeds is not None)

@@ -151,6 +151,15 @@ class LLMEngine:
         self.appender = TokenAppender(tokenizer)
         self.spec = spec
         self._spec_off: Speculator | None = None  # the speculator while switched off
+        # async scheduling: on CUDA only (on CPU a step launched ahead runs at once, so
+        # there is nothing to overlap; tests switch it on there to check its bookkeeping)
+        self.launch = LaunchAhead(
+            config.async_scheduling and device.type == "cuda",
+            self.scheduler,
+            self.blocks,
+            self.runner,
+            self.sampler,
+        )
         self.spans: SpanMaterializer | None = None  # computes pending embedding spans
         if span_encoder is not None:
             self.set_span_encoder(span_encoder)
@@ -163,15 +172,6 @@ class LLMEngine:
         if config.preload_grammar:
             self._grammars.start()
         self._ids = itertools.count()
-        # async scheduling: on CUDA only (on CPU a step launched ahead runs at once, so
-        # there is nothing to overlap; tests switch it on there to check its bookkeeping)
-        self.launch = LaunchAhead(
-            config.async_scheduling and device.type == "cuda",
-            self.scheduler,
-            self.blocks,
-            self.runner,
-            self.sampler,
-        )
         self._ran_nothing = False  # the last step scheduled nothing (``idle_for``)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -265,7 +265,9 @@ class LLMEngine:
                 f"the span encoder gives {encoder.hidden_size}-dim vectors; the "
                 f"model embeds tokens in {hidden} dims"
             )
-        self.spans = SpanMaterializer(encoder, self.config.encoder_cache_mb << 20)
+        self.spans = self.launch.spans = SpanMaterializer(
+            encoder, self.config.encoder_cache_mb << 20
+        )
         self._capture_span_graphs()
 
     # -- requests --------------------------------------------------------------------
@@ -529,6 +531,8 @@ class LLMEngine:
         """Launch the next step if its tokens are all in (the same step the synchronous
         engine takes next), then build this step's text and outputs while it runs."""
         self.launch.prelaunch(self._schedule_and_run)
+        if not self.scheduler.has_work():
+            self.launch.settle()
         t = time.perf_counter()
         for req in update.done:
             self.appender.catch_up(req)
@@ -641,6 +645,7 @@ class LLMEngine:
             prompt_steps_total=self.scheduler.prompt_steps,
             steps_ahead_total=self.launch.ahead_steps,
             steps_prelaunched_total=self.launch.prelaunched_steps,
+            ahead_admissions_total=self.launch.ahead_admissions,
             **self.scheduler.policy.stats(),
             **self._encoder_stats(),
             **self._spec_stats(),

@@ -5,18 +5,22 @@ Two ways a step goes out early, both the step the synchronous engine takes next,
 proposed and scheduled from the same state, so tokens are those of the synchronous
 engine (the same steps, kernels and graphs; batch invariance for any row dropped):
 
-- **ahead**: when a step is a plain decode of every running request and each request's
-  token can be picked on the device (greedy: the argmax; sampled: a draw from the
-  request's own generator; no logprobs, penalties, min_tokens or logit bias to apply; a
-  grammar's bitmask is fine: a step with a constrained row is picked in the engine's
-  next call, once the host has the tokens its masks depend on), the next
-  decode (the same requests, one position on, its input ids taken on the device from
-  this step's picks) is launched before this step's tokens are brought to the host, so
-  the host's postprocessing and the next launch run while the GPU computes. A request
-  that this step finishes (EOS, a stop string) drops its row of the step already
-  running; its KV there lands in blocks it has just freed, written before any later
-  step can reuse them (one stream). A sampled row is drawn when its step is launched,
-  from its generator, in the synchronous engine's order.
+- **ahead**: when every sequence of a step samples its next token (a decode, or a
+  prompt chunk that reaches its prompt's end) and each request's token can be picked on
+  the device (greedy: the argmax; sampled: a draw from the request's own generator; no
+  logprobs, penalties, min_tokens or logit bias to apply; a grammar's bitmask is fine: a
+  step with a constrained row is picked in the engine's next call, once the host has
+  the tokens its masks depend on), the next step is launched before this step's tokens
+  are brought to the host, so the host's postprocessing and the next launch run while
+  the GPU computes. That step decodes every running request one position on, its input
+  ids taken on the device from this step's picks, and admits waiting requests into the
+  free sequence slots, each with its whole prompt as one chunk from the host (their
+  images encoded first), as the synchronous scheduler would chunk it (a caption job
+  brings a new request nearly every step). A request that this step finishes (EOS, a
+  stop string) drops its row of the step already running; its KV there lands in blocks
+  it has just freed, written before any later step can reuse them (one stream); its
+  slot takes a waiting request a step later than it would have. A sampled row is drawn
+  when its step is launched, from its generator, in the synchronous engine's order.
 - **prelaunched**: any other step (logprobs, penalties, a verify, a prefill) is launched
   once the last step's tokens are in and committed, before that step's text (for
   requests without stop strings, whose text can end nothing) and outputs are built, so
@@ -42,6 +46,7 @@ from mmserve.engine.request import Request
 from mmserve.engine.runner import ModelRunner, StepLogits
 from mmserve.engine.sampler import Sampler, adjusts_besides_grammar
 from mmserve.engine.scheduler import ScheduledSeq, Scheduler
+from mmserve.engine.span_encoder import SpanMaterializer
 from mmserve.speculative.speculator import Speculator
 
 
@@ -57,8 +62,9 @@ class LaunchedStep:
 
 @dataclass
 class DecodeOnDevice(LaunchedStep):
-    """A plain decode whose tokens were picked on the device; row ``i`` is sequence ``i``,
-    and its tokens travel to the host while later work runs."""
+    """A step whose tokens were picked on the device, one a sequence (decodes, and prompt
+    chunks that reach their prompt's end); row ``i`` is sequence ``i``, and its tokens
+    travel to the host while later work runs."""
 
     tokens: torch.Tensor  # (n,) on the device (argmax or drawn; valid until the next
     # replay, which every read of them is queued before)
@@ -99,7 +105,9 @@ class LaunchAhead:
         self.pending: LaunchedStep | None = None  # the step launched early, if any
         self.recorded_at = 0.0  # when the last step's cost was recorded
         self.carried_emit = 0.0  # text work of the last step done after ``pending`` launched
-        self.ahead_steps = 0  # decodes launched ahead (tests, benchmarks)
+        self.spans: SpanMaterializer | None = None  # the engine's, once it has an encoder
+        self.ahead_steps = 0  # steps launched ahead (tests, benchmarks)
+        self.ahead_admissions = 0  # requests admitted into a step launched ahead
         self.prelaunched_steps = 0  # steps launched before the last step's outputs
 
     def take(self) -> tuple[LaunchedStep | None, StepClock]:
@@ -111,6 +119,14 @@ class LaunchAhead:
         if step is None or all(s.req.finished for s in step.seqs):
             return None, StepClock(now)
         return step, StepClock(self.recorded_at, carried)
+
+    def settle(self) -> None:
+        """With no work left, drop a step launched ahead whose requests have all finished
+        (its rows only ran past their ends): the engine may not be stepped again to take
+        it. Nothing on the device reads its buffers later."""
+        step = self.pending
+        if step is not None and all(s.req.finished for s in step.seqs):
+            self.pending = None
 
     def on_device(self, step: LaunchedStep) -> DecodeOnDevice | None:
         """``step`` with its tokens picked on the device, when they can wait there while
@@ -149,14 +165,15 @@ class LaunchAhead:
     # -- deciding ----------------------------------------------------------------------
     def _overlaps(self, seqs: list[ScheduledSeq]) -> bool:
         """Whether this step's tokens can wait on the device while the next step launches:
-        a plain decode of one token a sequence, every request picked on the device
-        (greedy or sampled) with nothing the sampler applies (penalties, min_tokens) and
-        no logprobs, now and one token on (those need the host's counts or this step's
-        logits, which the next step's replay overwrites)."""
+        no drafts, every sequence samples one token (a decode, or the last chunk of its
+        prompt), every request picked on the device (greedy or sampled) with nothing the
+        sampler applies (penalties, min_tokens) and no logprobs, now and one token on
+        (those need the host's counts or this step's logits, which the next step's
+        replay overwrites)."""
         if not self.enabled:
             return False
         for s in seqs:
-            if s.draft or s.num_real != 1 or not s.samples or not picked_on_device(s.req, 0):
+            if s.draft or not s.samples or not picked_on_device(s.req, 0):
                 return False
         return True
 
@@ -189,41 +206,49 @@ class LaunchAhead:
     def _launch_ahead(self, cur: DecodeOnDevice, spec: Speculator | None) -> LaunchedStep | None:
         """Launch the step after ``cur`` before ``cur``'s tokens are on the host, when it
         is known without them: every running request decodes its next token, all keep
-        overlapping, none waiting could be admitted (every slot is taken, and none frees
-        by length), their slots fit without preempting anyone, and speculation (if on)
-        would draft nothing. (A request that ends at an EOS or a stop string frees its
-        slot a step later than it would have: the one step ahead its row ran in.)"""
-        running, waiting = self.scheduler.running, len(self.scheduler.waiting)
-        if not self.scheduler.policy.steady():
+        overlapping, their slots fit without preempting anyone, speculation (if on) would
+        draft nothing, and every waiting request a free slot could take is admitted with
+        its whole prompt (``Scheduler.ahead_candidates``; else the synchronous scheduler
+        admits and chunks it once the tokens are in). (A request that ends at an EOS or a
+        stop string frees its slot a step later than it would have: the one step ahead
+        its row ran in.)"""
+        sched = self.scheduler
+        running, waiting = sched.running, len(sched.waiting)
+        if not sched.policy.steady():
             return None
-        if (
-            (waiting and len(running) < self.scheduler.max_num_seqs)
-            or len(running) != len(cur.seqs)
-            or any(s.req is not r for s, r in zip(cur.seqs, running, strict=True))
+        # cur's rows of requests that finished since it launched (a step ahead) are dropped
+        live = [s for s in cur.seqs if not s.req.finished]
+        if len(running) != len(live) or any(
+            s.req is not r for s, r in zip(live, running, strict=True)
         ):
             return None
         ahead = self._next_rows(cur)
-        if (
-            ahead is None
-            or not ahead
-            or (len(ahead) < len(cur.seqs) and (waiting or spec is not None))
-        ):
+        if ahead is None or not ahead or (len(ahead) < len(live) and (waiting or spec is not None)):
             return None  # a slot frees for a waiting request; for speculation a new shape
         # (returning None: the engine queues cur's copy to the host itself)
+        admit: list[Request] = []
+        if waiting and len(running) < sched.max_num_seqs:
+            admit = sched.ahead_candidates(
+                sched.budget - len(ahead), lambda c: self.runner.fits_ahead(len(ahead), c)
+            )
+            if len(admit) < waiting and len(running) + len(admit) < sched.max_num_seqs:
+                return None  # one that must be chunked (or would not replay): the scheduler's
         fresh = sum(
             max(0, self.blocks.blocks_for(a.start + 1) - len(table.block_ids))
             for a, table, _ in ahead
         )
         if fresh > self.blocks.num_fresh_blocks:
             return None
-        if spec is not None and not spec.propose_ahead(running, waiting):
+        if spec is not None and not spec.propose_ahead(running, waiting - len(admit)):
             return None
         for a, table, _ in ahead:
             extra = a.start + 1 - table.num_tokens
             if extra > 0:
                 reserved = self.blocks.append_slots(table, extra)
                 assert reserved  # the free pool held them
-        return self._launch(cur, ahead, spec is not None and spec.quiet)
+        chunks = sched.admit_ahead(admit) if admit else []  # the decodes' slots taken first
+        self.ahead_admissions += len(chunks)
+        return self._launch(cur, ahead, spec is not None and spec.quiet, chunks)
 
     def _next_rows(self, cur: DecodeOnDevice) -> list[tuple[ScheduledSeq, BlockTable, int]] | None:
         """Each row of the step after ``cur``: its sequence, its table, where ``cur``'s
@@ -235,6 +260,8 @@ class LaunchAhead:
         rows = []
         for i, s in enumerate(cur.seqs):
             req, p, table = s.req, s.req.params, s.req.table
+            if req.finished:
+                continue  # since cur launched: its row there is dropped
             assert table is not None
             if not picked_on_device(req, 1):
                 return None
@@ -242,29 +269,32 @@ class LaunchAhead:
                 req.num_tokens + 1 >= req.max_total_len
             ):
                 continue  # cur's token is its last
-            rows.append((ScheduledSeq(req, s.start + 1, 1), table, i))
+            rows.append((ScheduledSeq(req, s.start + s.num_real, 1), table, i))
         return rows
 
     def _launch(
-        self, cur: DecodeOnDevice, ahead: list[tuple[ScheduledSeq, BlockTable, int]], quiet: bool
+        self,
+        cur: DecodeOnDevice,
+        ahead: list[tuple[ScheduledSeq, BlockTable, int]],
+        quiet: bool,
+        chunks: list[ScheduledSeq],
     ) -> LaunchedStep:
-        """Queue the decode of ``ahead``'s rows, input ids taken from ``cur``'s tokens.
-        When every row goes on, the launch that copies them in also copies them to the
-        host; else ``cur``'s own copy goes first, so the host never waits behind the
-        step ahead."""
-        seqs = [a for a, _, _ in ahead]
+        """Queue the decode of ``ahead``'s rows, input ids taken from ``cur``'s tokens,
+        then ``chunks`` (their images encoded first). When every row goes on, the launch
+        that copies them in also copies them to the host; else ``cur``'s own copy goes
+        first, so the host never waits behind the step ahead."""
+        decodes = [a for a, _, _ in ahead]
         whole = len(ahead) == len(cur.seqs)
-        keep = (
-            cur.tokens
-            if whole
-            else cur.tokens[torch.tensor([i for _, _, i in ahead], device=cur.tokens.device)]
-        )
+        keep = cur.tokens if whole else cur.tokens[self.runner.device_ids([i for _, _, i in ahead])]
         carry = None
         if whole and cur.host is not None and cur.ready is None:
             carry = (cur.host, torch.cuda.Event())
         else:
             self._send(cur)
-        result = self.runner.run_ahead(seqs, keep, tokens_to=carry)
+        if self.spans is not None:  # pending spans the chunks read: one batched encode
+            self.spans.fill((s.req, s.start, s.start + s.num_real) for s in chunks if s.req.spans)
+        result = self.runner.run_ahead(decodes, keep, tokens_to=carry, chunks=chunks)
+        seqs = decodes + chunks
         if carry is not None:
             cur.ready = carry[1]
         self.ahead_steps += 1

@@ -80,11 +80,13 @@ class EngineStats:
     encoder_cache_hits_total: int = 0  # payloads served from the encoder-output cache
     # the step loop: steps run, sequences they ran (their mean: the batch), steps with a
     # prompt chunk, steps launched before the last step's tokens reached the host
-    # (``ahead``) or before its outputs were built (``prelaunched``)
+    # (``ahead``) or before its outputs were built (``prelaunched``), requests admitted
+    # into a step launched ahead
     steps_total: int = 0
     step_seqs_total: int = 0
     prompt_steps_total: int = 0
     steps_ahead_total: int = 0
     steps_prelaunched_total: int = 0
+    ahead_admissions_total: int = 0
     audio_streams_active: int = 0  # audio streams the engine holds (playing or queued)
     audio_streams_refused_total: int = 0  # refused by admission control (deadline mode)

@@ -123,38 +123,94 @@ class ModelRunner:
         seqs: list[ScheduledSeq],
         input_ids: torch.Tensor,
         tokens_to: tuple[torch.Tensor, torch.cuda.Event] | None = None,
+        chunks: list[ScheduledSeq] | None = None,
     ) -> StepLogits:
         """A decode step of one token a sequence whose tokens are still on the device (the
-        last step's greedy picks, not yet on the host: async scheduling) -> row ``i`` for
-        sequence ``i``. The same kernels and graphs as ``run``, so the same row bits.
-        ``tokens_to``: (pinned buffer, event): ``input_ids`` are copied there and the
-        event recorded before the step's work is queued (with a graph, by the launch that
-        copies the step's inputs)."""
-        n = len(seqs)
+        last step's picks, not yet on the host: async scheduling), then ``chunks``: prompt
+        chunks from the host that each reach their prompt's end -> row ``i`` for sequence
+        ``i`` of ``seqs + chunks``. The same kernels and graphs as ``run``, so the same
+        row bits; nothing in it waits for the device (the host's inputs go through pinned
+        memory), so it queues behind the step still running. ``tokens_to``: (pinned
+        buffer, event): ``input_ids`` are copied there and the event recorded before the
+        step's work is queued (with a graph, by the launch that copies the step's inputs)."""
+        chunks = chunks or []
+        d, n = len(seqs), len(seqs) + len(chunks)
         rows = [[i] for i in range(n)]
-        if self.graphs is not None and self.graphs.fits(n):
+        if self.graphs is not None and self.graphs.fits(d):
             logits, argmax, q = self.graphs.run_verify(
-                [[0]] * n,
+                [[0]] * d,
                 [s.start for s in seqs],
                 [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
                 self.block_size,
                 input_ids=input_ids,
                 tokens_to=tokens_to,
             )
-            return StepLogits(logits, rows, n * q, graph=True, argmax=argmax)
+            if not chunks:
+                return StepLogits(logits, rows, d * q, graph=True, argmax=argmax)
+            got_logits, got_top, computed = self._run_chunks(chunks)
+            return StepLogits(
+                torch.cat([logits, *got_logits]),
+                rows,
+                d * q + computed,
+                argmax=torch.cat([argmax, *got_top]),
+            )
         if tokens_to is not None:
             copy_flat(tokens_to[0], input_ids)
             tokens_to[1].record()
+        prompt = [s.req.all_ids[s.start : s.start + s.num_real] for s in chunks]
+        ids = torch.cat([input_ids, self.device_ids([t for p in prompt for t in p])])
         meta = AttentionMetadata.build(
-            [1] * n,
-            [s.start + 1 for s in seqs],
-            [s.req.table.block_ids for s in seqs],  # type: ignore[union-attr]
+            [1] * d + [s.num_real for s in chunks],
+            [s.start + 1 for s in seqs] + [s.start + s.num_real for s in chunks],
+            [s.req.table.block_ids for s in seqs + chunks],  # type: ignore[union-attr]
             self.block_size,
             self.device,
         )
-        positions = torch.tensor([s.start for s in seqs], device=self.device)
-        hidden = self.model(input_ids, positions, meta, self.kv)
-        return StepLogits(self.model.compute_logits(hidden), rows, n)
+        positions = [s.start for s in seqs]
+        for s in chunks:
+            positions += range(s.start, s.start + s.num_real)
+        embeds = self._embeds(seqs + chunks, ids)
+        hidden = self.model(
+            None if embeds is not None else ids,
+            self.device_ids(positions),
+            meta,
+            self.kv,
+            inputs_embeds=embeds,
+        )
+        ends, at = list(range(d)), d  # each row's last token: a decode's one, a chunk's last
+        for s in chunks:
+            at += s.num_real
+            ends.append(at - 1)
+        if chunks:
+            hidden = hidden[self.device_ids(ends)]
+        return StepLogits(self.model.compute_logits(hidden), rows, len(ids))
+
+    def fits_ahead(self, decodes: int, chunks: list[tuple[int, bool]]) -> bool:
+        """Whether a step launched ahead of ``decodes`` decodes and prompt chunks of (at
+        most) these (length, has an embedding span) replays graphs throughout, as ``run``
+        would replay it (no graphs: it runs eagerly, as everything does)."""
+        if self.graphs is None or not chunks:
+            return True
+        if self.prefill_graphs is None or not self.graphs.fits(decodes):
+            return False
+        longest = max(n for n, _ in chunks)
+        if len(chunks) > 1 and self.chunk_graphs is not None:
+            return self.chunk_graphs.fits(len(chunks), longest)
+        if len(chunks) > SPLIT_CHUNKS:
+            return False
+        for n, span in chunks:  # (a span's graphs are the plain ones up to a shorter length)
+            graphs = self.span_prefill_graphs if span else self.prefill_graphs
+            if graphs is None or not graphs.fits(1, n):
+                return False
+        return True
+
+    def device_ids(self, ids: list[int]) -> torch.Tensor:
+        """Host integers on the device without waiting for it: through pinned memory on
+        CUDA (a copy from pageable memory would first wait for the stream's queued work)."""
+        t = torch.tensor(ids, dtype=torch.long)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def copy_to_host(self, host: torch.Tensor, tokens: torch.Tensor) -> torch.cuda.Event:
         """Queue ``host[:] = tokens`` (a pinned buffer, written by a kernel) -> an event
@@ -235,30 +291,43 @@ class ModelRunner:
             logits.append(dec_logits)
             top.append(dec_top)
             at = computed = d * q
-        if self._batched(seqs[d:]):
-            got_logits, got_top, computed_chunks = self._replay_chunks(seqs[d:])
-            logits.append(got_logits)
-            top.append(got_top)
-            computed += computed_chunks
-        else:
-            for s in seqs[d:]:
-                table = s.req.table.block_ids  # type: ignore[union-attr]
-                ids = s.req.all_ids[s.start : s.start + s.num_real]
-                if _in_span(s):
-                    graphs = self.span_prefill_graphs
-                    assert graphs is not None
-                    x = self._embeds([s], torch.tensor(ids, device=self.device))
-                    got = graphs.run_verify([ids], [s.start], [table], self.block_size, embeds=x)
-                else:
-                    got = self.prefill_graphs.run_verify([ids], [s.start], [table], self.block_size)
-                computed += got.q
-                if s.samples:
-                    logits.append(got.logits[:1].clone())
-                    top.append(got.argmax[:1].clone())
+        got_logits, got_top, computed_chunks = self._run_chunks(seqs[d:])
+        logits += got_logits
+        top += got_top
+        computed += computed_chunks
         for s in seqs[d:]:
             rows.append([at] if s.samples else [])
             at += s.samples
         return StepLogits(torch.cat(logits), rows, computed, argmax=torch.cat(top))
+
+    def _run_chunks(
+        self, chunks: list[ScheduledSeq]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+        """Prompt chunks as replays: together (``chunk_graphs``) or a prefill graph each
+        -> the logits and argmax rows of the chunks that sample, in order, and the rows
+        computed. A one-by-one chunk's row is cloned: two chunks may share a length."""
+        assert self.prefill_graphs is not None
+        if self._batched(chunks):
+            got_logits, got_top, computed = self._replay_chunks(chunks)
+            return [got_logits], [got_top], computed
+        logits: list[torch.Tensor] = []
+        top: list[torch.Tensor] = []
+        computed = 0
+        for s in chunks:
+            table = s.req.table.block_ids  # type: ignore[union-attr]
+            ids = s.req.all_ids[s.start : s.start + s.num_real]
+            if _in_span(s):
+                graphs = self.span_prefill_graphs
+                assert graphs is not None
+                x = self._embeds([s], self.device_ids(ids))
+                got = graphs.run_verify([ids], [s.start], [table], self.block_size, embeds=x)
+            else:
+                got = self.prefill_graphs.run_verify([ids], [s.start], [table], self.block_size)
+            computed += got.q
+            if s.samples:
+                logits.append(got.logits[:1].clone())
+                top.append(got.argmax[:1].clone())
+        return logits, top, computed
 
     def _batched(self, chunks: list[ScheduledSeq]) -> bool:
         """Whether prompt chunks replay together (``chunk_graphs``)."""
@@ -277,7 +346,7 @@ class ModelRunner:
         graphs = self.chunk_graphs
         assert graphs is not None
         tokens = [s.req.all_ids[s.start : s.start + s.num_real] for s in chunks]
-        flat = torch.tensor([t for ids in tokens for t in ids], device=self.device)
+        flat = self.device_ids([t for ids in tokens for t in ids])
         embeds = self._embeds(chunks, flat)
         got = graphs.run_verify(
             tokens,
@@ -287,11 +356,14 @@ class ModelRunner:
             embeds=self.model.embed(flat) if embeds is None else embeds,
         )
         picked = [j for j, s in enumerate(chunks) if s.samples]
-        src = torch.tensor(picked, dtype=torch.long, device=self.device)
+        n = len(chunks)
+        if len(picked) == n:  # every chunk samples (views: read before the next replay)
+            return got.logits[:n], got.argmax[:n], n * got.q
+        src = self.device_ids(picked)
         return (
             got.logits.index_select(0, src),
             got.argmax.index_select(0, src),
-            len(chunks) * got.q,
+            n * got.q,
         )
 
     def _replay_decodes(

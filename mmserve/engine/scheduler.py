@@ -32,6 +32,7 @@ handed back through ``refused``, for the engine to finish.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mmserve.engine.block_manager import BlockManager
@@ -153,23 +154,64 @@ class Scheduler:
                 step.add(ScheduledSeq(req, req.num_computed, n))
         while self._admissible() and step.budget > 0 and not step.preempted:
             admitted = self._next_admitted()  # memory is short when someone was preempted
-            if admitted is None:
+            if admitted is None or not self._admit(admitted):
                 return
             req = admitted
-            table = self.blocks.allocate(
-                req.request_id, req.all_ids, req.extra_keys(self.blocks.block_size)
-            )
-            if table is None:
-                return
-            self.waiting.remove(req)
-            req.table, req.status = table, Status.RUNNING
-            req.num_computed = table.num_cached_tokens
-            req.num_cached_tokens = max(req.num_cached_tokens, table.num_cached_tokens)
-            self.running.append(req)
             n = self.policy.chunk(
                 req, self._chunk(req.num_tokens - req.num_computed, step.budget, self._admissible())
             )
             step.add(ScheduledSeq(req, req.num_computed, n))
+
+    def _admit(self, req: Request) -> bool:
+        """Give waiting ``req`` its blocks (its cached prefix reused) and a sequence slot;
+        False (no change) when the blocks are short."""
+        table = self.blocks.allocate(
+            req.request_id, req.all_ids, req.extra_keys(self.blocks.block_size)
+        )
+        if table is None:
+            return False
+        self.waiting.remove(req)
+        req.table, req.status = table, Status.RUNNING
+        req.num_computed = table.num_cached_tokens
+        req.num_cached_tokens = max(req.num_cached_tokens, table.num_cached_tokens)
+        self.running.append(req)
+        return True
+
+    def ahead_candidates(
+        self, budget: int, fits: Callable[[list[tuple[int, bool]]], bool]
+    ) -> list[Request]:
+        """The waiting requests a step launched before the last step's tokens are in
+        (async scheduling) may admit, each with its whole prompt as one chunk, so that
+        chunk samples: in ``waiting``'s order, while a sequence slot is free, its prompt
+        fits what is left of ``budget`` and the chunk cap (so ``_schedule_prefills`` would
+        not cut it either), and ``fits`` says a step with these (prompt length, has an
+        embedding span) chunks can run. Text only, with no audio stream in play: the
+        audio policy decides its admissions at a step's start. Changes nothing."""
+        out: list[Request] = []
+        if self.policy.streams:
+            return out
+        chunks: list[tuple[int, bool]] = []
+        for req in self.waiting:
+            n = req.num_tokens  # at most: a cached prefix only shortens the chunk
+            if len(self.running) + len(out) >= self.max_num_seqs or req.audio is not None:
+                break
+            if n > min(budget, self.prefill_chunk) or not fits([*chunks, (n, bool(req.spans))]):
+                break
+            chunks.append((n, bool(req.spans)))
+            out.append(req)
+            budget -= n
+        return out
+
+    def admit_ahead(self, reqs: list[Request]) -> list[ScheduledSeq]:
+        """Admit ``ahead_candidates``' requests, in order, while blocks allow -> their
+        chunks (each its whole prompt past the cached prefix)."""
+        seqs = []
+        for req in reqs:
+            if not self._admit(req):
+                break
+            seqs.append(ScheduledSeq(req, req.num_computed, req.num_tokens - req.num_computed))
+        self.prompt_steps += bool(seqs)
+        return seqs
 
     def _next_admitted(self) -> Request | None:
         """The first waiting request the policy admits now, in ``waiting``'s order. Audio

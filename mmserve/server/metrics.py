@@ -98,8 +98,13 @@ class EngineStatsCollector(Collector):
         )
         yield counter(
             "engine_steps_ahead",
-            "Decode steps launched before the last step's tokens reached the host",
+            "Steps launched before the last step's tokens reached the host",
             s.steps_ahead_total,
+        )
+        yield counter(
+            "engine_ahead_admissions",
+            "Requests admitted into a step launched ahead",
+            s.ahead_admissions_total,
         )
         yield counter(
             "engine_steps_prelaunched",

@@ -82,3 +82,49 @@ def test_a_reused_turn_equals_the_template_rendered_each_time(llm, num_images):
 
 def _plain(span) -> tuple:
     return (span.start, span.length, span.offset, span.digest, span.source)
+
+
+def test_image_requests_admitted_into_steps_run_ahead_caption_as_synchronously(llm):
+    """Two slots for five image requests under async scheduling (on CPU a test switch):
+    a request whose slot frees at a stop string or EOS is admitted into the step launched
+    ahead, its image
+    encoded there, its whole prompt one chunk beside the decodes. Every caption, delta
+    for delta, is the synchronous engine's."""
+    eng = llm.engine
+    proc = eng.connector.processor
+    turn = ImageChatPrompt(llm.tokenizer, proc, "Describe the image.")
+    images = [synthetic.sample("test", 500 + i)[0] for i in range(5)]
+
+    def drive(overlap: bool) -> dict:
+        eng.blocks.reset_prefix_cache()
+        eng.spans.cache = EncoderCache(1 << 26)
+        prompts = turn.each(images)  # fresh spans: a filled span keeps its vectors
+        eng.async_scheduling = overlap
+        got: dict[str, list] = {}
+        try:
+            for i, p in enumerate(prompts):
+                # captions end at EOS after 9 tokens; a stop string ends some sooner
+                stop = [" in"] if i % 2 == 0 else []
+                params = SamplingParams(temperature=0, max_tokens=24, stop=stop)
+                eng.add_request(p.ids, params, f"r{i}", spans=p.spans)
+            while eng.has_unfinished():
+                for out in eng.step():
+                    got.setdefault(out.request_id, []).append(out.new_token_ids)
+        finally:
+            eng.async_scheduling = False
+        return got
+
+    sched = eng.scheduler
+    slots, sched.max_num_seqs = sched.max_num_seqs, 2
+    before = eng.launch.ahead_admissions
+    try:
+        sync = drive(False)
+        mid = eng.stats().encoder_payloads_total
+        ahead = drive(True)
+    finally:
+        sched.max_num_seqs = slots
+    encoded = eng.stats().encoder_payloads_total
+    assert eng.launch.ahead_admissions > before
+    assert ahead == sync
+    assert encoded - mid == 5  # every image encoded, those admitted ahead too
+    assert eng.blocks.num_used_blocks == 0 and eng.launch.pending is None

@@ -101,6 +101,33 @@ def test_requests_queued_for_a_slot_while_steps_run_ahead(llm):
     assert llm.engine.blocks.num_used_blocks == 0
 
 
+def test_a_slot_freed_at_a_stop_admits_into_the_step_run_ahead(llm):
+    """Three slots for ten requests that end at a stop token, each at its own step: the
+    next request joins the step launched ahead (its whole prompt one chunk beside the
+    decodes), a step later than the synchronous engine admits it. Every stream is the
+    synchronous engine's, delta for delta."""
+    free = _drive(llm, False, lambda i: SamplingParams(temperature=0, max_tokens=16))[1]
+
+    def params(i):  # stop at (about) token 3..12 of the request's own greedy answer
+        ids = free[i][0]
+        return SamplingParams(
+            temperature=0, max_tokens=16, stop_token_ids=[ids[min(3 + i, len(ids) - 1)]]
+        )
+
+    sched = llm.engine.scheduler
+    slots, sched.max_num_seqs = sched.max_num_seqs, 3
+    admitted = llm.engine.launch.ahead_admissions
+    try:
+        sync = _drive(llm, False, params)
+        ahead = _drive(llm, True, params)
+    finally:
+        sched.max_num_seqs = slots
+    assert {f[2] for f in sync[1].values()} == {"stop"}
+    assert llm.engine.launch.ahead_admissions - admitted >= 5
+    assert ahead[0] == sync[0] and ahead[1] == sync[1]
+    assert llm.engine.blocks.num_used_blocks == 0 and llm.engine.launch.pending is None
+
+
 def test_logprob_requests_run_synchronously_beside_sampled_and_greedy_ones(llm):
     def params(i):
         if i == 0:
@@ -264,10 +291,19 @@ def test_speculation_with_async_scheduling_is_exact(default_model_dir):
         speculative_config={"method": "ngram", "num_speculative_tokens": "auto"},
     )
     params = lambda i: SamplingParams(temperature=0, max_tokens=40)  # noqa: E731
+    # prompts whose continuations repeat what they hold, so the n-gram drafter finds
+    # matches (the rest are the module's)
+    prompts = [
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+        "A B C D E F G H I J K L M N",
+        "Monday, Tuesday, Wednesday,",
+        "for i in range(10):\n    print(i)\n" * 2 + "for i in range(10):\n",
+        *PROMPTS[:4],
+    ]
     spec.engine.set_speculation(False)
-    plain = _drive(spec, False, params)
+    plain = _drive(spec, False, params, prompts)
     spec.engine.set_speculation(True)
-    ahead = _drive(spec, True, params)
+    ahead = _drive(spec, True, params, prompts)
     assert ahead[1] == plain[1]
     assert ahead[2] > 0 and ahead[3] > 0  # steps after a verify step are prelaunched
     totals = spec.engine.spec.controller.totals()

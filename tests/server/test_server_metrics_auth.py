@@ -46,6 +46,7 @@ def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI, model
         "mmserve_spec_guard_pauses_total",
         "mmserve_engine_steps_ahead_total",
         "mmserve_engine_steps_prelaunched_total",
+        "mmserve_engine_ahead_admissions_total",
     ):
         assert any(n == name for n, _ in before), name
     assert _value(before, "mmserve_kv_blocks_free") > 0
