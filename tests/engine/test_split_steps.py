@@ -3,9 +3,10 @@
 A step that decodes some requests while others' prompt chunks run (a request arriving
 while others decode; an image caption job's every admission) replays the decode graph
 for its decodes and a prefill graph for each chunk, one that starts from input
-embeddings for a chunk with an image. The kernels are batch-invariant, so every
-request's tokens must be the eager engine's exactly, with requests arriving at
-different steps.
+embeddings for a chunk with an image; with async scheduling a request arriving while
+steps run ahead is admitted into the step launched ahead, its chunk replayed beside the
+decodes. The kernels are batch-invariant, so every request's tokens must be the eager
+engine's exactly, with requests arriving at different steps.
 """
 
 from __future__ import annotations
@@ -134,9 +135,16 @@ def _engine(eager: bool, connector: str = "none"):
     )
 
 
-def _staggered(engine, requests) -> tuple[dict[str, list[int]], int]:
+# (enforce_eager, async_scheduling): the eager engine (its steps launched ahead run their
+# chunks eagerly too), graphs with the synchronous loop (arrivals in split steps), graphs
+# with steps launched ahead (arrivals admitted into them)
+RUNS = ((True, True), (False, False), (False, True))
+
+
+def _staggered(engine, requests) -> tuple[dict[str, list[int]], int, int]:
     """Add ``requests`` ((prompt ids, spans) pairs) two at a time, two steps apart, and
-    step to the end -> each request's tokens, and the runner's split steps."""
+    step to the end -> each request's tokens, the runner's split steps, and the requests
+    admitted into steps launched ahead."""
     params = [
         SamplingParams(temperature=0, max_tokens=(9, 17, 24, 5)[i % 4])
         for i in range(len(requests))
@@ -152,13 +160,20 @@ def _staggered(engine, requests) -> tuple[dict[str, list[int]], int]:
         for out in engine.step():
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
         step += 1
-    return tokens, engine.runner.split_steps
+    return tokens, engine.runner.split_steps, engine.launch.ahead_admissions
+
+
+def _check(outputs: list[tuple[dict[str, list[int]], int, int]]) -> None:
+    (eager, eager_splits, _), (sync, sync_splits, _), (ahead, _, admitted) = outputs
+    assert eager_splits == 0 and sync_splits > 0 and admitted > 0
+    assert sync == eager and ahead == eager
 
 
 def test_text_arrivals_during_decodes_equal_the_eager_engine():
     outputs = []
-    for eager in (True, False):
+    for eager, overlap in RUNS:
         engine = _engine(eager)
+        engine.async_scheduling = overlap
         tok = engine.tokenizer
         reqs = [
             (tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])), None)
@@ -167,9 +182,7 @@ def test_text_arrivals_during_decodes_equal_the_eager_engine():
         outputs.append(_staggered(engine, reqs))
         del engine
         torch.cuda.empty_cache()
-    (eager_tokens, eager_splits), (graph_tokens, graph_splits) = outputs
-    assert eager_splits == 0 and graph_splits > 0
-    assert graph_tokens == eager_tokens
+    _check(outputs)
 
 
 def test_image_prompts_arriving_during_decodes_equal_the_eager_engine():
@@ -177,8 +190,9 @@ def test_image_prompts_arriving_during_decodes_equal_the_eager_engine():
     from connectors.prompt import ImageChatPrompt
 
     outputs = []
-    for eager in (True, False):
+    for eager, overlap in RUNS:
         engine = _engine(eager, connector="auto")
+        engine.async_scheduling = overlap
         assert engine.connector is not None, "the default connector is served"
         assert (engine.runner.span_prefill_graphs is None) == eager
         turn = ImageChatPrompt(engine.tokenizer, engine.connector.processor, "Describe the image.")
@@ -189,6 +203,4 @@ def test_image_prompts_arriving_during_decodes_equal_the_eager_engine():
         outputs.append(_staggered(engine, reqs))
         del engine
         torch.cuda.empty_cache()
-    (eager_tokens, eager_splits), (graph_tokens, graph_splits) = outputs
-    assert eager_splits == 0 and graph_splits > 0
-    assert graph_tokens == eager_tokens
+    _check(outputs)
