@@ -3,7 +3,8 @@ tokens reach the host (CUDA, ``EngineConfig.async_scheduling``).
 
 Two ways a step goes out early, both the step the synchronous engine takes next,
 proposed and scheduled from the same state, so tokens are those of the synchronous
-engine (the same steps, kernels and graphs; batch invariance for any row dropped):
+engine (the same steps, kernels and graphs; batch invariance for any row dropped, and
+for a request admitted a step later than the synchronous engine admits it):
 
 - **ahead**: when every sequence of a step samples its next token (a decode, or a
   prompt chunk that reaches its prompt's end) and each request's token can be picked on
