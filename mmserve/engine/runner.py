@@ -86,16 +86,25 @@ class ModelRunner:
         if chunks:
             return self._run_split(seqs, chunks)
         ids: list[int] = []
-        positions: list[int] = []
         rows: list[list[int]] = []
         wanted: list[int] = []
         for s in seqs:
             offset = len(ids)
             ids += s.req.all_ids[s.start : s.start + s.num_real] + s.draft
-            positions += range(s.start, s.start + s.num_tokens)
             mine = list(range(offset + s.num_real - 1, offset + s.num_tokens)) if s.samples else []
             rows.append(list(range(len(wanted), len(wanted) + len(mine))))
             wanted += mine
+        return StepLogits(self._eager(seqs, self.device_ids(ids), wanted), rows, len(ids))
+
+    def _eager(
+        self, seqs: list[ScheduledSeq], input_ids: torch.Tensor, wanted: list[int]
+    ) -> torch.Tensor:
+        """One eager forward of the sequences' tokens end to end (``input_ids``, on the
+        device; spans spliced in) -> the logits of rows ``wanted`` (ascending), or an
+        empty tensor when none is wanted."""
+        positions: list[int] = []
+        for s in seqs:
+            positions += range(s.start, s.start + s.num_tokens)
         meta = AttentionMetadata.build(
             [s.num_tokens for s in seqs],
             [s.start + s.num_tokens for s in seqs],
@@ -103,19 +112,19 @@ class ModelRunner:
             self.block_size,
             self.device,
         )
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         embeds = self._embeds(seqs, input_ids)
         hidden = self.model(
             None if embeds is not None else input_ids,
-            torch.tensor(positions, device=self.device),
+            self.device_ids(positions),
             meta,
             self.kv,
             inputs_embeds=embeds,
         )
         if not wanted:
-            return StepLogits(hidden.new_zeros(0, 0), rows, len(ids))
-        logits = self.model.compute_logits(hidden[torch.tensor(wanted, device=self.device)])
-        return StepLogits(logits, rows, len(ids))
+            return hidden.new_zeros(0, 0)
+        if len(wanted) < hidden.shape[0]:  # (all rows, in order: no gather)
+            hidden = hidden[self.device_ids(wanted)]
+        return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def run_ahead(
@@ -159,31 +168,11 @@ class ModelRunner:
             tokens_to[1].record()
         prompt = [s.req.all_ids[s.start : s.start + s.num_real] for s in chunks]
         ids = torch.cat([input_ids, self.device_ids([t for p in prompt for t in p])])
-        meta = AttentionMetadata.build(
-            [1] * d + [s.num_real for s in chunks],
-            [s.start + 1 for s in seqs] + [s.start + s.num_real for s in chunks],
-            [s.req.table.block_ids for s in seqs + chunks],  # type: ignore[union-attr]
-            self.block_size,
-            self.device,
-        )
-        positions = [s.start for s in seqs]
-        for s in chunks:
-            positions += range(s.start, s.start + s.num_real)
-        embeds = self._embeds(seqs + chunks, ids)
-        hidden = self.model(
-            None if embeds is not None else ids,
-            self.device_ids(positions),
-            meta,
-            self.kv,
-            inputs_embeds=embeds,
-        )
         ends, at = list(range(d)), d  # each row's last token: a decode's one, a chunk's last
         for s in chunks:
             at += s.num_real
             ends.append(at - 1)
-        if chunks:
-            hidden = hidden[self.device_ids(ends)]
-        return StepLogits(self.model.compute_logits(hidden), rows, len(ids))
+        return StepLogits(self._eager(seqs + chunks, ids, ends), rows, len(ids))
 
     def fits_ahead(self, decodes: int, chunks: list[tuple[int, bool]]) -> bool:
         """Whether a step launched ahead of ``decodes`` decodes and prompt chunks of (at

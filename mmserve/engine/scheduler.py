@@ -195,9 +195,10 @@ class Scheduler:
             n = req.num_tokens  # at most: a cached prefix only shortens the chunk
             if len(self.running) + len(out) >= self.max_num_seqs or req.audio is not None:
                 break
-            if n > min(budget, self.prefill_chunk) or not fits([*chunks, (n, bool(req.spans))]):
+            chunk = (n, bool(req.spans))
+            if n > min(budget, self.prefill_chunk) or not fits([*chunks, chunk]):
                 break
-            chunks.append((n, bool(req.spans)))
+            chunks.append(chunk)
             out.append(req)
             budget -= n
         return out
