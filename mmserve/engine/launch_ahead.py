@@ -210,9 +210,11 @@ class LaunchAhead:
         overlapping, their slots fit without preempting anyone, speculation (if on) would
         draft nothing, and every waiting request a free slot could take is admitted with
         its whole prompt (``Scheduler.ahead_candidates``; else the synchronous scheduler
-        admits and chunks it once the tokens are in). (A request that ends at an EOS or a
-        stop string frees its slot a step later than it would have: the one step ahead
-        its row ran in.)"""
+        admits and chunks it once the tokens are in). A request whose ``cur`` token is its
+        last by length frees its slot for this step, as it does synchronously (its blocks
+        are freed once the tokens are in: the admitted take fresh ones). A request that
+        ends at an EOS or a stop string frees its slot a step later than it would have:
+        the one step ahead its row ran in."""
         sched = self.scheduler
         running, waiting = sched.running, len(sched.waiting)
         if not sched.policy.steady():
@@ -224,15 +226,18 @@ class LaunchAhead:
         ):
             return None
         ahead = self._next_rows(cur)
-        if ahead is None or not ahead or (len(ahead) < len(live) and (waiting or spec is not None)):
-            return None  # a slot frees for a waiting request; for speculation a new shape
+        if ahead is None or not ahead or (len(ahead) < len(live) and spec is not None):
+            return None  # (for speculation a row ending by length is a new shape)
         # (returning None: the engine queues cur's copy to the host itself)
         admit: list[Request] = []
-        if waiting and len(running) < sched.max_num_seqs:
+        # the slots free in the next step: rows ending by length (cur's token their last)
+        # leave theirs, as they do for the synchronous scheduler once cur's tokens are in
+        slots = sched.max_num_seqs - len(ahead)
+        if waiting and slots > 0:
             admit = sched.ahead_candidates(
-                sched.budget - len(ahead), lambda c: self.runner.fits_ahead(len(ahead), c)
+                sched.budget - len(ahead), slots, lambda c: self.runner.fits_ahead(len(ahead), c)
             )
-            if len(admit) < waiting and len(running) + len(admit) < sched.max_num_seqs:
+            if len(admit) < min(waiting, slots):
                 return None  # one that must be chunked (or would not replay): the scheduler's
         fresh = sum(
             max(0, self.blocks.blocks_for(a.start + 1) - len(table.block_ids))

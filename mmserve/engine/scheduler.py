@@ -178,22 +178,24 @@ class Scheduler:
         return True
 
     def ahead_candidates(
-        self, budget: int, fits: Callable[[list[tuple[int, bool]]], bool]
+        self, budget: int, slots: int, fits: Callable[[list[tuple[int, bool]]], bool]
     ) -> list[Request]:
         """The waiting requests a step launched before the last step's tokens are in
         (async scheduling) may admit, each with its whole prompt as one chunk, so that
-        chunk samples: in ``waiting``'s order, while a sequence slot is free, its prompt
-        fits what is left of ``budget`` and the chunk cap (so ``_schedule_prefills`` would
-        not cut it either), and ``fits`` says a step with these (prompt length, has an
-        embedding span) chunks can run. Text only, with no audio stream in play: the
-        audio policy decides its admissions at a step's start. Changes nothing."""
+        chunk samples: in ``waiting``'s order, while one of ``slots`` sequence slots is
+        free (``running`` may still hold requests whose last token comes from the step
+        before), its prompt fits what is left of ``budget`` and the chunk cap (so
+        ``_schedule_prefills`` would not cut it either), and ``fits`` says a step with
+        these (prompt length, has an embedding span) chunks can run. Text only, with no
+        audio stream in play: the audio policy decides its admissions at a step's start.
+        Changes nothing."""
         out: list[Request] = []
         if self.policy.streams:
             return out
         chunks: list[tuple[int, bool]] = []
         for req in self.waiting:
             n = req.num_tokens  # at most: a cached prefix only shortens the chunk
-            if len(self.running) + len(out) >= self.max_num_seqs or req.audio is not None:
+            if len(out) >= slots or req.audio is not None:
                 break
             chunk = (n, bool(req.spans))
             if n > min(budget, self.prefill_chunk) or not fits([*chunks, chunk]):

@@ -128,6 +128,29 @@ def test_a_slot_freed_at_a_stop_admits_into_the_step_run_ahead(llm):
     assert llm.engine.blocks.num_used_blocks == 0 and llm.engine.launch.pending is None
 
 
+def test_a_slot_freed_by_length_admits_into_the_step_run_ahead(llm):
+    """Three slots for ten requests that end by length, each at its own step: the step
+    launched ahead leaves out the row whose last token the running step brings and
+    admits the next request into its slot, the same step the synchronous engine admits
+    it in. Every stream is the synchronous engine's, delta for delta."""
+
+    def params(i):
+        return SamplingParams(temperature=0, max_tokens=3 + (7 * i) % 11, ignore_eos=True)
+
+    sched = llm.engine.scheduler
+    slots, sched.max_num_seqs = sched.max_num_seqs, 3
+    admitted = llm.engine.launch.ahead_admissions
+    try:
+        sync = _drive(llm, False, params)
+        ahead = _drive(llm, True, params)
+    finally:
+        sched.max_num_seqs = slots
+    assert {f[2] for f in sync[1].values()} == {"length"}
+    assert llm.engine.launch.ahead_admissions - admitted >= 5
+    assert ahead[0] == sync[0] and ahead[1] == sync[1]
+    assert llm.engine.blocks.num_used_blocks == 0 and llm.engine.launch.pending is None
+
+
 def test_logprob_requests_run_synchronously_beside_sampled_and_greedy_ones(llm):
     def params(i):
         if i == 0:

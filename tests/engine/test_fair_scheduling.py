@@ -118,9 +118,10 @@ def test_prefill_alone_takes_the_whole_budget() -> None:
 
 
 def test_a_step_launched_ahead_admits_whole_prompts_in_order() -> None:
-    """``ahead_candidates``: waiting requests in order while a slot is free, the prompt
-    fits what is left of the budget and the chunk cap (so the synchronous scheduler would
-    not cut it), and the runner can replay the step; the first that fails ends the run.
+    """``ahead_candidates``: waiting requests in order while one of the slots it is given
+    is free, the prompt fits what is left of the budget and the chunk cap (so the
+    synchronous scheduler would not cut it), and the runner can replay the step; the
+    first that fails ends the run.
     ``admit_ahead`` gives each its blocks and a slot, its whole prompt one chunk."""
     sim = SimEngine()
     sched = sim.scheduler
@@ -135,21 +136,20 @@ def test_a_step_launched_ahead_admits_whole_prompts_in_order() -> None:
         return [r.request_id for r in reqs]
 
     always = lambda chunks: True  # noqa: E731
-    assert names(sched.ahead_candidates(BUDGET - 1, always)) == ["a", "b"]
-    assert names(sched.ahead_candidates(50, always)) == ["a"]  # b is over what is left
-    assert names(sched.ahead_candidates(BUDGET - 1, lambda c: len(c) < 2)) == ["a"]
+    assert names(sched.ahead_candidates(BUDGET - 1, 7, always)) == ["a", "b"]
+    assert names(sched.ahead_candidates(50, 7, always)) == ["a"]  # b is over what is left
+    assert names(sched.ahead_candidates(BUDGET - 1, 7, lambda c: len(c) < 2)) == ["a"]
     seen: list = []
-    sched.ahead_candidates(BUDGET - 1, lambda c: seen.append(list(c)) or True)
+    sched.ahead_candidates(BUDGET - 1, 7, lambda c: seen.append(list(c)) or True)
     assert seen == [[(30, False)], [(30, False), (40, False)]]  # (length, has a span)
-    sched.max_num_seqs = 2  # one slot free
-    assert names(sched.ahead_candidates(BUDGET - 1, always)) == ["a"]
-    sched.max_num_seqs = 8
+    assert names(sched.ahead_candidates(BUDGET - 1, 1, always)) == ["a"]  # one slot free
+    assert sched.ahead_candidates(BUDGET - 1, 0, always) == []
     steps = sched.prompt_steps
-    seqs = sched.admit_ahead(sched.ahead_candidates(BUDGET - 1, always))
+    seqs = sched.admit_ahead(sched.ahead_candidates(BUDGET - 1, 7, always))
     assert [(s.req.request_id, s.start, s.num_real) for s in seqs] == [("a", 0, 30), ("b", 0, 40)]
     assert all(s.samples for s in seqs) and sched.prompt_steps == steps + 1
     assert names(sched.running) == ["running", "a", "b"] and names(sched.waiting) == ["c", "d"]
-    assert sched.ahead_candidates(BUDGET - 3, always) == []  # c heads the queue: chunked
+    assert sched.ahead_candidates(BUDGET - 3, 5, always) == []  # c heads the queue: chunked
 
 
 ENGINE_BUDGET = 64  # small steps keep the CPU test short; the shape of the case is the same
