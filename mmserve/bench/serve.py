@@ -89,11 +89,14 @@ class ServeBenchConfig:
                 raise ValueError(f"protocol {p!r}: use sse and/or ws")
 
     def procs(self) -> int:
-        """Client processes: as set, else every core the served layout leaves (its
-        engine core and its API servers take one each, ``ServerConfig.resolve_layout``),
+        """Client processes: as set, else every core the served layout leaves
+        (``ServerConfig.resolve_layout``: its engine core takes one, its API servers
+        half a core each, what they drew under SSE at 256 clients on an H100: 0.3-0.5),
         1 to 16. An SDK client spends ~200 us of CPU an event on these hosts: at the
         engine's rates eight of them ran at 0.8 of a core each and held the load back
-        (the server's own counters showed it: a lower batch at 256 clients)."""
+        (the server's own counters showed it: a lower batch at 256 clients), and
+        eleven still held SSE's gap p99 at 256 clients to 53-81 ms, against 35-40 ms
+        with thirteen and 27-33 ms with fourteen."""
         if self.client_procs:
             return self.client_procs
         from mmserve.config import ServerConfig
@@ -105,7 +108,8 @@ class ServeBenchConfig:
 
             cuda = torch.cuda.is_available()
         layout = ServerConfig().resolve_layout(cuda, cpus)
-        server = (layout.api_server_count or 1) + bool(layout.engine_process)
+        api = layout.api_server_count or 1
+        server = bool(layout.engine_process) + (-(-api // 2) if layout.engine_process else api)
         return max(1, min(16, cpus - server))
 
     def serve_flags(self) -> list[str]:

@@ -175,12 +175,13 @@ def test_engine_counters_read_from_metrics_text_and_differenced():
 
 
 def test_client_processes_take_the_cores_the_served_layout_leaves(monkeypatch):
-    """On a 16-core GPU host the split server takes five processes (its core and four API
-    servers), so eleven client processes; on a CPU one server process; set, as set."""
+    """On a 16-core GPU host the split server takes three cores (its core one, its four
+    API servers half a core each), so thirteen client processes; on a CPU one server
+    process; set, as set."""
     from mmserve.bench.serve import ServeBenchConfig
 
     monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert ServeBenchConfig(device="cuda").procs() == 11
+    assert ServeBenchConfig(device="cuda").procs() == 13
     assert ServeBenchConfig(device="cpu").procs() == 15
     assert ServeBenchConfig(device="cuda", client_procs=3).procs() == 3
     monkeypatch.setattr("os.cpu_count", lambda: 2)
