@@ -8,8 +8,10 @@
    and each concurrency ``c``: ``c`` clients in a closed loop (``serve_clients``), every
    request greedy with ``ignore_eos`` and ``max_tokens`` new tokens, so every request
    costs the same; tok/s, TTFT p50/p99, gap p50/p99.
-4. ``steady_burst``: the same burst again on the now warm server; the first burst's TTFT
-   over this one's says what start-up left to the first requests.
+4. ``steady_burst``: a burst of the same size and shape on the now warm server, of
+   prompts it has not seen (the same prompts again would find their prefixes cached,
+   which a fresh server's first requests cannot); the first burst's TTFT over this one's
+   says what start-up left to the first requests.
 5. The server stops; the same engine configuration (the same flags, parsed by the CLI)
    runs in this process with the same prompts, ``c`` requests in flight in a closed loop
    over ``LLM``'s engine: the baseline each served load is a fraction of.
@@ -179,8 +181,11 @@ def serve_phases(cfg: ServeBenchConfig, pool: Executor | None, out: Path) -> dic
         res["model"] = model
         sets = prompts()
 
-        def level(kind: str, clients: int, requests: int, name: str = "") -> dict:
-            load = Load(target.url, model, kind, clients, requests, sets, cfg.max_tokens)
+        def level(
+            kind: str, clients: int, requests: int, name: str = "", asked: list | None = None
+        ) -> dict:
+            asked = sets if asked is None else asked
+            load = Load(target.url, model, kind, clients, requests, asked, cfg.max_tokens)
             counters = _served_counters(target.url)
             before, wall = proc_cpu.snapshot(target.pid), time.monotonic()
             shares = run_load(load, pool, cfg.procs())
@@ -207,8 +212,9 @@ def serve_phases(cfg: ServeBenchConfig, pool: Executor | None, out: Path) -> dic
             res["first_burst"] = level("sse", cfg.burst, cfg.burst, "first_burst")
         for kind in cfg.protocols:
             res[kind] = {str(c): level(kind, c, _requests(cfg, c)) for c in cfg.concurrency}
-        if cfg.burst:
-            res["steady_burst"] = level("sse", cfg.burst, cfg.burst, "steady_burst")
+        if cfg.burst:  # prompts no load sent, so none finds its prefix cached
+            unseen = prompts(len(sets) + cfg.burst)[len(sets) :]
+            res["steady_burst"] = level("sse", cfg.burst, cfg.burst, "steady_burst", unseen)
         res["server"]["alive_after"] = target.alive()
     finally:
         target.stop()
