@@ -101,11 +101,28 @@ def test_requests_queued_for_a_slot_while_steps_run_ahead(llm):
     assert llm.engine.blocks.num_used_blocks == 0
 
 
+def _admits_ahead_in_three_slots(llm, params, reason: str) -> None:
+    """Ten requests in three slots, all ending for ``reason``: at least five join a step
+    launched ahead, every stream is the synchronous engine's, delta for delta, and no
+    block or launched step is left."""
+    sched = llm.engine.scheduler
+    slots, sched.max_num_seqs = sched.max_num_seqs, 3
+    admitted = llm.engine.launch.ahead_admissions
+    try:
+        sync = _drive(llm, False, params)
+        ahead = _drive(llm, True, params)
+    finally:
+        sched.max_num_seqs = slots
+    assert {f[2] for f in sync[1].values()} == {reason}
+    assert llm.engine.launch.ahead_admissions - admitted >= 5
+    assert ahead[0] == sync[0] and ahead[1] == sync[1]
+    assert llm.engine.blocks.num_used_blocks == 0 and llm.engine.launch.pending is None
+
+
 def test_a_slot_freed_at_a_stop_admits_into_the_step_run_ahead(llm):
-    """Three slots for ten requests that end at a stop token, each at its own step: the
-    next request joins the step launched ahead (its whole prompt one chunk beside the
-    decodes), a step later than the synchronous engine admits it. Every stream is the
-    synchronous engine's, delta for delta."""
+    """Requests that end at a stop token, each at its own step: the next request joins
+    the step launched ahead (its whole prompt one chunk beside the decodes), a step later
+    than the synchronous engine admits it."""
     free = _drive(llm, False, lambda i: SamplingParams(temperature=0, max_tokens=16))[1]
 
     def params(i):  # stop at (about) token 3..12 of the request's own greedy answer
@@ -114,41 +131,18 @@ def test_a_slot_freed_at_a_stop_admits_into_the_step_run_ahead(llm):
             temperature=0, max_tokens=16, stop_token_ids=[ids[min(3 + i, len(ids) - 1)]]
         )
 
-    sched = llm.engine.scheduler
-    slots, sched.max_num_seqs = sched.max_num_seqs, 3
-    admitted = llm.engine.launch.ahead_admissions
-    try:
-        sync = _drive(llm, False, params)
-        ahead = _drive(llm, True, params)
-    finally:
-        sched.max_num_seqs = slots
-    assert {f[2] for f in sync[1].values()} == {"stop"}
-    assert llm.engine.launch.ahead_admissions - admitted >= 5
-    assert ahead[0] == sync[0] and ahead[1] == sync[1]
-    assert llm.engine.blocks.num_used_blocks == 0 and llm.engine.launch.pending is None
+    _admits_ahead_in_three_slots(llm, params, "stop")
 
 
 def test_a_slot_freed_by_length_admits_into_the_step_run_ahead(llm):
-    """Three slots for ten requests that end by length, each at its own step: the step
-    launched ahead leaves out the row whose last token the running step brings and
-    admits the next request into its slot, the same step the synchronous engine admits
-    it in. Every stream is the synchronous engine's, delta for delta."""
-
-    def params(i):
-        return SamplingParams(temperature=0, max_tokens=3 + (7 * i) % 11, ignore_eos=True)
-
-    sched = llm.engine.scheduler
-    slots, sched.max_num_seqs = sched.max_num_seqs, 3
-    admitted = llm.engine.launch.ahead_admissions
-    try:
-        sync = _drive(llm, False, params)
-        ahead = _drive(llm, True, params)
-    finally:
-        sched.max_num_seqs = slots
-    assert {f[2] for f in sync[1].values()} == {"length"}
-    assert llm.engine.launch.ahead_admissions - admitted >= 5
-    assert ahead[0] == sync[0] and ahead[1] == sync[1]
-    assert llm.engine.blocks.num_used_blocks == 0 and llm.engine.launch.pending is None
+    """Requests that end by length, each at its own step: the step launched ahead leaves
+    out the row whose last token the running step brings and admits the next request
+    into its slot, the same step the synchronous engine admits it in."""
+    _admits_ahead_in_three_slots(
+        llm,
+        lambda i: SamplingParams(temperature=0, max_tokens=3 + (7 * i) % 11, ignore_eos=True),
+        "length",
+    )
 
 
 def test_logprob_requests_run_synchronously_beside_sampled_and_greedy_ones(llm):
