@@ -108,9 +108,9 @@ class DecodeGraphs:
             torch.zeros(3 * r + 2 * b + b * mb, dtype=torch.long, pin_memory=cuda) for _ in range(2)
         ]
         self._copies = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self._host_nps = [h.numpy() for h in self._hosts]
         self._turn = 0
-        self._host = self._hosts[0]
-        self._host_np = self._host.numpy()
+        self._host, self._host_np = self._hosts[0], self._host_nps[0]
         self._buf = torch.zeros_like(self._host, device=self.device)
         # the stream the last input copy went on: fetching it by ``current_stream()`` each
         # step costs the host far more than checking the current stream's id
@@ -259,8 +259,7 @@ class DecodeGraphs:
         copied = self._copies[turn]
         assert copied is not None
         copied.synchronize()  # this buffer's copy, two runs ago, has left it
-        self._host = self._hosts[turn]
-        self._host_np = self._host.numpy()
+        self._host, self._host_np = self._hosts[turn], self._host_nps[turn]
         keys = self._fill(tokens, starts, tables, block_size, q)
         # the flat buffer up to the end of table row bs - 1: all this graph reads (the
         # whole buffer is ~1 MiB at 256 x 512 blocks, ~40 us of a ~1 ms batch-1 step)

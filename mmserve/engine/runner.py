@@ -180,16 +180,29 @@ class ModelRunner:
         would replay it (no graphs: it runs eagerly, as everything does)."""
         if self.graphs is None or not chunks:
             return True
-        if self.prefill_graphs is None or not self.graphs.fits(decodes):
+        return (
+            self.prefill_graphs is not None
+            and self.graphs.fits(decodes)
+            and self._chunks_replay(chunks, decodes)
+        )
+
+    def _chunks_replay(self, chunks: list[tuple[int, bool]], decodes: int) -> bool:
+        """Whether prompt chunks of these (length, has an embedding span), after
+        ``decodes`` decodes, replay graphs: together in the several-chunk graphs, or (after
+        at least one decode, at most ``SPLIT_CHUNKS``) each in a batch-1 prefill graph of
+        its kind (a span's graphs are the plain ones up to a shorter length)."""
+        n = len(chunks)
+        if (
+            n > 1
+            and self.chunk_graphs is not None
+            and self.chunk_graphs.fits(n, max(q for q, _ in chunks))
+        ):
+            return True
+        if (decodes == 0 and n > 1) or n > SPLIT_CHUNKS:
             return False
-        longest = max(n for n, _ in chunks)
-        if len(chunks) > 1 and self.chunk_graphs is not None:
-            return self.chunk_graphs.fits(len(chunks), longest)
-        if len(chunks) > SPLIT_CHUNKS:
-            return False
-        for n, span in chunks:  # (a span's graphs are the plain ones up to a shorter length)
+        for q, span in chunks:
             graphs = self.span_prefill_graphs if span else self.prefill_graphs
-            if graphs is None or not graphs.fits(1, n):
+            if graphs is None or not graphs.fits(1, q):
                 return False
         return True
 
@@ -251,15 +264,10 @@ class ModelRunner:
             d += 1
         if d == n or (d and not self.graphs.fits(d, max(s.num_tokens for s in seqs[:d]))):
             return 0
-        if self._batched(seqs[d:]):
-            return n - d
-        if (d == 0 and n > 1) or n - d > SPLIT_CHUNKS:
+        if any(s.draft for s in seqs[d:]):
             return 0
-        for s in seqs[d:]:
-            graphs = self.span_prefill_graphs if _in_span(s) else self.prefill_graphs
-            if s.draft or graphs is None or not graphs.fits(1, s.num_tokens):
-                return 0
-        return n - d
+        chunks = [(s.num_tokens, _in_span(s)) for s in seqs[d:]]
+        return n - d if self._chunks_replay(chunks, d) else 0
 
     def _run_split(self, seqs: list[ScheduledSeq], chunks: int) -> StepLogits:
         """A step of decodes and prompt chunks as replays: the decodes in one decode-graph
