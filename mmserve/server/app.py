@@ -69,6 +69,14 @@ async def list_models(request: Request) -> ModelList:
     )
 
 
+@basic_router.get("/v1/models/{model:path}")
+async def retrieve_model(request: Request, model: str) -> ModelCard:
+    """The served model's card (``client.models.retrieve``); 404 for any other name."""
+    state = get_state(request)
+    state.check_model(model)
+    return ModelCard(id=state.model_name, max_model_len=state.engine.max_model_len)
+
+
 @basic_router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state = get_state(request)

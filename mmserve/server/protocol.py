@@ -189,11 +189,21 @@ class _SamplingFields(_Open):
         """Top logprobs to return per token under this endpoint's fields (None: off)."""
 
     def refuse_unsupported(self) -> None:
-        """400 naming the first field mmserve would otherwise drop (``UNSUPPORTED``)."""
+        """400 naming the first field mmserve would otherwise drop (``UNSUPPORTED``), or
+        a field that means nothing without another (``refuse_orphans``)."""
         for name, value in (self.model_extra or {}).items():
             if name not in UNSUPPORTED or _neutral(name, value):
                 continue
             raise ParamError(UNSUPPORTED[name], param=name)
+        self.refuse_orphans()
+
+    def refuse_orphans(self) -> None:
+        """400 for a field the request's other fields would make a no-op (as OpenAI and
+        vLLM answer them), rather than drop it silently."""
+        if self.stream_options is not None and not self.stream:
+            raise ParamError(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
 
     def structured(self) -> StructuredOutput | None:
         """The output constraint from ``response_format`` or ``structured_outputs``."""
@@ -310,6 +320,11 @@ class ChatCompletionRequest(_SamplingFields):
             return None
         return self.top_logprobs or 0
 
+    def refuse_orphans(self) -> None:
+        super().refuse_orphans()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ParamError("top_logprobs needs logprobs set to true", param="top_logprobs")
+
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -330,3 +345,13 @@ class CompletionRequest(_SamplingFields):
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    def refuse_orphans(self) -> None:
+        super().refuse_orphans()
+        if self.echo and self.logprobs is not None:
+            # OpenAI's echoed logprobs start with the prompt's tokens
+            raise ParamError(
+                "echo with logprobs is not supported: it returns the prompt's logprobs, "
+                "and the prefill keeps only its last row's logits",
+                param="echo",
+            )

@@ -3,7 +3,9 @@
 ``"required"`` and a named function become an xgrammar structural tag that admits only
 calls written exactly as the model's tool format writes them (the markup its streaming
 parser in ``parsers/formats`` reads), each call's ``arguments`` held to that function's
-JSON schema; ``parallel_tool_calls=False`` holds it to one call. ``"auto"`` stays free,
+JSON schema; a named function, or ``parallel_tool_calls=False``, holds it to one call (as
+OpenAI and vLLM answer a named ``tool_choice`` with exactly one call: a small model let
+free would repeat the call until ``max_tokens``). ``"auto"`` stays free,
 except that with ``parallel_tool_calls=False`` the text after the first call opener is
 held to one well-formed call and the output ends there. The result is plain data (a
 ``StructuredOutput``): the engine process compiles it.
@@ -57,6 +59,7 @@ def tool_call_constraint(
     if isinstance(choice, dict):
         name = choice["function"]["name"]
         tools = [t for t in tools if t["function"]["name"] == name]
+        parallel = False  # a named function is called exactly once
     forced = choice != "auto"
     if not forced and parallel:
         return None  # auto: the model may answer or call, as it likes

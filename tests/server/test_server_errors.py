@@ -60,6 +60,18 @@ BAD_CHAT_BODIES: list[tuple[str, Any, int, str | None]] = [
         400,
         "top_logprobs",
     ),
+    (
+        "top_logprobs without logprobs",
+        {"messages": OK_MESSAGES, "top_logprobs": 3},
+        400,
+        "top_logprobs",
+    ),
+    (
+        "stream_options without stream",
+        {"messages": OK_MESSAGES, "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+    ),
 ]
 
 
@@ -96,6 +108,8 @@ def test_bad_completion_requests(server: LiveServer, engine: Any) -> None:
     _assert_openai_error(httpx.post(url, json={"prompt": 5}), 400)
     _assert_openai_error(httpx.post(url, json={"prompt": "x " * 2 * MAX_MODEL_LEN}), 400)
     _assert_openai_error(httpx.post(url, json={"prompt": "x", "max_tokens": 0}), 400)
+    echoed = {"prompt": "x", "echo": True, "logprobs": 1}  # needs the prompt's logprobs
+    assert _assert_openai_error(httpx.post(url, json=echoed), 400)["param"] == "echo"
     wait_for_idle(engine, before)
 
 

@@ -89,7 +89,7 @@ def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI, model
 def test_api_key_guards_http(auth_server: LiveServer, model_name: str) -> None:
     url = auth_server.url
     assert httpx.get(f"{url}/health").status_code == 200
-    for path in ("/v1/models", "/metrics"):
+    for path in ("/v1/models", f"/v1/models/{model_name}", "/metrics"):
         resp = httpx.get(f"{url}{path}")
         assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"
     wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-wrong", max_retries=0)

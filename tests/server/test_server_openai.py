@@ -6,15 +6,22 @@ import asyncio
 from typing import Any
 
 import openai
+import pytest
 from conftest import chat_messages
 from live_server import LiveServer
 
 HI = chat_messages("Say hello in one short sentence.")
 
 
-def test_models_lists_the_served_model(client: openai.OpenAI, model_name: str) -> None:
+def test_models_lists_and_retrieves_the_served_model(
+    client: openai.OpenAI, model_name: str
+) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == [model_name]
+    assert client.models.retrieve(model_name).id == model_name
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-9")
+    assert info.value.code == "model_not_found"
 
 
 def test_chat_completion_with_usage(client: openai.OpenAI, model_name: str) -> None:

@@ -1,8 +1,8 @@
 """tool_choice grammars (``mmserve.structured.tools``) compiled for the default model's
-tokenizer and driven token by token: "required" admits only calls, a named function only
-that function's calls with arguments its schema accepts, ``parallel_tool_calls=False`` one
-call, "auto" with ``parallel_tool_calls=False`` free text or one call that ends the output;
-for hermes and llama3_json markup."""
+tokenizer and driven token by token: "required" admits only calls, a named function
+exactly one call of that function with arguments its schema accepts,
+``parallel_tool_calls=False`` one call, "auto" with ``parallel_tool_calls=False`` free
+text or one call that ends the output; for hermes and llama3_json markup."""
 
 from __future__ import annotations
 
@@ -92,9 +92,10 @@ def test_required_admits_only_calls_and_parallel_false_holds_one(check):
     assert check(many, CALL + "\n" + OTHER) == "done"
 
 
-def test_named_admits_only_that_function_with_valid_arguments(check):
+def test_named_admits_one_call_of_that_function_with_valid_arguments(check):
     spec = tool_call_constraint("hermes", TOOLS, NAMED, parallel=True)
     assert check(spec, CALL) == "done"
+    assert check(spec, CALL + "\n" + CALL) == "refused"  # one call, even with parallel
     assert check(spec, OTHER) == "refused"
     assert check(spec, _hermes("add", {"a": "two", "b": 3})) == "refused"
     assert check(spec, _hermes("add", {"a": 2})) == "refused"  # b is required
@@ -120,6 +121,7 @@ def test_llama3_json_calls(check):
     assert check(many, two) == "done"
     named = tool_call_constraint("llama3_json", TOOLS, NAMED, parallel=True)
     assert check(named, _llama("get_weather", {"city": "Rome"})) == "refused"
+    assert check(named, _llama("add", {"a": 1, "b": 2}) + "; ") == "refused"
     assert tool_call_constraint("llama3_json", TOOLS, "auto", parallel=False) is None
 
 
