@@ -200,8 +200,14 @@ class RealtimeSocket:
                 "wait for response.done",
                 "conversation_already_has_active_response",
             )
-        self.active = self._new_run(event.response)
-        self.active_task = asyncio.ensure_future(self._run_active(self.active))
+        run = self.active = self._new_run(event.response)
+        self.active_task = asyncio.ensure_future(self._run_active(run))
+        # the session is free again however the task ends, even cancelled before it ran
+        self.active_task.add_done_callback(lambda _: self._release(run))
+
+    def _release(self, run: ResponseRun) -> None:
+        if self.active is run:
+            self.active, self.active_task = None, None
 
     async def on_response_cancel(self, event: Any) -> None:
         active = self.active
@@ -210,8 +216,8 @@ class RealtimeSocket:
                 "there is no active response to cancel", "response_cancel_not_active", "response_id"
             )
         active.cancel_requested = True
-        if self.active_task is not None:
-            self.active_task.cancel()
+        if self.active_task is not None and active.started:
+            self.active_task.cancel()  # unstarted, ``run`` sees the flag and ends at once
 
     def _new_run(self, params: Any) -> ResponseRun:
         cfg = self.config
@@ -268,8 +274,7 @@ class RealtimeSocket:
         except RealtimeError as exc:  # the answer itself does not fit the conversation
             await self.send(error_event(str(exc), exc.code, exc.param))
         finally:
-            if self.active is run:
-                self.active, self.active_task = None, None
+            self._release(run)
 
     async def stop_active(self, send_events: bool) -> None:
         task = self.active_task

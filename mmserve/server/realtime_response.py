@@ -83,6 +83,7 @@ class ResponseRun:
     text: list[str] = field(default_factory=list)
     usage: ResponseUsage = field(default_factory=ResponseUsage)
     cancel_requested: bool = False
+    started: bool = False  # ``run`` has begun (its task may be cancelled)
 
     def _response(
         self,
@@ -102,12 +103,21 @@ class ResponseRun:
         )
 
     async def run(self) -> Item | None:
-        """Stream the response; returns the assistant item (``None`` if it never started)."""
-        await self.send(server_event("response.created", response=self._response("in_progress")))
+        """Stream the response; returns the assistant item (``None`` if it never started).
+
+        A cancel that came before this task first ran (``cancel_requested`` with the task
+        left uncancelled: an unstarted coroutine cannot run its handlers) still gets its
+        ``response.created`` and a cancelled ``response.done``."""
+        self.started = True
         stream = None
         status: ResponseStatus = "completed"
         reason: str | None = None
         try:
+            await self.send(
+                server_event("response.created", response=self._response("in_progress"))
+            )
+            if self.cancel_requested:
+                raise asyncio.CancelledError
             try:
                 stream = await self._start()
             except Exception as exc:  # noqa: BLE001 - reported to the client, socket stays open
@@ -119,7 +129,7 @@ class ResponseRun:
             if not self.cancel_requested:
                 raise
             task = asyncio.current_task()
-            if task is not None:
+            if task is not None and task.cancelling():
                 task.uncancel()
             status, reason = "cancelled", "client_cancelled"
         finally:

@@ -186,6 +186,32 @@ def test_cancel_mid_response_frees_blocks(server: LiveServer, engine: Any, model
     wait_for_idle(engine, before)
 
 
+def test_cancel_right_after_create_ends_the_response_and_frees_the_session(
+    server: LiveServer, engine: Any, model_name: str
+) -> None:
+    """A cancel sent with its create (barge-in, a double click) lands before the response's
+    task has run: the response is still announced and ended, cancelled."""
+
+    async def run() -> None:
+        async with _client(server).realtime.connect(model=model_name) as conn:
+            await _recv(conn)
+            await conn.conversation.item.create(item=USER_HI)  # type: ignore[arg-type]
+            await _until(conn, "conversation.item.done")
+            for _ in range(3):
+                await conn.send({"type": "response.create", "response": {"max_output_tokens": 50}})
+                await conn.send({"type": "response.cancel"})
+                events = await _until(conn, "response.done")
+                kinds = [e.type for e in events]
+                assert kinds[0] == "response.created" and "error" not in kinds, kinds
+                assert events[-1].response.status == "cancelled"
+            await conn.response.create(response={"max_output_tokens": 4})
+            assert (await _until(conn, "response.done"))[-1].response.status != "failed"
+
+    before = engine.stats().kv_blocks_used
+    asyncio.run(run())
+    wait_for_idle(engine, before)
+
+
 def test_unsupported_and_malformed_events_get_errors(
     server: LiveServer, engine: Any, model_name: str
 ) -> None:
