@@ -23,6 +23,7 @@ _PHONEME_EVENTS = 0x0001  # espeakINITIALIZE_PHONEME_EVENTS
 _DONT_EXIT = 0x8000
 _EV_LIST_END, _EV_WORD, _EV_PHONEME = 0, 1, 7
 _POS_CHARACTER, _CHARS_UTF8 = 1, 1
+_CONTROL_TO_SPACE = {c: " " for c in (*range(0x20), 0x7F) if chr(c) not in "\t\n\r"}
 
 
 class _Event(ctypes.Structure):
@@ -92,7 +93,9 @@ class Espeak:
 
     def synthesize(self, text: str) -> tuple[np.ndarray, list[Phoneme]]:
         """-> (int16 samples at 22,050 Hz, the phonemes spoken)."""
-        data = text.encode("utf-8")
+        # control characters read as spaces, one for one (event positions index ``text``):
+        # espeak takes a C string, so a NUL would end the text there
+        data = text.translate(_CONTROL_TO_SPACE).encode("utf-8")
         with self._lock:
             self._chunks, self._events, self._word = [], [], False
             err = self.lib.espeak_Synth(

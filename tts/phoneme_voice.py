@@ -128,7 +128,9 @@ class PhonemeVoice(Voice):
 
     def prompts(self, text: str, speaker: str | None = None) -> list[list[int]]:
         out: list[list[int]] = []
-        for piece in split_clauses(text, self.max_piece_chars):
+        # one sentence a piece: the backbone learned single sentences, and given two it
+        # ends the utterance at the first one's end (``tts.text``)
+        for piece in split_clauses(text, self.max_piece_chars, join_sentences=False):
             out += self._piece(piece)
         return out
 

@@ -2,11 +2,14 @@
 
 ``split_clauses`` cuts long input into pieces a voice speaks one request at a time: at
 sentence ends first, then at clause punctuation, then between words, so no piece is
-longer than ``max_chars`` (a word longer than that is cut). Consecutive sentences that fit
-one piece together stay together: each piece is spoken as an utterance of its own, with
-its own edge silence, so cutting "Smooth! Anna repaired it!" in two would put a pause
-between the sentences that the voice's teacher never makes. Every character of the input
-lands in exactly one piece (whitespace between pieces aside), so nothing is dropped.
+longer than ``max_chars`` (a word longer than that is cut). With ``join_sentences``,
+consecutive sentences that fit one piece together stay together: each piece is spoken as
+an utterance of its own, with its own edge silence, so cutting "Smooth! Anna repaired
+it!" in two puts a pause between the sentences that a voice speaking whole paragraphs
+(Orpheus) never makes. A voice trained on one sentence an utterance (the default voice)
+ends its utterance at the first sentence end and drops the rest, so it takes one sentence
+a piece. Every character of the input lands in exactly one piece (whitespace between
+pieces aside), so nothing is dropped.
 
 ``ClauseStream`` does the same incrementally, for text that is still being written (an LLM's
 answer spoken while it streams): ``feed(delta)`` returns the pieces that became complete
@@ -32,13 +35,14 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+")
 _CLAUSE_END = re.compile(r"(?<=[,;:])\s+|\s+(?=[-\u2013\u2014]\s)")
 
 
-def split_clauses(text: str, max_chars: int = 200) -> list[str]:
-    """Pieces of ``text`` of at most ``max_chars`` characters, cut where speech pauses."""
+def split_clauses(text: str, max_chars: int = 200, join_sentences: bool = True) -> list[str]:
+    """Pieces of ``text`` of at most ``max_chars`` characters, cut where speech pauses
+    (with ``join_sentences``, short consecutive sentences share a piece)."""
     out: list[str] = []
     short = ""  # consecutive sentences that fit one piece together
     for sentence in _SENTENCE_END.split(text.strip()):
         if len(sentence) <= max_chars:
-            if short and len(short) + 1 + len(sentence) > max_chars:
+            if short and (not join_sentences or len(short) + 1 + len(sentence) > max_chars):
                 out.append(short)
                 short = ""
             short = f"{short} {sentence}" if short else sentence

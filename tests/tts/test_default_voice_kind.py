@@ -56,6 +56,8 @@ def test_phonemes_mark_words_and_clause_punctuation():
     assert ph.num_phonemes == sum(ph.is_phoneme) > 5
     assert [s for s in ph.symbols if s in ",.?"] == [",", ".", "?"]
     assert "|" in ph.symbols
+    # espeak reads a C string: a NUL (any control character) is a space, not the end
+    assert phonemize("Hi\x00there. Is\x07it?").symbols == phonemize("Hi there. Is it?").symbols
 
 
 def test_training_llama_is_hf_llama():
@@ -240,3 +242,24 @@ def test_a_piece_ends_where_the_pointer_runs_past_its_phonemes():
     assert pointers and max(pointers) == phonemes - 1  # without the rule: 61
     assert pointers == sorted(pointers)  # the pointer never goes back
     assert last in (EOS, lay.q_base + phonemes)  # ended by <eos> or the first overrun
+
+
+def test_the_shipped_voice_speaks_every_sentence_of_a_reply():
+    """Given two sentences in one utterance the shipped backbone ended it at the first
+    one's end (0.23-0.65 of the teacher's length here); one sentence a piece, each reply
+    lasts as long as espeak-ng (its teacher) speaks it."""
+    from tts.espeak import Espeak
+    from tts.quality import speech_seconds
+    from tts.synthesizer import Synthesizer
+
+    synth = Synthesizer(None, device="cpu", kv_cache_memory_mb=32)
+    for text in (
+        "Thanks for calling. How can I help you today?",
+        "Please hold on. I am checking the system now.",
+        "I have 3 apples. The quick brown fox jumps over the lazy dog.",
+        "Your order has shipped. It should arrive on Monday. Is there anything else?",
+    ):
+        assert len(synth.voice.prompts(text)) == text.count(".") + text.count("?")
+        teacher, _ = Espeak.get().synthesize(text)
+        ratio = speech_seconds(synth.synthesize(text).samples) / speech_seconds(teacher)
+        assert 0.8 <= ratio <= 1.25, (text, ratio)
