@@ -64,7 +64,7 @@ class AudioResponseRun(ResponseRun):
     async def _open_parts(self) -> None:
         ids = {"response_id": self.id, "output_index": 0}
         await self.send(server_event("response.output_item.added", item=self.item.to_wire(), **ids))
-        await self.send(server_event("conversation.item.added", item=self.item.to_wire()))
+        await self._conversation_event("conversation.item.added", self.item.to_wire())
         await self.send(
             server_event(
                 "response.content_part.added",
@@ -166,7 +166,7 @@ class AudioResponseRun(ResponseRun):
                 "response.output_item.done", response_id=self.id, output_index=0, item=wire
             )
         )
-        await self.send(server_event("conversation.item.done", item=wire))
+        await self._conversation_event("conversation.item.done", wire)
         details = ResponseStatusDetails(type=status, reason=reason)  # type: ignore[arg-type]
         await self.send(
             server_event("response.done", response=self._response(status, details, [wire]))

@@ -6,8 +6,9 @@ it: ``response.created``, ``response.output_item.added``,
 ``conversation.item.added``, ``response.content_part.added``,
 ``response.output_text.delta``…, ``response.output_text.done``,
 ``response.content_part.done``, ``response.output_item.done``,
-``conversation.item.done``, ``response.done``. A cancelled or failed response
-still closes every part it opened, and ``response.done`` always comes last.
+``conversation.item.done``, ``response.done`` (an out-of-band response, which adds no
+item to the conversation, sends no ``conversation.item.*``). A cancelled or failed
+response still closes every part it opened, and ``response.done`` always comes last.
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ class ResponseRun:
     async def _open_parts(self) -> None:
         ids = {"response_id": self.id, "output_index": 0}
         await self.send(server_event("response.output_item.added", item=self.item.to_wire(), **ids))
-        await self.send(server_event("conversation.item.added", item=self.item.to_wire()))
+        await self._conversation_event("conversation.item.added", self.item.to_wire())
         await self.send(
             server_event(
                 "response.content_part.added",
@@ -223,11 +224,17 @@ class ResponseRun:
                 "response.output_item.done", response_id=self.id, output_index=0, item=wire
             )
         )
-        await self.send(server_event("conversation.item.done", item=wire))
+        await self._conversation_event("conversation.item.done", wire)
         details = ResponseStatusDetails(type=status, reason=reason)  # type: ignore[arg-type]
         await self.send(
             server_event("response.done", response=self._response(status, details, [wire]))
         )
+
+    async def _conversation_event(self, kind: str, item: dict[str, Any]) -> None:
+        """``conversation.item.*`` for the answer's item, only where the answer joins the
+        conversation: an out-of-band response (``conversation: "none"``) adds nothing."""
+        if self.conversation_id is not None:
+            await self.send(server_event(kind, item=item))
 
     async def _fail(self, exc: Exception) -> None:
         body, _ = from_exception(exc)

@@ -118,7 +118,8 @@ def test_text_conversation_over_two_responses(
 
 def test_ignore_eos_runs_to_the_token_limit(server: LiveServer, model_name: str) -> None:
     """mmserve's ``ignore_eos`` session field (as on chat completions): an answer runs to
-    ``max_output_tokens`` and ends ``incomplete`` (what fixed-length benchmarks send)."""
+    ``max_output_tokens`` and ends ``incomplete`` (what fixed-length benchmarks send);
+    out of band, it adds nothing to the conversation."""
 
     async def run() -> None:
         async with _client(server).realtime.connect(model=model_name) as conn:
@@ -144,10 +145,16 @@ def test_ignore_eos_runs_to_the_token_limit(server: LiveServer, model_name: str)
                     },
                 }
             )
-            done = (await _until(conn, "response.done"))[-1].response
+            events = await _until(conn, "response.done")
+            done = events[-1].response
             assert done.usage.output_tokens == 24
             assert done.status == "incomplete"
             assert done.status_details.reason == "max_output_tokens"
+            # out of band: the answer's item is the response's, never the conversation's
+            assert not [e for e in events if e.type.startswith("conversation.item")]
+            await conn.send({"type": "conversation.item.retrieve", "item_id": done.output[0].id})
+            err = await _recv(conn)
+            assert err.type == "error" and err.error.code == "item_not_found"
 
     asyncio.run(run())
 
