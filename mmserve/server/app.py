@@ -102,9 +102,11 @@ def create_app(
     server_config: ServerConfig | None = None,
     speech: Any = None,
     max_speech_input_chars: int = 4096,
+    metrics_dir: str | None = None,
 ) -> FastAPI:
     """Build the OpenAI-compatible app around a running engine (and, for
-    ``/v1/audio/speech``, a ``tts.service.SpeechService``)."""
+    ``/v1/audio/speech``, a ``tts.service.SpeechService``). ``metrics_dir``: this app is
+    one of several API servers whose metrics sum there (``metrics.ServerMetrics``)."""
     config = server_config or ServerConfig()
     model_name = config.served_model_name or engine.model_name
     formats = resolve_formats(
@@ -113,7 +115,7 @@ def create_app(
         getattr(engine.tokenizer, "chat_template", None),
     )
     _compile_chat_template(engine.tokenizer)
-    metrics_ = ServerMetrics(engine.stats, model_name)
+    metrics_ = ServerMetrics(engine.stats, model_name, metrics_dir)
     if speech is not None:  # the voice engine's series (audio streams, refusals, KV)
         metrics_.add_engine(speech.engine.stats, speech.model_name)
     app = MMServeApp(title="mmserve", version=__version__, docs_url=None, redoc_url=None)

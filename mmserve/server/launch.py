@@ -97,10 +97,12 @@ async def serve_app(
     speech: object = None,
     max_speech_input_chars: int = 4096,
     sockets: list[socket.socket] | None = None,
+    metrics_dir: str | None = None,
 ) -> None:
     """Serve ``engine`` until uvicorn stops (SIGINT/SIGTERM); announce the address on ``out``
-    (None: stay quiet). ``sockets``: listen on these (already bound) instead of binding."""
-    app = create_app(engine, config, speech, max_speech_input_chars)
+    (None: stay quiet). ``sockets``: listen on these (already bound) instead of binding;
+    ``metrics_dir``: see ``create_app``."""
+    app = create_app(engine, config, speech, max_speech_input_chars, metrics_dir)
     server = make_server(app, engine, config)
     task = asyncio.create_task(server.serve(sockets=sockets))
     while not server.started and not task.done():

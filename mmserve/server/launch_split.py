@@ -6,7 +6,9 @@ listening on a socket of its own bound to that port (or, where the kernel does n
 balance such sockets, accepting on the launcher's, handed to them at spawn); waits until
 they all listen; and serves as the first API server itself. Each API server loads only
 the CPU halves (tokenizer, chat template, image processor, the voice's phonemizer) and
-talks to the core through ``core_client.RemoteEngine``. A thread reaps children as they
+talks to the core through ``core_client.RemoteEngine``. With more than one API server,
+their metrics sum in a temporary directory (``metrics.ServerMetrics``) removed at exit. A
+thread reaps children as they
 exit, so a dead core is seen as dead (not a zombie) by every API server, which then
 answers ``/health`` with 503 and ends in-flight requests with an error. SIGTERM/SIGINT
 stop the API servers, then the core.
@@ -20,9 +22,11 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from multiprocessing.connection import wait
@@ -71,6 +75,10 @@ def run_split(
             print(f"mmserve: error: cannot listen on {where}: {exc.strerror}", file=sys.stderr)
             return 1
         port = sock.getsockname()[1]
+        metrics_dir: str | None = None
+        if count > 1:
+            metrics_dir = tempfile.mkdtemp(prefix="mmserve-metrics-")
+            atexit.register(shutil.rmtree, metrics_dir, ignore_errors=True)
         ctx = multiprocessing.get_context("spawn")
         ready = [ctx.Event() for _ in range(1, count)]
         for i, accepting in enumerate(ready, start=1):
@@ -86,6 +94,7 @@ def run_split(
                     port,
                     accepting,
                     os.getpid(),
+                    metrics_dir,
                 ),
             )
             child.start()
@@ -105,6 +114,7 @@ def run_split(
                     speech=speech,
                     sockets=[sock],
                     max_speech_input_chars=speech_config.max_speech_input_chars,
+                    metrics_dir=metrics_dir,
                 )
             )
         except KeyboardInterrupt:
@@ -159,11 +169,12 @@ def api_server_main(
     port: int,
     accepting: Any,
     launcher_pid: int,
+    metrics_dir: str | None,
 ) -> None:
     """One more API server (a spawned child): serve on the launcher's socket, or on one of
     its own bound to the same port (``sock`` None), until signalled or until the launcher
     is gone (an orphan would keep answering 503 forever). ``accepting`` is set once it
-    listens."""
+    listens; its metrics sum with the others' in ``metrics_dir``."""
     setup_logging(server_config)
     raise_fd_limit()
     name_this_thread(multiprocessing.current_process().name)
@@ -183,6 +194,7 @@ def api_server_main(
                 speech=speech,
                 sockets=[sock],
                 max_speech_input_chars=speech_config.max_speech_input_chars,
+                metrics_dir=metrics_dir,
             )
         )
     except KeyboardInterrupt:

@@ -5,10 +5,18 @@ inter-token latency, request latency) are observed by the routes; engine series
 (KV blocks, queue, preemptions, tokens, prefix-cache hits, speculation) are read
 from ``engine.stats()`` at scrape time by a custom collector, so they can never
 drift from the engine's own counters.
+
+Several API servers on one port (``--api-server-count``) each observe their own
+requests, and a scrape reaches whichever one its connection lands on. There the
+server-side series are kept in prometheus_client's multiprocess files under one
+directory (``shared_dir``; each server's process then holds that one app) and every
+scrape sums them over the servers, as vLLM does: a counter never goes down between
+scrapes, and one that a dead server counted stays counted.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -155,7 +163,14 @@ class EngineStatsCollector(Collector):
 class ServerMetrics:
     """All metrics of one app, registered in its own ``CollectorRegistry``."""
 
-    def __init__(self, stats: Callable[[], EngineStats], model: str) -> None:
+    def __init__(
+        self, stats: Callable[[], EngineStats], model: str, shared_dir: str | None = None
+    ) -> None:
+        """``shared_dir``: keep the server-side series in multiprocess files there, summed
+        over every process that does the same (module docstring)."""
+        self.shared_dir = shared_dir
+        if shared_dir is not None:
+            _values_in_files(shared_dir)
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "mmserve_requests",
@@ -208,11 +223,13 @@ class ServerMetrics:
             ["outcome"],
             registry=self.registry,
         )
-        self.registry.register(EngineStatsCollector(stats, model))
+        self.engines = [EngineStatsCollector(stats, model)]
+        self.registry.register(self.engines[0])
 
     def add_engine(self, stats: Callable[[], EngineStats], model: str) -> None:
         """Export another engine's series (the voice's), labelled with its model name."""
-        self.registry.register(EngineStatsCollector(stats, model))
+        self.engines.append(EngineStatsCollector(stats, model))
+        self.registry.register(self.engines[-1])
 
     def observe_audio_stream(self, heard: Any) -> None:
         """One spoken response as its client heard it (a ``playback_client.Playback``)."""
@@ -227,4 +244,23 @@ class ServerMetrics:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.shared_dir is None:
+            return generate_latest(self.registry)
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        every_server = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(every_server, path=self.shared_dir)
+        for engine in self.engines:  # read from the engine core: the same for every server
+            every_server.register(engine)
+        return generate_latest(every_server)
+
+
+def _values_in_files(path: str) -> None:
+    """Metric values created from now on in this process live in prometheus_client's
+    per-process files under ``path`` (its multiprocess mode, switched on here rather than
+    by the environment at import)."""
+    from prometheus_client import values
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path  # where each file is created
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        values.ValueClass = values.MultiProcessValue()

@@ -155,6 +155,30 @@ def test_two_api_servers_and_one_core(served: Served) -> None:
     assert httpx.get(f"{served.url}/health").json() == {"status": "ok"}
 
 
+def test_every_scrape_counts_the_requests_of_both_api_servers(served: Served) -> None:
+    """A scrape lands on one API server; its counters are still the sum over both (each
+    server counted only its own, so scrapes jumped between the two counts)."""
+
+    def models_served() -> float:
+        text = httpx.get(f"{served.url}/metrics", timeout=30).text  # a new connection
+        return sum(
+            s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "mmserve_requests_total"
+            and s.labels.get("endpoint") == "/v1/models"
+            and s.labels.get("status") == "200"
+        )
+
+    before = models_served()
+    for _ in range(24):  # each on a new connection: both servers answer some
+        assert httpx.get(f"{served.url}/v1/models", timeout=30).status_code == 200
+    deadline = time.monotonic() + 10
+    while models_served() != before + 24 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [models_served() for _ in range(8)] == [before + 24] * 8
+
+
 def test_connections_spread_over_both_api_servers(served: Served) -> None:
     """32 keep-alive connections: each API server holds some (on one shared socket, the
     first server to wake took nearly all of a burst)."""
