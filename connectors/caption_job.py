@@ -43,16 +43,27 @@ class JobResult:
 
 
 def list_images(source: str) -> list[tuple[str, Path]]:
-    """(key written to the output, file) for each image of a directory or a manifest."""
+    """(key written to the output, file) for each image of a directory or a manifest; a
+    manifest line that names no image is a ``ValueError`` naming the file and line, before
+    any image is captioned (a missing or unreadable image file is the job's own error line
+    instead)."""
     src = Path(source)
     if src.is_dir():
         files = sorted(p for p in src.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         return [(str(p.relative_to(src)), p) for p in files]
+    if not src.is_file():
+        raise ValueError(f"{source}: no such directory or manifest file")
     out = []
-    for line in src.read_text().splitlines():
-        if line.strip():
-            key = str(json.loads(line)["image"])
-            out.append((key, src.parent / key))
+    for n, line in enumerate(src.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{source}:{n}: not JSON ({err})") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("image"), str):
+            raise ValueError(f'{source}:{n}: expected an object with an "image" path')
+        out.append((entry["image"], src.parent / entry["image"]))
     return out
 
 

@@ -728,6 +728,11 @@ def caption(args: argparse.Namespace) -> int:
     from connectors.caption_job import caption_all, list_images
     from mmserve.engine.async_engine import AsyncEngine
 
+    try:
+        items = list_images(args.source)  # a bad manifest fails before the model loads
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        print(f"mmserve: error: {err}", file=sys.stderr)
+        return 2
     engine = AsyncEngine.from_config(config_from(EngineConfig, args))
     try:
         if engine.image_processor is None:
@@ -743,9 +748,7 @@ def caption(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         result = asyncio.run(
-            caption_all(
-                engine, list_images(args.source), Path(args.out), args.concurrency, text, params
-            )
+            caption_all(engine, items, Path(args.out), args.concurrency, text, params)
         )
         print(
             f"mmserve: captioned {result.done} images ({result.failed} failed, "

@@ -119,3 +119,20 @@ def test_a_manifest_lists_its_images_relative_to_it(tmp_path):
         ("sub/a.png", manifest.parent / "sub" / "a.png"),
         ("b.png", manifest.parent / "b.png"),
     ]
+
+
+@pytest.mark.parametrize(
+    "bad,says",
+    [("not json", "not JSON"), ('{"path": "c.png"}', '"image"'), ('["c.png"]', '"image"')],
+)
+def test_a_bad_manifest_line_is_named_before_the_model_loads(tmp_path, capsys, bad, says):
+    from mmserve.cli import main
+
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text('{"image": "a.png"}\n\n' + bad + "\n")
+    out = tmp_path / "out.jsonl"
+    # the model named does not exist: only an error before loading it can say this
+    assert main(["caption", str(manifest), "--out", str(out), "--model", "/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert f"{manifest}:3: " in err and says in err
+    assert not out.exists()
