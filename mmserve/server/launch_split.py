@@ -266,7 +266,8 @@ def _reap(procs: list[BaseProcess]) -> None:
         for sentinel in wait(list(live)):
             proc = live.pop(sentinel)  # type: ignore[arg-type,call-overload]
             proc.join()
-            if proc.exitcode not in (0, -signal.SIGTERM):
+            # None: ``_stop`` (shutting down) reaped it first, from its own thread
+            if proc.exitcode not in (0, -signal.SIGTERM, None):
                 log.error("%s (pid %s) exited with code %s", proc.name, proc.pid, proc.exitcode)
 
 
