@@ -4,7 +4,8 @@
 server parses (``mmserve.structured.tools``), so the streaming parser always finds a call;
 a server started without a tool format enforces and parses hermes markup for them.
 ``"none"`` turns call parsing off (any call-like text stays content); ``"auto"`` is free
-(with ``parallel_tool_calls=false``: at most one call).
+(with ``parallel_tool_calls=false``: at most one call), and a 400 on a server with no tool
+format, as in vLLM: its calls would never be parsed, the tools silently ignored.
 """
 
 from __future__ import annotations
@@ -67,8 +68,14 @@ def plan_tools(
         )
     parallel = body.parallel_tool_calls is not False
     if tool_format is None:
-        if not forced:
-            return choice, None, structured  # no format: calls are not parsed, nothing to hold
+        if not forced:  # the calls would never be parsed: the tools would be ignored
+            raise ParamError(
+                "tool_choice 'auto' (the default with tools) needs a server that parses "
+                "tool calls: start it with --tool-call-parser (auto reads the chat "
+                "template); 'required' or a named function are enforced without one, "
+                "and 'none' answers without the tools",
+                param="tool_choice",
+            )
         tool_format = FALLBACK_FORMAT
     if structured is not None:  # auto with a response_format: the format holds the output
         return choice, tool_format, structured

@@ -67,6 +67,15 @@ BAD_CHAT_BODIES: list[tuple[str, Any, int, str | None]] = [
         "top_logprobs",
     ),
     (
+        "tools on a server that parses no tool calls",  # auto would silently ignore them
+        {
+            "messages": OK_MESSAGES,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        },
+        400,
+        "tool_choice",
+    ),
+    (
         "stream_options without stream",
         {"messages": OK_MESSAGES, "stream_options": {"include_usage": True}},
         400,
