@@ -1,7 +1,7 @@
 """Text for speech: splitting at clause boundaries, and the phoneme symbols a voice reads.
 
 ``split_clauses`` cuts long input into pieces a voice speaks one request at a time: at
-sentence ends first, then at clause punctuation, then between words, so no piece is
+sentence ends first (not after a title such as "Dr.", nor before a lowercase word), then at clause punctuation, then between words, so no piece is
 longer than ``max_chars`` (a word longer than that is cut). With ``join_sentences``,
 consecutive sentences that fit one piece together stay together: each piece is spoken as
 an utterance of its own, with its own edge silence, so cutting "Smooth! Anna repaired
@@ -40,7 +40,7 @@ def split_clauses(text: str, max_chars: int = 200, join_sentences: bool = True) 
     (with ``join_sentences``, short consecutive sentences share a piece)."""
     out: list[str] = []
     short = ""  # consecutive sentences that fit one piece together
-    for sentence in _SENTENCE_END.split(text.strip()):
+    for sentence in _sentences(text):
         if len(sentence) <= max_chars:
             if short and (not join_sentences or len(short) + 1 + len(sentence) > max_chars):
                 out.append(short)
@@ -59,6 +59,24 @@ def split_clauses(text: str, max_chars: int = 200, join_sentences: bool = True) 
     if short:
         out.append(short)
     return [p.strip() for p in out if p.strip()]
+
+
+# a period after these ends no sentence ("Dr. Smith"); nor does one before a lowercase word
+# ("at 3 p.m. today", "e.g. apples"). Left out: words that also end sentences ("No.")
+_TITLES = frozenset("mr mrs ms dr prof st jr sr mt vs".split())
+
+
+def _sentences(text: str) -> list[str]:
+    """``text`` cut at sentence ends, except after a title or before a lowercase word."""
+    out: list[str] = []
+    for part in _SENTENCE_END.split(text.strip()):
+        prev = out[-1] if out else ""
+        last_word = prev.rsplit(None, 1)[-1] if prev else ""
+        if prev and (part[:1].islower() or last_word[:-1].lower() in _TITLES):
+            out[-1] = f"{prev} {part}"
+        else:
+            out.append(part)
+    return out
 
 
 def _pack(parts: list[str], limit: int, sep: str, cut: bool = False) -> list[str]:

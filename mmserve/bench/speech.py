@@ -262,7 +262,8 @@ def _build(name: str, device: str, max_streams: int, chunk_s: float) -> Bench:
     engine, stage = voice_engine(
         voice, device, chunk_s, max_num_seqs=max(32, max_streams), kv_cache_memory_mb=512
     )
-    prompts = [voice.prompts(f"{SENTENCE} This is stream {i}.")[0] for i in range(max_streams)]
+    # one sentence each (the default voice speaks one a piece), distinct per stream
+    prompts = [voice.prompts(f"{SENTENCE[:-1]} in stream {i}.")[0] for i in range(max_streams)]
     t = time.perf_counter()
     for _ in range(5):
         phonemize(SENTENCE)

@@ -215,6 +215,8 @@ class RealtimeSocket:
             raise RealtimeError(
                 "there is no active response to cancel", "response_cancel_not_active", "response_id"
             )
+        if active.cancel_requested:  # a second click: another task.cancel() could land
+            return  # after ``run``'s handler and end the task before its ``response.done``
         active.cancel_requested = True
         if self.active_task is not None and active.started:
             self.active_task.cancel()  # unstarted, ``run`` sees the flag and ends at once

@@ -141,6 +141,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     texts = [_text_only(m["content"]) for m in messages]
     texts += [json.dumps(tools)] if tools else []
     check_prompt_bytes(texts, state.config.max_prompt_bytes, "messages")
+    body.refuse_unsupported()  # field errors before any image is fetched or decoded
+    choice, tool_format, structured = plan_tools(body, tools, state.formats[0])
     images = await prepare_images(refs, state.config, processor) if refs and processor else []
 
     def render() -> tuple[str, ImagePrompt]:
@@ -161,7 +163,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     max_tokens = resolve_max_tokens(
         body.requested_max_tokens(), len(prompt_ids), engine.max_model_len, "messages"
     )
-    choice, tool_format, structured = plan_tools(body, tools, state.formats[0])
     params = body.to_sampling_params(max_tokens, structured)
     request_id = new_id("chatcmpl-")
     ctx = ChatContext(

@@ -51,6 +51,16 @@ def test_split_clauses_keeps_short_sentences_together():
     assert pieces == ["One two three. Four five six?", "Seven eight nine!", "Ten eleven twelve."]
 
 
+def test_one_sentence_a_piece_keeps_abbreviations_inside_their_sentence():
+    text = "Dr. Smith is here. Mr. Jones left at 3 p.m. today. No. See e.g. the map!"
+    assert split_clauses(text, 160, join_sentences=False) == [
+        "Dr. Smith is here.",
+        "Mr. Jones left at 3 p.m. today.",
+        "No.",
+        "See e.g. the map!",
+    ]
+
+
 def test_phonemes_mark_words_and_clause_punctuation():
     ph = phonemize("Yes, it is. Is it?")
     assert ph.num_phonemes == sum(ph.is_phoneme) > 5
