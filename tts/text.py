@@ -1,15 +1,16 @@
 """Text for speech: splitting at clause boundaries, and the phoneme symbols a voice reads.
 
 ``split_clauses`` cuts long input into pieces a voice speaks one request at a time: at
-sentence ends first (not after a title such as "Dr.", nor before a lowercase word), then at clause punctuation, then between words, so no piece is
-longer than ``max_chars`` (a word longer than that is cut). With ``join_sentences``,
-consecutive sentences that fit one piece together stay together: each piece is spoken as
-an utterance of its own, with its own edge silence, so cutting "Smooth! Anna repaired
-it!" in two puts a pause between the sentences that a voice speaking whole paragraphs
-(Orpheus) never makes. A voice trained on one sentence an utterance (the default voice)
-ends its utterance at the first sentence end and drops the rest, so it takes one sentence
-a piece. Every character of the input lands in exactly one piece (whitespace between
-pieces aside), so nothing is dropped.
+sentence ends first (not after a title such as "Dr.", nor before a lowercase word), then
+at clause punctuation, then between words, so no piece is longer than ``max_chars`` (a
+word longer than that is cut). With ``join_sentences``, consecutive sentences that fit
+one piece together stay together: each piece is spoken as an utterance of its own, with
+its own edge silence, so cutting "Smooth! Anna repaired it!" in two puts a pause between
+the sentences that a voice speaking whole paragraphs (Orpheus) never makes. A voice
+trained on one sentence an utterance (the default voice) ends its utterance at the first
+sentence end and drops the rest, so it takes one sentence a piece. Every character of
+the input lands in exactly one piece (whitespace between pieces aside), so nothing is
+dropped.
 
 ``ClauseStream`` does the same incrementally, for text that is still being written (an LLM's
 answer spoken while it streams): ``feed(delta)`` returns the pieces that became complete
