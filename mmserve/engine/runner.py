@@ -192,11 +192,7 @@ class ModelRunner:
         at least one decode, at most ``SPLIT_CHUNKS``) each in a batch-1 prefill graph of
         its kind (a span's graphs are the plain ones up to a shorter length)."""
         n = len(chunks)
-        if (
-            n > 1
-            and self.chunk_graphs is not None
-            and self.chunk_graphs.fits(n, max(q for q, _ in chunks))
-        ):
+        if self._fit_together([q for q, _ in chunks]):
             return True
         if (decodes == 0 and n > 1) or n > SPLIT_CHUNKS:
             return False
@@ -328,12 +324,14 @@ class ModelRunner:
 
     def _batched(self, chunks: list[ScheduledSeq]) -> bool:
         """Whether prompt chunks replay together (``chunk_graphs``)."""
-        return (
-            len(chunks) > 1
-            and self.chunk_graphs is not None
-            and self.chunk_graphs.fits(len(chunks), max(s.num_tokens for s in chunks))
-            and not any(s.draft for s in chunks)
-        )
+        lengths = [s.num_tokens for s in chunks]
+        return self._fit_together(lengths) and not any(s.draft for s in chunks)
+
+    def _fit_together(self, lengths: list[int]) -> bool:
+        """Whether prompt chunks of these lengths fit one replay of the several-chunk
+        graphs."""
+        graphs = self.chunk_graphs
+        return len(lengths) > 1 and graphs is not None and graphs.fits(len(lengths), max(lengths))
 
     def _replay_chunks(self, chunks: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Prompt chunks in one replay of the several-chunk graphs, from their embeddings
